@@ -1,0 +1,36 @@
+"""Every exception type higgs-serve raises on purpose, in one place.
+
+The server maps these to HTTP statuses once (server/errors.py); the CLI prints their message.
+"""
+
+
+class HiggsServeError(Exception):
+    """Base class: a problem with a clear message meant for the user."""
+
+
+class ConfigError(HiggsServeError, ValueError):
+    """A config.json, deploy YAML or CLI value is invalid (the message names the key and file)."""
+
+
+class CheckpointError(HiggsServeError):
+    """A checkpoint cannot be found or does not match the expected tensor layout."""
+
+
+class TokenizerError(HiggsServeError):
+    """tokenizer.json is missing or lacks a required special token."""
+
+
+class InvalidRequestError(HiggsServeError, ValueError):
+    """A request field is invalid; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class EngineOverloadedError(HiggsServeError):
+    """The waiting queue is full; the client should retry later."""
+
+
+class EngineDeadError(HiggsServeError):
+    """The engine loop has stopped; no request can be served."""

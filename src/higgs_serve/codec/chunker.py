@@ -1,0 +1,146 @@
+"""The streaming window rule (SPEC §1.9): which codec frames to decode, and what to keep.
+
+Pure integer arithmetic on frame counts; no torch. One `StreamChunker` per request is fed the
+number of de-delayed frames available after each talker step and answers with a `Window` when
+enough new frames have accumulated:
+
+    target  = D − H_eff                 (H_eff = H while streaming, 0 once the request finished)
+    pending = target − emitted
+    emit when pending ≥ threshold       (I for the first chunk when 0 < I < C, else C);
+                                        the final push always emits (possibly an empty window)
+    decode frames [emitted − L_eff, target + H_eff),   L_eff = min(L, emitted)
+    keep the middle: cut L_eff frames (·960 samples) in front and H_eff frames at the back
+
+The left context only feeds the decoder's receptive field; the right holdback keeps the newest
+frames (whose audio the non-causal decoder would change once later frames exist) for the next
+window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
+
+
+@dataclass(frozen=True)
+class WindowParams:
+    """Streaming window parameters, in frames (defaults = the shipped deploy profiles)."""
+
+    chunk_frames: int = 25  # C: steady-state chunk size
+    left_context_frames: int = 25  # L: frames decoded before the new ones, then cut
+    right_holdback_frames: int = 4  # H: newest frames held back until more arrive
+    initial_chunk_frames: int = 1  # I: first-chunk size; 0 (or ≥ C) means "use C"
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_frames", "left_context_frames", "right_holdback_frames", "initial_chunk_frames"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"WindowParams.{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"WindowParams.{name} must be >= 0, got {value}")
+        if self.chunk_frames < 1:
+            raise ValueError(f"WindowParams.chunk_frames must be >= 1, got {self.chunk_frames}")
+
+    @classmethod
+    def from_config(cls, config: object) -> "WindowParams":
+        """Read a deploy-config `StreamingWindowConfig` (or any object with its attribute names)."""
+        return cls(
+            chunk_frames=config.codec_chunk_frames,
+            left_context_frames=config.codec_left_context_frames,
+            right_holdback_frames=config.codec_right_holdback_frames,
+            initial_chunk_frames=config.initial_codec_chunk_frames,
+        )
+
+    def threshold(self, emitted_frames: int) -> int:
+        """New frames needed before a non-final chunk is emitted."""
+        if emitted_frames == 0 and 0 < self.initial_chunk_frames < self.chunk_frames:
+            return self.initial_chunk_frames
+        return self.chunk_frames
+
+
+@dataclass(frozen=True)
+class Window:
+    """One codec call: decode frames [start_frame, end_frame), keep the middle `new_frames`."""
+
+    start_frame: int
+    end_frame: int
+    trim_front_frames: int  # left context to cut after decoding
+    trim_back_frames: int  # right holdback to cut after decoding
+    new_frames: int  # = end − start − trims; frames [start + trim_front, end − trim_back)
+    is_final: bool
+
+    @property
+    def num_frames(self) -> int:
+        return self.end_frame - self.start_frame
+
+    @property
+    def new_start_frame(self) -> int:
+        """First frame whose audio this window contributes to the stream."""
+        return self.start_frame + self.trim_front_frames
+
+    @property
+    def trim_front_samples(self) -> int:
+        return self.trim_front_frames * SAMPLES_PER_FRAME
+
+    @property
+    def trim_back_samples(self) -> int:
+        return self.trim_back_frames * SAMPLES_PER_FRAME
+
+
+class StreamChunker:
+    """Per-request window state: `emitted` frames already handed to the audio stream."""
+
+    def __init__(self, params: WindowParams | None = None, streaming: bool = True) -> None:
+        self.params = params if params is not None else WindowParams()
+        self.streaming = streaming
+        self.emitted_frames = 0
+        self.frames_seen = 0
+        self.finished = False
+
+    def push(self, num_frames_available: int, finished: bool) -> Window | None:
+        """Report D de-delayed frames available; returns the window to decode now, if any."""
+        self._check_push(num_frames_available)
+        self.frames_seen = num_frames_available
+        if not finished:
+            return self._streaming_window(num_frames_available) if self.streaming else None
+        self.finished = True
+        return self._final_window(num_frames_available)
+
+    def _check_push(self, num_frames_available: int) -> None:
+        if self.finished:
+            raise RuntimeError("StreamChunker.push called after the final window was emitted")
+        if num_frames_available < self.frames_seen:
+            raise ValueError(
+                f"num_frames_available went backwards: {num_frames_available} < {self.frames_seen}"
+            )
+
+    def _streaming_window(self, available: int) -> Window | None:
+        holdback = self.params.right_holdback_frames
+        target = max(0, available - holdback)
+        if target - self.emitted_frames < self.params.threshold(self.emitted_frames):
+            return None
+        return self._emit(target, holdback, is_final=False)
+
+    def _final_window(self, available: int) -> Window:
+        if available <= self.emitted_frames:
+            # Nothing new: an empty final window still tells the consumer the stream ended.
+            at = self.emitted_frames
+            return Window(at, at, 0, 0, 0, is_final=True)
+        if not self.streaming:
+            self.emitted_frames = available
+            return Window(0, available, 0, 0, available, is_final=True)
+        return self._emit(available, 0, is_final=True)
+
+    def _emit(self, target: int, holdback: int, is_final: bool) -> Window:
+        left = min(self.params.left_context_frames, self.emitted_frames)
+        window = Window(
+            start_frame=self.emitted_frames - left,
+            end_frame=target + holdback,
+            trim_front_frames=left,
+            trim_back_frames=holdback,
+            new_frames=target - self.emitted_frames,
+            is_final=is_final,
+        )
+        self.emitted_frames = target
+        return window

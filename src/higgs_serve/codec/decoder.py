@@ -1,0 +1,109 @@
+"""Codec decoder (Stage 1): codes [B, T, 8] -> audio [B, T·960] (SPEC §1.8).
+
+RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 -> DAC decoder: conv1; per upsampling
+stride s a block Snake -> ConvTranspose1d(k=2s, stride s, padding ceil(s/2), output_padding s%2) ->
+three residual units (dilations 1, 3, 9); Snake; conv2; no tanh. Numerically the same as
+transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.weights import expected_decoder_tensors
+
+RESIDUAL_DILATIONS = (1, 3, 9)
+
+
+def snake(x: Tensor, alpha: Tensor) -> Tensor:
+    """Snake(x) = x + sin²(αx)/(α + 1e-9); x [B, C, L], alpha [1, C, 1]."""
+    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+
+
+def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int) -> Tensor:
+    """DAC residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))); length preserved."""
+    y = snake(x, w[prefix + ".snake1.alpha"])
+    y = F.conv1d(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], padding=3 * dilation, dilation=dilation)
+    y = snake(y, w[prefix + ".snake2.alpha"])
+    y = F.conv1d(y, w[prefix + ".conv2.weight"], w[prefix + ".conv2.bias"])
+    return x + y
+
+
+def check_codes(codes: Tensor, codebook_size: int) -> None:
+    """Validate codes before decoding (one host sync: call it where a sync is acceptable).
+
+    The caller must already have replaced special codes (BOC/EOC) by 0 (SPEC §1.6): an
+    out-of-range index would otherwise index past the codebook.
+    """
+    if codes.dtype != torch.int64:
+        raise ValueError(f"codes must be int64, got {codes.dtype}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= codebook_size):
+        raise ValueError(
+            f"codes must lie in [0, {codebook_size - 1}], got [{int(codes.min())}, {int(codes.max())}]; "
+            "replace special codes by 0 before decoding"
+        )
+
+
+class CodecDecoder(nn.Module):
+    """codes [B, T, Q] int64 in [0, codebook_size) -> audio [B, T·hop] float (module dtype)."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.cfg = cfg
+        shapes = expected_decoder_tensors(cfg)
+        # Parameters are stored flat under their checkpoint names ('.' -> '__' for nn.Module).
+        self._names = list(shapes)
+        self.weights = nn.ParameterDict(
+            {n.replace(".", "__"): nn.Parameter(torch.zeros(s), requires_grad=False) for n, s in shapes.items()}
+        )
+
+    def load_state(self, tensors: dict[str, Tensor]) -> None:
+        """Copy the decoder's tensors from folded, prefix-stripped codec tensors (already checked by
+        `load_codec_tensors`); extra names (encoder side) are ignored. Converts to the module dtype."""
+        with torch.no_grad():
+            for name in self._names:
+                if name not in tensors:
+                    raise KeyError(f"codec decoder tensor {name} missing")
+                self.weights[name.replace(".", "__")].copy_(tensors[name])
+
+    def _w(self) -> dict[str, Tensor]:
+        return {n: self.weights[n.replace(".", "__")] for n in self._names}
+
+    @torch.no_grad()
+    def dequantize(self, codes: Tensor) -> Tensor:
+        """codes [B, T, Q] -> latent [B, T, hidden] = Σ_q project_out_q(codebook_q[code_q])."""
+        w = self._w()
+        out = None
+        for q in range(codes.shape[-1]):
+            p = f"quantizer.quantizers.{q}."
+            e = F.embedding(codes[..., q], w[p + "codebook.embed"])  # [B, T, codebook_dim]
+            z = F.linear(e, w[p + "project_out.weight"], w[p + "project_out.bias"])
+            out = z if out is None else out + z
+        return out
+
+    @torch.no_grad()
+    def forward(self, codes: Tensor) -> Tensor:
+        """codes [B, T, Q] int64 -> audio [B, T·hop]. Codes must be in range (see `check_codes`);
+        no per-call host sync is done here so this stays graph-capturable."""
+        if codes.ndim != 3 or codes.shape[-1] != self.cfg.num_quantizers:
+            raise ValueError(f"codes must be [B, T, {self.cfg.num_quantizers}], got {list(codes.shape)}")
+        w = self._w()
+        latent = self.dequantize(codes.to(w["fc2.weight"].device))  # [B, T, hidden]
+        x = F.linear(latent, w["fc2.weight"], w["fc2.bias"]).transpose(1, 2)  # [B, latent_dim, T]
+        x = F.conv1d(x, w["acoustic_decoder.conv1.weight"], w["acoustic_decoder.conv1.bias"], padding=3)
+        for i, s in enumerate(self.cfg.upsampling_ratios):
+            p = f"acoustic_decoder.block.{i}"
+            x = snake(x, w[p + ".snake1.alpha"])
+            # length: (L-1)·s - 2·ceil(s/2) + 2s + s%2 = L·s exactly
+            x = F.conv_transpose1d(x, w[p + ".conv_t1.weight"], w[p + ".conv_t1.bias"], stride=s,
+                                   padding=math.ceil(s / 2), output_padding=s % 2)
+            for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
+                x = residual_unit(x, w, f"{p}.res_unit{u}", d)
+        x = snake(x, w["acoustic_decoder.snake1.alpha"])
+        x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=3)
+        return x[:, 0, :]  # [B, T·hop]; no tanh (Higgs removes it)

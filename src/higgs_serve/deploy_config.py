@@ -1,0 +1,682 @@
+"""Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
+
+Where values come from, lowest precedence first:
+  1. the dataclass defaults below (a key left out of every layer);
+  2. the deploy YAML, after its `base_config:` chain (base first, child over base);
+  3. `--stage-overrides '{"0": {...}, "1": {...}}'` (JSON, per stage);
+  4. explicit command-line flags (`cli_overrides`, built by the CLI from e.g. `--max-num-seqs`).
+Mappings merge key by key (deep); the `stages` list merges entry by entry on `stage_id`; any
+other list (e.g. `cudagraph_capture_sizes`) is replaced whole.
+
+Discovery: with no `--deploy-config`, `deploy/<model_type>.yaml` shipped in this package is used.
+`--deploy-config` takes a path, or a bare name (with or without `.yaml`) of a shipped profile.
+
+YAML shape (names follow vllm-omni's deploy YAML):
+
+    base_config: other.yaml          # optional; relative to this file, else a shipped profile
+    async_chunk: true                # stream codes to Stage 1 while Stage 0 generates
+    connectors:
+      talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
+        extra: {codec_chunk_frames, codec_left_context_frames,
+                codec_right_holdback_frames, initial_codec_chunk_frames}   # SPEC §1.9
+    stages:
+      - stage_id: 0                  # talker: see TalkerStageConfig
+      - stage_id: 1                  # codec: see CodecStageConfig
+
+Every key is read into a typed field below; anything else is an error. A bad key, type, range
+or combination raises `ConfigError` whose message starts with the file (or override) that set
+the value, then the key path, e.g.
+`deploy/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
+
+Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
+  * MLP_GRAPHS (`enforce_eager: true`, `cudagraph_mode: LOCAL_MLP`, the default for eager):
+    attention runs eagerly; each decoder layer's post-attention RMSNorm + MLP replays a CUDA
+    graph, captured at start-up (never lazily on live traffic) for `cudagraph_capture_sizes`.
+  * FULL_DECODE_GRAPH (`enforce_eager: false`, `cudagraph_mode: FULL_DECODE_ONLY`, the default
+    when not eager): a decode-only step replays one whole-step CUDA graph; MLP graphs are off.
+  * EAGER (`cudagraph_mode: NONE`, or no CUDA device): no graphs.
+The two graph paths exclude each other; a config asking for both is an error, never a choice.
+
+This module is pure Python + yaml (no torch): the caller passes `device_count` and
+`cuda_available`.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from higgs_serve.errors import ConfigError
+from higgs_serve.sampling_params import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    frame_count_problem,
+    seed_problem,
+    temperature_problem,
+    top_k_problem,
+    top_p_problem,
+)
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "deploy"
+CONNECTOR_NAME = "talker_to_codec"
+TALKER_STAGE_ID = 0
+CODEC_STAGE_ID = 1
+MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
+CODEC_DTYPES = ("float32", "bfloat16", "float16")
+
+KeyPath = tuple  # e.g. ("stages", 0, "compilation_config", "cudagraph_mode")
+
+
+class CudaGraphMode(enum.Enum):
+    """`compilation_config.cudagraph_mode` values."""
+
+    NONE = "NONE"  # no CUDA graphs at all
+    LOCAL_MLP = "LOCAL_MLP"  # per-layer post-attention norm + MLP graphs (needs enforce_eager)
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"  # whole decode step as one graph (needs not eager)
+
+
+class GraphPath(enum.Enum):
+    """What Stage 0 actually runs, after the mode meets the machine."""
+
+    EAGER = "EAGER"
+    MLP_GRAPHS = "MLP_GRAPHS"
+    FULL_DECODE_GRAPH = "FULL_DECODE_GRAPH"
+
+
+@dataclass(frozen=True)
+class DefaultSamplingParams:
+    """Profile defaults a request's own fields override (sampling_params.from_defaults).
+
+    `seed: null` means a random seed per request. A fixed profile seed would make every request
+    without its own seed produce identical audio for the same text (vllm-omni ships one; we don't).
+    """
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    max_tokens: int = DEFAULT_MAX_NEW_TOKENS  # frames; also the ceiling for max_new_tokens
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    cudagraph_mode: CudaGraphMode = CudaGraphMode.LOCAL_MLP
+    # Batch sizes captured at start-up, ascending, each <= max_num_seqs. A batch is padded up to
+    # the next size; a batch above the largest runs eagerly. Default: 1, 2, 4, 8, then every 8,
+    # then max_num_seqs itself.
+    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture
+
+
+@dataclass(frozen=True)
+class TalkerStageConfig:
+    """Stage 0 (talker, autoregressive, KV cache)."""
+
+    max_num_seqs: int = 16  # running requests (decode slots)
+    gpu_memory_utilization: float = 0.8  # fraction of device memory for weights + KV + work
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int = 4096  # token budget per step (chunked prefill)
+    max_model_len: int = MODEL_MAX_LEN  # prompt + generated rows, <= the training context
+    devices: str = "0"  # one CUDA device index, or "cpu"
+    kv_block_size: int = 16  # tokens per KV block (power of two)
+    # Explicit KV block count, overriding the gpu_memory_utilization sizing (needed on CPU,
+    # where there is no device memory to measure). None = size from memory.
+    num_gpu_blocks: int | None = None
+    default_sampling_params: DefaultSamplingParams = field(default_factory=DefaultSamplingParams)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+
+    @property
+    def device(self) -> str:
+        """A torch device string: "cpu" or "cuda:N"."""
+        return _torch_device(self.devices)
+
+
+@dataclass(frozen=True)
+class CodecStageConfig:
+    """Stage 1 (codec, no KV cache). Always eager: no codec graph mode exists yet, so the YAML's
+    `enforce_eager` may only be true."""
+
+    max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
+    devices: str = "0"
+    dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent
+
+    @property
+    def device(self) -> str:
+        return _torch_device(self.devices)
+
+
+@dataclass(frozen=True)
+class StreamingWindowConfig:
+    """SPEC §1.9 window rule (`connectors.talker_to_codec.extra`), in frames."""
+
+    codec_chunk_frames: int = 25  # C: steady-state chunk size
+    codec_left_context_frames: int = 25  # L: frames re-decoded before a chunk, then cut
+    codec_right_holdback_frames: int = 4  # H: frames held back until more arrive
+    initial_codec_chunk_frames: int = 1  # I: first chunk size (time to first audio)
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    source: str  # the deploy YAML that was loaded (top of its base_config chain)
+    stage0: TalkerStageConfig = field(default_factory=TalkerStageConfig)
+    stage1: CodecStageConfig = field(default_factory=CodecStageConfig)
+    async_chunk: bool = True  # stream codes to Stage 1 while generating
+    streaming: StreamingWindowConfig = field(default_factory=StreamingWindowConfig)
+    layers: tuple[str, ...] = ()  # every source merged, lowest precedence first
+
+    def to_dict(self, cuda_available: bool = True) -> dict[str, Any]:
+        """The fully resolved config in the YAML's shape, for `config show` (JSON-ready)."""
+        path, reason = resolve_graph_path(self.stage0, cuda_available)
+        stage0 = _plain(asdict(self.stage0))
+        stage1 = _plain(asdict(self.stage1))
+        return {
+            "source": self.source,
+            "layers": list(self.layers),
+            "async_chunk": self.async_chunk,
+            "connectors": {CONNECTOR_NAME: {"extra": asdict(self.streaming)}},
+            "stages": [
+                {"stage_id": TALKER_STAGE_ID, **stage0,
+                 "resolved_graph_path": {"path": path.value, "reason": reason}},
+                {"stage_id": CODEC_STAGE_ID, "enforce_eager": True, **stage1,
+                 "resolved_graph_path": {"path": GraphPath.EAGER.value,
+                                         "reason": "Stage 1 (codec) always runs eagerly"}},
+            ],
+        }
+
+
+def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple[GraphPath, str]:
+    """The graph path Stage 0 uses on this machine, and why (the caller logs the reason once).
+
+    The config was validated at load, so the mode and enforce_eager never conflict here.
+    """
+    compilation = stage0.compilation_config
+    mode = compilation.cudagraph_mode
+    sizes = list(compilation.cudagraph_capture_sizes)
+    if mode is CudaGraphMode.NONE:
+        return GraphPath.EAGER, "compilation_config.cudagraph_mode is NONE: no CUDA graphs"
+    if stage0.devices == "cpu":
+        return GraphPath.EAGER, (f"devices is \"cpu\": cudagraph_mode {mode.value} needs a CUDA "
+                                 "device, falling back to eager")
+    if not cuda_available:
+        return GraphPath.EAGER, (f"CUDA is not available: cudagraph_mode {mode.value} falls back "
+                                 "to eager")
+    if mode is CudaGraphMode.LOCAL_MLP:
+        return GraphPath.MLP_GRAPHS, (
+            f"enforce_eager: true, cudagraph_mode: LOCAL_MLP: attention runs eagerly; each "
+            f"decoder layer's post-attention RMSNorm + MLP replays a CUDA graph captured at "
+            f"start-up for batch sizes {sizes}")
+    return GraphPath.FULL_DECODE_GRAPH, (
+        f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
+        f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "
+        f"eagerly; the local MLP graphs are off (the two paths are mutually exclusive)")
+
+
+def list_shipped_profiles() -> list[str]:
+    """File names of the deploy profiles shipped in the package."""
+    return sorted(p.name for p in SHIPPED_DIR.glob("*.yaml"))
+
+
+def load_deploy_config(
+    deploy_config: str | None = None,
+    model_type: str | None = None,
+    stage_overrides: str | dict | None = None,
+    cli_overrides: dict | None = None,
+    device_count: int | None = None,
+) -> DeployConfig:
+    """Find, merge and validate a deploy config (see the module docstring for precedence).
+
+    `stage_overrides`: `--stage-overrides` JSON (or its parsed dict), `{"0": {...}, "1": {...}}`.
+    `cli_overrides`: the same per-stage shape from explicit CLI flags, plus top-level keys
+    (e.g. `{"async_chunk": False}`). `device_count`: CUDA devices on this machine (None skips
+    the device check).
+    """
+    path = _locate(deploy_config, model_type)
+    layers = _yaml_chain(path, ())
+    if stage_overrides is not None:
+        layers.append(_override_layer(stage_overrides, "--stage-overrides", stages_only=True))
+    if cli_overrides:
+        layers.append(_override_layer(cli_overrides, "command-line flags", stages_only=False))
+    merged: dict = {}
+    origins: dict[KeyPath, str] = {}
+    for source, doc in layers:
+        _merge(merged, doc, (), origins, source)
+    ctx = _Context(origins, f"{path} (default value)", device_count)
+    return _build(merged, ctx, str(path), tuple(source for source, _ in layers))
+
+
+# ---------------------------------------------------------------- locating and layering files
+
+
+def _locate(deploy_config: str | None, model_type: str | None) -> Path:
+    if deploy_config is None:
+        if not model_type:
+            raise ConfigError("no --deploy-config given and no model_type to discover one from")
+        path = SHIPPED_DIR / f"{model_type}.yaml"
+        if not path.is_file():
+            raise ConfigError(
+                f"no shipped deploy profile for model_type {model_type!r} (shipped: "
+                f"{', '.join(list_shipped_profiles())}); pass --deploy-config PATH")
+        return path
+    given = Path(deploy_config).expanduser()
+    if given.is_file():
+        return given.resolve()
+    if given.name == deploy_config:  # a bare name: look in the shipped folder
+        for name in (deploy_config, f"{deploy_config}.yaml"):
+            if (SHIPPED_DIR / name).is_file():
+                return SHIPPED_DIR / name
+    raise ConfigError(f"--deploy-config {deploy_config!r}: no such file, and no shipped profile "
+                      f"of that name (shipped: {', '.join(list_shipped_profiles())})")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping (PyYAML keeps the last)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise ConfigError(f"{loader.name}: line {key_node.start_mark.line + 1}: "
+                              f"key {key!r} appears twice")
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            loader = _StrictLoader(f)
+            loader.name = str(path)
+            try:
+                doc = loader.get_single_data()
+            finally:
+                loader.dispose()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(doc).__name__}")
+    return doc
+
+
+def _yaml_chain(path: Path, seen: tuple[Path, ...]) -> list[tuple[str, dict]]:
+    """[(source, doc), ...] from the root base to `path`, with `stages` keyed by stage_id."""
+    if path in seen:
+        cycle = " -> ".join(str(p) for p in (*seen, path))
+        raise ConfigError(f"{seen[-1]}: base_config: inheritance cycle: {cycle}")
+    doc = _read_yaml(path)
+    base = doc.pop("base_config", None)
+    layers: list[tuple[str, dict]] = []
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{path}: base_config: expected a file name, got {base!r}")
+        layers = _yaml_chain(_find_base(base, path), (*seen, path))
+    layers.append((str(path), _stages_by_id(doc, str(path))))
+    return layers
+
+
+def _find_base(base: str, child: Path) -> Path:
+    for candidate in (child.parent / base, SHIPPED_DIR / base):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ConfigError(f"{child}: base_config: {base!r} is neither a file next to it nor a "
+                      f"shipped profile")
+
+
+def _stages_by_id(doc: dict, source: str) -> dict:
+    """Turn the YAML `stages` list into {stage_id: entry} so layers merge by stage_id."""
+    if "stages" not in doc:
+        return doc
+    stages = doc["stages"]
+    if not isinstance(stages, list):
+        raise ConfigError(f"{source}: stages: expected a list of stage mappings, "
+                          f"got {type(stages).__name__}")
+    by_id: dict[int, dict] = {}
+    for index, entry in enumerate(stages):
+        if not isinstance(entry, dict) or "stage_id" not in entry:
+            raise ConfigError(f"{source}: stages[{index}]: expected a mapping with a stage_id")
+        entry = dict(entry)
+        stage_id = entry.pop("stage_id")
+        _check_stage_id(stage_id, f"{source}: stages[{index}].stage_id")
+        if stage_id in by_id:
+            raise ConfigError(f"{source}: stages[{index}].stage_id: stage {stage_id} is listed "
+                              f"twice")
+        by_id[stage_id] = entry
+    return {**doc, "stages": by_id}
+
+
+def _check_stage_id(stage_id: Any, where: str) -> None:
+    is_int = isinstance(stage_id, int) and not isinstance(stage_id, bool)
+    if not is_int or stage_id not in (TALKER_STAGE_ID, CODEC_STAGE_ID):
+        raise ConfigError(f"{where}: {stage_id!r} is not a stage (0 = talker, 1 = codec)")
+
+
+def _override_layer(overrides: str | dict, source: str, stages_only: bool) -> tuple[str, dict]:
+    """`{"0": {...}, "1": {...}[, top-level keys]}` → a layer shaped like a YAML document."""
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{source}: not valid JSON: {err}") from err
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: expected a mapping of stage id to settings")
+    doc: dict = {}
+    stages: dict[int, dict] = {}
+    for key, value in overrides.items():
+        is_stage_key = isinstance(key, int) or (isinstance(key, str) and key.isdigit())
+        if not is_stage_key:
+            if stages_only:
+                raise ConfigError(f"{source}: {key}: not a stage id (keys are \"0\" and \"1\")")
+            if key == "base_config":
+                raise ConfigError(f"{source}: base_config: only a YAML file may set it")
+            doc[key] = value
+            continue
+        stage_id = int(key)
+        _check_stage_id(stage_id, f"{source}: stages[{stage_id}]")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: stages[{stage_id}]: expected a mapping of settings")
+        value = dict(value)
+        if value.pop("stage_id", stage_id) != stage_id:
+            raise ConfigError(f"{source}: stages[{stage_id}].stage_id: cannot be changed")
+        stages[stage_id] = value
+    if stages:
+        doc["stages"] = stages
+    return source, doc
+
+
+def _merge(dst: dict, src: dict, path: KeyPath, origins: dict[KeyPath, str], source: str) -> None:
+    """Deep-merge `src` into `dst`, recording which source set each key path."""
+    for key, value in src.items():
+        key_path = (*path, key)
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value, key_path, origins, source)
+            origins[key_path] = source
+        else:
+            dst[key] = copy.deepcopy(value)
+            _record(value, key_path, origins, source)
+
+
+def _record(value: Any, key_path: KeyPath, origins: dict[KeyPath, str], source: str) -> None:
+    origins[key_path] = source
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _record(sub, (*key_path, key), origins, source)
+
+
+# ---------------------------------------------------------------- typed reading and validation
+
+
+def _key_text(path: KeyPath) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+class _Context:
+    def __init__(self, origins: dict[KeyPath, str], default_origin: str, device_count: int | None):
+        self.origins = origins
+        self.default_origin = default_origin
+        self.device_count = device_count
+
+    def error(self, paths: list[KeyPath], problem: str) -> ConfigError:
+        """An error naming the source(s) that set `paths`, then the first key path."""
+        sources = dict.fromkeys(self.origins.get(p, self.default_origin) for p in paths)
+        return ConfigError(f"{' and '.join(sources)}: {_key_text(paths[0])}: {problem}")
+
+
+class _Section:
+    """One mapping of the merged document. Reads mark keys as known; `finish` rejects the rest."""
+
+    def __init__(self, data: Any, path: KeyPath, ctx: _Context):
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ctx.error([path], f"expected a mapping, got {type(data).__name__} {data!r}")
+        self.data, self.path, self.ctx = data, path, ctx
+        self.known: list = []
+
+    def key(self, name: Any) -> KeyPath:
+        return (*self.path, name)
+
+    def error(self, name: Any, problem: str) -> ConfigError:
+        return self.ctx.error([self.key(name)], problem)
+
+    def raw(self, name: Any, default: Any) -> Any:
+        self.known.append(name)
+        return self.data.get(name, default)
+
+    def section(self, name: Any) -> _Section:
+        return _Section(self.raw(name, None), self.key(name), self.ctx)
+
+    def checked(self, name: str, default: Any, problem_of) -> Any:
+        value = self.raw(name, default)
+        problem = problem_of(value)
+        if problem is not None:
+            raise self.error(name, problem)
+        return value
+
+    def integer(self, name: str, default: int | None, minimum: int, maximum: int | None = None,
+                optional: bool = False) -> int | None:
+        def problem_of(value: Any) -> str | None:
+            if value is None and optional:
+                return None
+            problem = frame_count_problem(value, minimum)  # int, not bool, >= minimum
+            if problem is None and maximum is not None and value > maximum:
+                problem = f"{value!r} is above the maximum {maximum}"
+            return problem
+        return self.checked(name, default, problem_of)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        return self.checked(name, default, lambda v: None if isinstance(v, bool) else
+                            f"expected true or false, got {type(v).__name__} {v!r}")
+
+    def choice(self, name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
+        """One of `choices`; null only where the default is null (meaning "automatic")."""
+        def problem_of(value: Any) -> str | None:
+            if value in choices or (value is None and default is None):
+                return None
+            return f"{value!r} is not one of {', '.join(choices)}"
+        return self.checked(name, default, problem_of)
+
+    def finish(self) -> None:
+        unknown = [k for k in self.data if k not in self.known]
+        if unknown:
+            known = ", ".join(str(k) for k in self.known)
+            raise self.error(unknown[0], f"unknown key (known keys here: {known})")
+
+
+def _build(doc: dict, ctx: _Context, source: str, layers: tuple[str, ...]) -> DeployConfig:
+    root = _Section(doc, (), ctx)
+    async_chunk = root.boolean("async_chunk", True)
+    streaming = _build_streaming(root.section("connectors"))
+    stages = root.section("stages")
+    stage0 = _build_talker(stages.section(TALKER_STAGE_ID))
+    stage1 = _build_codec(stages.section(CODEC_STAGE_ID))
+    stages.finish()
+    root.finish()
+    return DeployConfig(source=source, stage0=stage0, stage1=stage1, async_chunk=async_chunk,
+                        streaming=streaming, layers=layers)
+
+
+def _build_streaming(connectors: _Section) -> StreamingWindowConfig:
+    connector = connectors.section(CONNECTOR_NAME)
+    extra = connector.section("extra")
+    config = StreamingWindowConfig(
+        codec_chunk_frames=extra.integer("codec_chunk_frames", 25, 1),
+        codec_left_context_frames=extra.integer("codec_left_context_frames", 25, 0),
+        codec_right_holdback_frames=extra.integer("codec_right_holdback_frames", 4, 0),
+        initial_codec_chunk_frames=extra.integer("initial_codec_chunk_frames", 1, 1),
+    )
+    for section in (extra, connector, connectors):
+        section.finish()
+    return config
+
+
+def _build_talker(stage: _Section) -> TalkerStageConfig:
+    max_num_seqs = stage.integer("max_num_seqs", 16, 1)
+    enforce_eager = stage.boolean("enforce_eager", True)
+    max_num_batched_tokens = stage.integer("max_num_batched_tokens", 4096, 1)
+    if max_num_batched_tokens < max_num_seqs:
+        raise stage.ctx.error(
+            [stage.key("max_num_batched_tokens"), stage.key("max_num_seqs")],
+            f"{max_num_batched_tokens} is below max_num_seqs {max_num_seqs}: a step could not "
+            f"hold one decode token per running request")
+    kv_block_size = stage.integer("kv_block_size", 16, 1)
+    if kv_block_size & (kv_block_size - 1):
+        raise stage.error("kv_block_size", f"{kv_block_size} is not a power of two")
+    config = TalkerStageConfig(
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=stage.checked("gpu_memory_utilization", 0.8, _fraction_problem),
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=stage.boolean("enable_prefix_caching", True),
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=stage.integer("max_model_len", MODEL_MAX_LEN, 1, MODEL_MAX_LEN),
+        devices=_devices(stage),
+        kv_block_size=kv_block_size,
+        num_gpu_blocks=stage.integer("num_gpu_blocks", None, 1, optional=True),
+        default_sampling_params=_build_sampling(stage.section("default_sampling_params")),
+        compilation_config=_build_compilation(stage, enforce_eager, max_num_seqs),
+    )
+    stage.finish()
+    return config
+
+
+def _fraction_problem(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"expected a number, got {type(value).__name__} {value!r}"
+    return None if 0 < value <= 1 else f"{value!r} is outside (0, 1]"
+
+
+def _devices(stage: _Section) -> str:
+    value = stage.raw("devices", "0")
+    if not isinstance(value, str) or not (value == "cpu" or value.isdigit()):
+        hint = " (quote it: \"0\")" if isinstance(value, int) else ""
+        raise stage.error("devices", f"expected one CUDA device index as a string (\"0\") or "
+                                     f"\"cpu\", got {type(value).__name__} {value!r}{hint}")
+    count = stage.ctx.device_count
+    if value != "cpu" and count is not None and int(value) >= count:
+        raise stage.error("devices", f"CUDA device {value} does not exist: this machine has "
+                                     f"{count} CUDA device(s); use an index below {count} or "
+                                     f"\"cpu\"")
+    return value
+
+
+def _build_sampling(section: _Section) -> DefaultSamplingParams:
+    config = DefaultSamplingParams(
+        temperature=section.checked("temperature", DEFAULT_TEMPERATURE, temperature_problem),
+        top_p=section.checked("top_p", DEFAULT_TOP_P, top_p_problem),
+        top_k=section.checked("top_k", DEFAULT_TOP_K, top_k_problem),
+        max_tokens=section.integer("max_tokens", DEFAULT_MAX_NEW_TOKENS, 1),
+        seed=section.checked("seed", None, seed_problem),
+    )
+    section.finish()
+    return config
+
+
+def _build_compilation(stage: _Section, enforce_eager: bool,
+                       max_num_seqs: int) -> CompilationConfig:
+    section = stage.section("compilation_config")
+    mode_name = section.choice("cudagraph_mode", None, tuple(m.value for m in CudaGraphMode))
+    if mode_name is None:  # not given: the graph path that matches enforce_eager
+        mode = CudaGraphMode.LOCAL_MLP if enforce_eager else CudaGraphMode.FULL_DECODE_ONLY
+    else:
+        mode = CudaGraphMode(mode_name)
+    _check_one_graph_path(stage, section, enforce_eager, mode)
+    sizes = _capture_sizes(section, mode, max_num_seqs, stage.key("max_num_seqs"))
+    config = CompilationConfig(
+        cudagraph_mode=mode,
+        cudagraph_capture_sizes=sizes,
+        cudagraph_num_of_warmups=section.integer("cudagraph_num_of_warmups", 1, 0),
+    )
+    section.finish()
+    return config
+
+
+def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: bool,
+                          mode: CudaGraphMode) -> None:
+    if enforce_eager and mode is CudaGraphMode.FULL_DECODE_ONLY:
+        problem = ("FULL_DECODE_ONLY (the whole-step decode graph) with enforce_eager: true (the "
+                   "local MLP graph path) asks for both graph paths, which exclude each other: "
+                   "set enforce_eager: false for the full decode graph, or drop cudagraph_mode")
+    elif not enforce_eager and mode is CudaGraphMode.LOCAL_MLP:
+        problem = ("LOCAL_MLP (the local MLP graphs) with enforce_eager: false (the whole-step "
+                   "decode graph path) asks for both graph paths, which exclude each other: set "
+                   "enforce_eager: true for the MLP graphs, or cudagraph_mode: FULL_DECODE_ONLY")
+    else:
+        return
+    mode_key = section.key("cudagraph_mode")
+    eager_key = stage.key("enforce_eager")
+    raise stage.ctx.error([mode_key, eager_key], problem)
+
+
+def _capture_sizes(section: _Section, mode: CudaGraphMode, max_num_seqs: int,
+                   max_num_seqs_key: KeyPath) -> tuple[int, ...]:
+    name = "cudagraph_capture_sizes"
+    value = section.raw(name, None)
+    if value is None:
+        return _default_capture_sizes(max_num_seqs)
+    if not isinstance(value, list):
+        raise section.error(name, f"expected a list of batch sizes, got {type(value).__name__}")
+    for size in value:
+        problem = frame_count_problem(size, 1)  # a positive integer
+        if problem is not None:
+            raise section.error(name, f"batch size {problem}")
+        if size > max_num_seqs:
+            raise section.ctx.error(
+                [section.key(name), max_num_seqs_key],
+                f"{size} is above max_num_seqs {max_num_seqs}: no batch can be that large; "
+                f"drop it or raise max_num_seqs")
+    if len(set(value)) != len(value):
+        raise section.error(name, f"{value} lists a size twice")
+    if not value and mode is not CudaGraphMode.NONE:
+        raise section.error(name, f"is empty, but cudagraph_mode {mode.value} needs at least "
+                                  f"one size (or set cudagraph_mode: NONE)")
+    return tuple(sorted(value))
+
+
+def _default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}
+    return tuple(sorted(s for s in sizes if s <= max_num_seqs))
+
+
+def _build_codec(stage: _Section) -> CodecStageConfig:
+    if stage.boolean("enforce_eager", True) is not True:
+        raise stage.error("enforce_eager", "Stage 1 (codec) has no graph mode yet: it must be "
+                                           "true")
+    config = CodecStageConfig(
+        max_batch_windows=stage.integer("max_batch_windows", 64, 1),
+        devices=_devices(stage),
+        dtype=stage.choice("dtype", "float32", CODEC_DTYPES),
+    )
+    stage.finish()
+    return config
+
+
+def _torch_device(devices: str) -> str:
+    return "cpu" if devices == "cpu" else f"cuda:{devices}"
+
+
+def _plain(value: Any) -> Any:
+    """asdict output → JSON-ready (enums to their names, tuples to lists)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value

@@ -1,0 +1,212 @@
+"""Front ends of the engine: an asyncio one for the server, a blocking one for batch use.
+
+Both submit to the same `EngineCore`, whose loop runs on its own thread; chunks come back from
+the engine and codec threads through a sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import numpy as np
+
+from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
+from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult
+from higgs_serve.errors import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+
+class _AsyncSink:
+    """Moves chunks from engine threads onto one request's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self.queue: asyncio.Queue[AudioChunk | BaseException] = asyncio.Queue()
+
+    def _push(self, item: AudioChunk | BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop closed: nobody is listening any more
+            pass
+
+    def put(self, chunk: AudioChunk) -> None:
+        self._push(chunk)
+
+    def fail(self, error: BaseException) -> None:
+        self._push(error)
+
+    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
+        pass
+
+
+class RequestStream(AsyncIterator[AudioChunk]):
+    """The chunks of one request. Closing it early (or cancelling) aborts the request."""
+
+    def __init__(self, core: EngineCore, request_id: str, sink: _AsyncSink):
+        self._core = core
+        self.request_id = request_id
+        self._sink = sink
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._sink.queue.get()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.is_final:
+            self._done = True
+        return item
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self._core.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+
+class AsyncEngine:
+    """`generate` returns at once with a stream, or raises (overload, bad request, dead engine)."""
+
+    sample_rate_hz = 24000
+
+    def __init__(self, model: str, deploy: DeployConfig, options: RuntimeOptions | None = None):
+        self.model = model
+        self.deploy = deploy
+        self.options = options or RuntimeOptions()
+        self.loaded: LoadedModel | None = None
+        self.core: EngineCore | None = None
+        self.ready = False
+
+    @property
+    def prompt_builder(self):
+        return self.loaded.prompts if self.loaded else None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start_blocking)
+
+    def _start_blocking(self) -> None:
+        self.loaded = load_model(self.model, self.options)
+        self.core = build_engine_core(self.loaded, self.deploy, self.options)
+        self.core.codec.start()
+        self.core.start()
+        self.ready = True
+
+    async def shutdown(self) -> None:
+        self.ready = False
+        if self.core is not None:
+            await asyncio.to_thread(self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        self.core.stop()
+        self.core.codec.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.core is not None and self.core.dead_error is None
+
+    def generate(self, request: SpeechRequest) -> RequestStream:
+        if self.core is None:
+            raise EngineDeadError("the engine is not started")
+        sink = _AsyncSink(asyncio.get_running_loop())
+        self.core.submit(request, sink)
+        return RequestStream(self.core, request.request_id, sink)
+
+    def abort(self, request_id: str) -> None:
+        if self.core is not None:
+            self.core.abort(request_id)
+
+    def stats(self) -> dict[str, int]:
+        return self.core.stats() if self.core is not None else {}
+
+
+class _CollectingSink:
+    """Collects one request's output for the blocking helper."""
+
+    def __init__(self, on_chunk: Callable[[str, AudioChunk], None] | None, request_id: str):
+        self.request_id = request_id
+        self.on_chunk = on_chunk
+        self.chunks: list[AudioChunk] = []
+        self.rows: np.ndarray | None = None
+        self.frames: np.ndarray | None = None
+        self.finish_reason = "abort"
+        self.prompt_tokens = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def put(self, chunk: AudioChunk) -> None:
+        self.chunks.append(chunk)
+        if self.on_chunk is not None:
+            self.on_chunk(self.request_id, chunk)
+        if chunk.is_final:
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
+        self.rows, self.frames, self.finish_reason = rows, frames, finish_reason
+        self.prompt_tokens = prompt_tokens
+
+
+class SyncEngine:
+    """Blocking helper: run a batch of requests concurrently and return their full results."""
+
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions):
+        self.loaded = loaded
+        self.core = build_engine_core(loaded, deploy, options)
+        self.core.codec.start()
+        self.core.start()
+
+    @classmethod
+    def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions) -> SyncEngine:
+        return cls(load_model(model, options), deploy, options)
+
+    def generate_batch(
+        self,
+        requests: Sequence[SpeechRequest],
+        on_chunk: Callable[[str, AudioChunk], None] | None = None,
+    ) -> list[SpeechResult]:
+        sinks = [_CollectingSink(on_chunk, r.request_id) for r in requests]
+        for request, sink in zip(requests, sinks):
+            self.core.submit(request, sink)
+        results = []
+        for request, sink in zip(requests, sinks):
+            sink.done.wait()
+            if sink.error is not None:
+                raise sink.error
+            results.append(self._result(request, sink))
+        return results
+
+    def _result(self, request: SpeechRequest, sink: _CollectingSink) -> SpeechResult:
+        audio = np.concatenate([c.audio for c in sink.chunks]) if sink.chunks else np.zeros(0, np.float32)
+        return SpeechResult(
+            request_id=request.request_id,
+            rows=sink.rows,
+            frames=sink.frames,
+            audio=audio.astype(np.float32, copy=False),
+            chunks=sink.chunks,
+            finish_reason=sink.finish_reason,
+            prompt_tokens=sink.prompt_tokens,
+        )
+
+    def close(self) -> None:
+        self.core.stop()
+        self.core.codec.stop()

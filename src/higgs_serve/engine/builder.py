@@ -1,0 +1,171 @@
+"""Builds a ready-to-run `EngineCore` from a model path and a validated deploy config.
+
+Order: locate the model → parse config.json → load (or randomly build) weights → size the KV
+cache from the memory left → runner, codec stage, scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from higgs_serve.codec.chunker import WindowParams
+from higgs_serve.codec.codec_runner import CodecRunner
+from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.kv_cache_manager import KVCacheManager
+from higgs_serve.engine.scheduler import Scheduler
+from higgs_serve.errors import ConfigError
+from higgs_serve.model.checkpoint import cast_tensors, load_checkpoint, resolve_model_dir
+from higgs_serve.model.hf_config import ModelSpec, load_model_spec
+from higgs_serve.model.prompt import PromptBuilder
+from higgs_serve.model.talker import Talker
+from higgs_serve.model.tiny import build_dummy_tensors
+from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
+
+logger = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "dummy")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Memory kept free on the GPU for activations, the codec stage and graph pools.
+_GPU_RESERVE_BYTES = 3 << 30
+# Without a GPU the KV cache gets at most this much host memory unless num_gpu_blocks says otherwise.
+_CPU_KV_BUDGET_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Per-process choices outside the deploy profile (CLI flags)."""
+
+    load_format: str = "auto"
+    device: str | None = None  # None: cuda when available
+    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
+    codec_dtype: str = "float32"
+    max_waiting: int = 256
+
+    def resolve_device(self) -> torch.device:
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: CUDA is not available on this machine")
+        if self.device not in ("cpu",) and not self.device.startswith("cuda"):
+            raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        name = self.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        if name not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {sorted(DTYPES)}, got {name!r}")
+        return DTYPES[name]
+
+
+@dataclass
+class LoadedModel:
+    model_dir: Path
+    spec: ModelSpec
+    prompts: PromptBuilder
+    talker: Talker
+    codec: CodecDecoder
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_model(model: str, options: RuntimeOptions) -> LoadedModel:
+    if options.load_format not in LOAD_FORMATS:
+        raise ConfigError(f"--load-format must be one of {LOAD_FORMATS}, got {options.load_format!r}")
+    device = options.resolve_device()
+    dtype = options.resolve_dtype(device)
+    codec_dtype = DTYPES[options.codec_dtype]
+    t0 = time.perf_counter()
+    model_dir = resolve_model_dir(model)
+    spec = load_model_spec(model_dir)
+    prompts = PromptBuilder.from_dir(model_dir)
+    if options.load_format == "dummy":
+        talker_tensors, codec_tensors = build_dummy_tensors(spec, dtype=dtype, device=device, seed=0)
+    else:
+        ckpt = load_checkpoint(model_dir, spec)
+        talker_tensors, codec_tensors = ckpt.talker, ckpt.codec
+    talker = Talker(spec.text, spec.audio, dtype=dtype, device=device)
+    talker.load_talker_weights(cast_tensors(talker_tensors, dtype, device))
+    del talker_tensors
+    codec = CodecDecoder(spec.codec).to(device=device, dtype=codec_dtype)
+    codec.load_state(cast_tensors(codec_tensors, codec_dtype, device))
+    codec.eval()
+    logger.info("loaded %s (%s, %s, %s) in %.1f s", model, options.load_format, device, dtype, time.perf_counter() - t0)
+    return LoadedModel(model_dir, spec, prompts, talker, codec, device, dtype)
+
+
+def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    t = spec.text
+    return 2 * t.num_layers * block_size * t.num_kv_heads * t.head_dim * torch.finfo(dtype).bits // 8
+
+
+def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
+    s0 = deploy.stage0
+    block_size = s0.kv_block_size
+    per_block = kv_bytes_per_block(loaded.spec, block_size, loaded.dtype)
+    # enough for every sequence at full length; more only helps the prefix cache
+    useful = s0.max_num_seqs * (-(-s0.max_model_len // block_size)) + 1
+    if s0.num_gpu_blocks is not None:
+        return KVCacheSpec(num_blocks=s0.num_gpu_blocks, block_size=block_size)
+    if loaded.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(loaded.device)
+        budget = int(total * s0.gpu_memory_utilization) - (total - free) - _GPU_RESERVE_BYTES
+    else:
+        budget = _CPU_KV_BUDGET_BYTES
+    num_blocks = min(useful, budget // per_block)
+    if num_blocks < -(-s0.max_model_len // block_size):
+        raise ConfigError(
+            f"gpu_memory_utilization={s0.gpu_memory_utilization} leaves room for {max(num_blocks, 0)} KV blocks "
+            f"of {block_size} tokens, fewer than one max_model_len={s0.max_model_len} sequence needs; "
+            "raise gpu_memory_utilization or lower max_model_len"
+        )
+    return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size)
+
+
+def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions) -> EngineCore:
+    s0 = deploy.stage0
+    kv = size_kv_cache(loaded, deploy)
+    backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
+    runner = ModelRunner(
+        talker=loaded.talker,
+        backend=backend,
+        kv=kv,
+        max_num_seqs=s0.max_num_seqs,
+        max_num_batched_tokens=s0.max_num_batched_tokens,
+        max_model_len=s0.max_model_len,
+        device=loaded.device,
+        dtype=loaded.dtype,
+    )
+    codec = CodecRunner(
+        loaded.codec,
+        device=loaded.device,
+        max_batch_windows=deploy.stage1.max_batch_windows,
+        samples_per_frame=loaded.spec.codec.hop_length,
+    )
+    scheduler = Scheduler(
+        max_num_seqs=s0.max_num_seqs,
+        max_num_batched_tokens=s0.max_num_batched_tokens,
+        max_model_len=s0.max_model_len,
+        kv=KVCacheManager(kv.num_blocks, kv.block_size, s0.enable_prefix_caching),
+        enable_prefix_caching=s0.enable_prefix_caching,
+    )
+    logger.info("KV cache: %d blocks of %d tokens", kv.num_blocks, kv.block_size)
+    return EngineCore(
+        scheduler=scheduler,
+        runner=runner,
+        codec=codec,
+        prompts=loaded.prompts,
+        window=WindowParams.from_config(deploy.streaming),
+        max_model_len=s0.max_model_len,
+        max_waiting=options.max_waiting,
+        num_codebooks=loaded.spec.audio.num_codebooks,
+        codebook_size=loaded.spec.audio.codebook_size,
+        samples_per_frame=loaded.spec.codec.hop_length,
+    )

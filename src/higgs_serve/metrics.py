@@ -1,0 +1,92 @@
+"""Every Prometheus metric higgs-serve exports, defined once.
+
+Each server app owns a `ServerMetrics` with its own `CollectorRegistry` (tests build several apps
+in one process). Definitions follow SPEC §2.3: TTFA is measured from the request's arrival to
+the first non-empty audio chunk; RTF is end-to-end latency / seconds of audio returned. Engine
+gauges (queue depth, running requests, KV blocks) are read from the engine when scraped, so they
+are never stale. The Stage 0 step histogram is fed from the engine thread (prometheus_client
+metrics are thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "higgs_serve"
+
+_TTFA_BUCKETS_S = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+_RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+_STEP_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.5)
+
+# Outcomes of a speech request (label values of requests_total).
+OUTCOMES = ("stop", "length", "abort", "invalid", "rejected", "error")
+
+# Engine statistics exported as gauges: stats key -> (metric name, help).
+ENGINE_GAUGES: dict[str, tuple[str, str]] = {
+    "num_waiting": ("queue_depth", "Requests waiting in the engine's queue."),
+    "num_running": ("running_requests", "Requests holding a decode slot."),
+    "free_kv_blocks": ("kv_blocks_free", "Free KV-cache blocks."),
+    "total_kv_blocks": ("kv_blocks_total", "KV-cache blocks in the pool."),
+}
+
+
+class _EngineGauges(Collector):
+    """Reads the engine's stats and the server's in-flight count at scrape time."""
+
+    def __init__(self, engine_stats: Callable[[], Mapping[str, int]],
+                 in_flight: Callable[[], int]):
+        self._engine_stats = engine_stats
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._engine_stats()
+        for key, (name, help_text) in ENGINE_GAUGES.items():
+            if key in stats:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
+        yield GaugeMetricFamily(f"{PREFIX}_server_in_flight_requests",
+                                "Speech requests admitted by the server and not yet finished.",
+                                value=self._in_flight())
+
+
+class ServerMetrics:
+    def __init__(self, engine_stats: Callable[[], Mapping[str, int]],
+                 in_flight: Callable[[], int]):
+        self.registry = CollectorRegistry()
+        self.ttfa_seconds = Histogram(
+            f"{PREFIX}_ttfa_seconds", "Time from request arrival to the first audio chunk.",
+            buckets=_TTFA_BUCKETS_S, registry=self.registry)
+        self.rtf = Histogram(
+            f"{PREFIX}_rtf", "Real-time factor: request latency / seconds of audio returned.",
+            buckets=_RTF_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            f"{PREFIX}_requests", "Speech requests by outcome.", ["outcome"],
+            registry=self.registry)
+        for outcome in OUTCOMES:  # export zeros so dashboards see every series from the start
+            self.requests.labels(outcome)
+        self.generated_frames = Counter(
+            f"{PREFIX}_generated_frames", "Audio frames (40 ms) returned to clients.",
+            registry=self.registry)
+        self.audio_seconds = Counter(
+            f"{PREFIX}_audio_seconds", "Seconds of audio returned to clients.",
+            registry=self.registry)
+        self.step_seconds = Histogram(
+            f"{PREFIX}_stage0_step_seconds", "Wall time of one Stage 0 engine step.",
+            buckets=_STEP_BUCKETS_S, registry=self.registry)
+        self.registry.register(_EngineGauges(engine_stats, in_flight))
+
+    def observe_step(self, step_seconds: float, *_batch_info: int) -> None:
+        """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""
+        self.step_seconds.observe(step_seconds)
+
+    def count(self, outcome: str) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown request outcome {outcome!r}; expected one of {OUTCOMES}")
+        self.requests.labels(outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,134 @@
+"""Qwen3 decoder math (SPEC §1.5): RMSNorm, neox RoPE, GQA attention projections, SwiGLU.
+
+Pure math on flat token batches: every tensor is [N, ...] where N is the number of tokens of all
+requests in the step. The attention itself (KV cache, causal masking, GQA broadcast, softmax
+scale 1/sqrt(head_dim)) is an injected callable, so the same layers serve prefill, decode and
+mixed batches with any backend.
+
+Numerics follow transformers' Qwen3 exactly: RMSNorm normalises in float32, casts back to the
+input dtype, then multiplies by the weight; RoPE angles are computed in float32 from the integer
+positions and cos/sin are cast to the activation dtype before rotating. Weights are kept fused
+(one qkv matmul, one gate_up matmul); the result is the same math as the separate projections.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from higgs_serve.model.hf_config import TextConfig
+
+
+class Attention(Protocol):
+    """attention(layer_idx, q [N, Hq, Dh], k [N, Hkv, Dh], v [N, Hkv, Dh]) -> [N, Hq, Dh].
+
+    q and k arrive after q/k-norm and RoPE. The callable owns the KV cache: it writes the new k/v
+    and attends causally over each request's whole context with scale head_dim ** -0.5.
+    """
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers Qwen3RMSNorm: normalise in fp32, cast back, then scale by the weight."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class RotaryEmbedding(nn.Module):
+    """neox-style RoPE: the head dim is split in two halves that rotate together."""
+
+    def __init__(self, head_dim: int, theta: float, *, device: torch.device | str):
+        super().__init__()
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        self.register_buffer("inv_freq", 1.0 / (theta ** exponent), persistent=False)  # [Dh/2] fp32
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions [N] int64 -> (cos, sin) [N, 1, Dh] in `dtype` (angles computed in fp32)."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [N, Dh/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, Dh]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [N, H, Dh]; cos/sin [N, 1, Dh]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Qwen3Layer(nn.Module):
+    """One pre-norm decoder layer. Parameters are fused: qkv_proj [q+2kv, D], gate_up_proj [2I, D]."""
+
+    def __init__(self, cfg: TextConfig, layer_idx: int, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.intermediate_size = cfg.intermediate_size
+        d = cfg.hidden_size
+
+        def weight(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.input_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.qkv_proj = weight(self.q_size + 2 * self.kv_size, d)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.o_proj = weight(d, self.q_size)
+        self.post_attention_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.gate_up_proj = weight(2 * cfg.intermediate_size, d)
+        self.down_proj = weight(d, cfg.intermediate_size)
+
+    def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
+        """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D]."""
+        n = h.shape[0]
+        qkv = F.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = apply_rope(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = attention(self.layer_idx, q, k, v)  # [N, Hq, Dh]
+        return h + F.linear(out.reshape(n, self.q_size), self.o_proj)
+
+    def mlp_residual(self, h: Tensor) -> Tensor:
+        """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
+        gate_up = F.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return h + F.linear(F.silu(gate) * up, self.down_proj)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
+        return self.mlp_residual(self.attn_residual(h, cos, sin, attention))
+
+
+class Qwen3Backbone(nn.Module):
+    """The decoder stack and final norm (no embedding, no head)."""
+
+    def __init__(self, cfg: TextConfig, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, device=device)
+
+    def forward(self, embeds: Tensor, positions: Tensor, attention: Attention) -> Tensor:
+        """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
+        cos, sin = self.rotary(positions, embeds.dtype)
+        h = embeds
+        for layer in self.layers:
+            h = layer(h, cos, sin, attention)
+        return self.norm(h)

@@ -1,0 +1,52 @@
+"""GET /v1/models, /health, /ready, /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from higgs_serve.metrics import CONTENT_TYPE
+from higgs_serve.server.schemas import ModelList, ModelObject
+from higgs_serve.server.state import ServerState, server_state
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList, tags=["models"])
+async def list_models(request: Request) -> ModelList:
+    state = server_state(request)
+    model = ModelObject(id=state.settings.served_model_name, created=state.created_at,
+                        owned_by="higgs-serve")
+    return ModelList(data=[model])
+
+
+def _engine_dead(state: ServerState) -> bool:
+    """Start failed, or start finished and the engine loop has since stopped."""
+    if state.engine_start_error is not None:
+        return True
+    return state.engine_started and not state.engine.alive
+
+
+@router.get("/health", tags=["health"])
+async def health(request: Request) -> JSONResponse:
+    """200 while the process can serve (also during warm-up); 503 once the engine is dead."""
+    state = server_state(request)
+    if _engine_dead(state):
+        return JSONResponse({"status": "dead"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready", tags=["health"])
+async def ready(request: Request) -> JSONResponse:
+    """200 once warm-up and graph capture have finished and the engine is alive; else 503."""
+    state = server_state(request)
+    if _engine_dead(state):
+        return JSONResponse({"status": "dead"}, status_code=503)
+    if not (state.engine_started and state.engine.ready):
+        return JSONResponse({"status": "starting"}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", tags=["health"])
+async def metrics(request: Request) -> Response:
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,60 @@
+"""GET / POST /v1/audio/voices, DELETE /v1/audio/voices/{name}: the persisted voice registry."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+
+from higgs_serve.server.errors import ApiError
+from higgs_serve.server.schemas import ERROR_RESPONSES, VoiceDeleted, VoiceList, VoiceObject
+from higgs_serve.server.state import server_state
+from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
+
+router = APIRouter(prefix="/v1/audio/voices", tags=["voices"])
+_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
+
+
+def _voice_object(voice: Voice) -> VoiceObject:
+    return VoiceObject(name=voice.name, ref_text=voice.ref_text, created_at=voice.created_at,
+                       duration_s=voice.duration_s, sample_rate_hz=voice.sample_rate_hz)
+
+
+@router.get("", response_model=VoiceList)
+async def list_voices(request: Request) -> VoiceList:
+    return VoiceList(data=[_voice_object(v) for v in server_state(request).voices.list()])
+
+
+@router.post("", response_model=VoiceObject, responses={409: ERROR_RESPONSES[400],
+                                                        **ERROR_RESPONSES})
+async def create_voice(
+    request: Request,
+    audio_sample: Annotated[UploadFile, File(description="Reference clip (wav/flac/ogg/mp3, "
+                                                         "<= 10 MB, 0.2-30 s).")],
+    name: Annotated[str, Form(description="Voice name: letters, digits, '_', '-', '.'.")],
+    ref_text: Annotated[str | None, Form(description="Transcript of the clip.")] = None,
+) -> VoiceObject:
+    form = await request.form()
+    unknown = sorted(set(form.keys()) - set(_UPLOAD_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
+    check_voice_name(name)
+    data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
+                       param="audio_sample", code="file_too_large")
+    voices = server_state(request).voices
+    if voices.get(name) is not None:
+        raise ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
+                       code="voice_exists")
+    voice = await asyncio.to_thread(voices.add, name, data, ref_text)
+    return _voice_object(voice)
+
+
+@router.delete("/{name}", response_model=VoiceDeleted, responses={404: ERROR_RESPONSES[400]})
+async def delete_voice(name: str, request: Request) -> VoiceDeleted:
+    if not await asyncio.to_thread(server_state(request).voices.delete, name):
+        raise ApiError(404, f"voice {name!r} does not exist", param="name",
+                       code="voice_not_found")
+    return VoiceDeleted(name=name, deleted=True)

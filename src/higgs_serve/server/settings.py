@@ -1,0 +1,40 @@
+"""Server settings: built once from the command line, frozen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
+DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
+    served_model_name: str = "higgs-audio-v3"
+    # Also accepted as `model` in requests (the path or hub id the server was started with).
+    model_aliases: tuple[str, ...] = ()
+    # Requests allowed to wait beyond the engine's running slots (max_num_seqs); past it, 429.
+    max_queue: int = 64
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    voices_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "higgs-serve" / "voices")
+    # Hosts whose https URLs may be fetched for `ref_audio`; empty = URLs are refused.
+    allowed_ref_audio_domains: tuple[str, ...] = ()
+    max_ref_audio_bytes: int = DEFAULT_MAX_REF_AUDIO_BYTES
+    # Seconds uvicorn lets in-flight requests finish on shutdown before they are aborted.
+    graceful_shutdown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_input_chars", "max_ref_audio_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"server setting {name} must be positive, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"server setting max_queue must be >= 0, got {self.max_queue}")
+        if not self.served_model_name:
+            raise ValueError("server setting served_model_name must not be empty")
+        object.__setattr__(self, "voices_dir", Path(self.voices_dir))
+        object.__setattr__(self, "allowed_ref_audio_domains",
+                           tuple(host.lower() for host in self.allowed_ref_audio_domains))

@@ -1,0 +1,84 @@
+"""What the routers share: the engine, settings, voices, metrics and the admission gate.
+
+One `ServerState` per app, stored on `app.state.server`; routers read it with `server_state`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from fastapi import Request
+
+from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.engine.speech import AudioChunk, SpeechRequest
+from higgs_serve.metrics import ServerMetrics
+from higgs_serve.server.settings import ServerSettings
+from higgs_serve.voices.registry import VoiceRegistry
+
+# Reference clip -> codec codes, for voice cloning: audio [n] float32 at 24 kHz -> [T, 8] int64.
+# Runs in a worker thread. None in build_app means cloning is not enabled (requests get a 400).
+ReferenceEncoder = Callable[[np.ndarray], np.ndarray]
+
+
+class SpeechEngine(Protocol):
+    """The part of `AsyncEngine` the server uses (docs/architecture.md, "Engine front end")."""
+
+    sample_rate_hz: int
+    deploy: DeployConfig
+    ready: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def prompt_builder(self): ...  # count_text_tokens(text) -> int; None before start()
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> Mapping[str, int]: ...
+
+
+class AdmissionGate:
+    """Bounds the speech requests in flight (running + waiting); the event loop is its only user."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.in_flight = 0
+
+    def try_acquire(self) -> bool:
+        if self.in_flight >= self.capacity:
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self) -> None:
+        if self.in_flight <= 0:
+            raise RuntimeError("admission gate released more often than acquired")
+        self.in_flight -= 1
+
+
+@dataclass
+class ServerState:
+    engine: SpeechEngine
+    settings: ServerSettings
+    voices: VoiceRegistry
+    metrics: ServerMetrics
+    gate: AdmissionGate
+    reference_encoder: ReferenceEncoder | None
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    engine_started: bool = False  # start() returned: from now on `alive` False means dead
+    engine_start_error: BaseException | None = None
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server

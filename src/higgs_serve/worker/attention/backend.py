@@ -1,0 +1,87 @@
+"""The paged attention backend interface, and `get_backend` by name.
+
+A backend allocates the per-layer KV cache once, then per step binds the step's metadata to
+the caches and returns the `Attention` callable the model calls once per layer:
+
+    attention(layer_idx, q [N, Hq, Dh], k [N, Hkv, Dh], v [N, Hkv, Dh]) -> o [N, Hq, Dh]
+
+which (1) writes the new k/v at `meta.slot_mapping` and (2) computes causal attention of each
+request's query tokens over its whole paged context, GQA with Hq / Hkv query heads per KV head,
+scale 1/sqrt(Dh), softmax in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from higgs_serve.worker.attention.metadata import AttentionMetadata
+
+KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, Hkv, Dh]
+
+
+class Attention(Protocol):
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
+class AttentionBackend:
+    """Base: KV-cache allocation and argument checks shared by the backends."""
+
+    name = "base"
+
+    def allocate_kv_cache(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> list[KVCache]:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zero-filled so that never-written pages read as finite numbers (they are masked
+        # anyway, but 0 × NaN garbage would still poison a masked dot product).
+        return [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ]
+
+    def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Attention:
+        raise NotImplementedError(f"{type(self).__name__} must implement bind")
+
+
+def softmax_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
+    """Shape/dtype agreement between this layer's q/k/v and its cache, with named errors."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q/k/v must be [N, H, Dh], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"query heads {q.shape[1]} not a multiple of KV heads {k.shape[1]}")
+    if k_cache.shape != v_cache.shape or k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not match k {tuple(k.shape)}"
+        )
+    if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+        raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} differs from the cache dtype {k_cache.dtype}")
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """"torch" (reference, any device) or "triton" (CUDA only)."""
+    if name == "torch":
+        from higgs_serve.worker.attention.torch_ref import TorchPagedAttention
+
+        return TorchPagedAttention()
+    if name == "triton":
+        from higgs_serve.worker.attention.triton_paged import TritonPagedAttention
+
+        return TritonPagedAttention()
+    raise ValueError(f"unknown attention backend {name!r}; expected 'torch' or 'triton'")

@@ -1,0 +1,370 @@
+"""Paged attention on CUDA with Triton kernels (no flash-attn / flashinfer).
+
+Three kernels, one concept each:
+- `_kv_write_kernel`: scatter this step's k/v rows into the page pool at `slot_mapping`
+  (negative slot = padding, skipped).
+- `_decode_kernel` + `_decode_reduce_kernel`: one query token per request (flash-decoding).
+  A program owns (request, KV head, split): it loads the GROUP = Hq/Hkv query heads that share
+  the KV head, so every K/V page is read once per step, and walks one contiguous slice of the
+  context. At batch 1 there are only Hkv = 8 (request, KV head) pairs, far fewer than the
+  H200's 132 SMs, so the context is split NUM_SPLITS ways and a second kernel merges the
+  partial softmaxes by their log-sum-exp. NUM_SPLITS depends only on the batch size (never on
+  the context length): each program reads its slice bounds from `seq_lens` on the device, so
+  the launch is CUDA-graph capturable and one capture serves every context length.
+- `_prefill_kernel`: any mix of prefill chunks and decodes. A program owns (query block,
+  request, query head) and streams the request's context up to the block's last position with
+  an online softmax and a causal mask at the query's absolute position.
+
+Tokens are gathered per key row (page = block_table[t // block_size], offset t % block_size),
+so any block size works; head_dim must be a power of two ≥ 16 (tensor-core dot shapes).
+Softmax math is fp32 (base-2 exponentials with log2(e) folded into the scale).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from higgs_serve.worker.attention.backend import AttentionBackend, KVCache, check_qkv, softmax_scale
+from higgs_serve.worker.attention.metadata import AttentionMetadata
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the backend refuses to start, the module still imports
+    triton = None
+
+LOG2E = 1.4426950408889634
+MAX_DECODE_SPLITS = 32
+DECODE_BLOCK_N = 64
+
+
+if triton is not None:
+
+    @triton.jit
+    def _kv_write_kernel(
+        K, V, K_cache, V_cache, slot_mapping,
+        stride_kn, stride_kh, stride_vn, stride_vh,
+        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+        BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        slot = tl.load(slot_mapping + token)  # int64
+        if slot < 0:
+            return
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        offs_h = tl.arange(0, HEADS_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        mask = (offs_h < NUM_KV_HEADS)[:, None]
+        k = tl.load(K + token * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+        v = tl.load(V + token * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        k_dst = K_cache + block * stride_kcb + offset * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
+        v_dst = V_cache + block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
+        tl.store(k_dst, k, mask=mask)
+        tl.store(v_dst, v, mask=mask)
+
+    @triton.jit
+    def _decode_kernel(
+        Q, K_cache, V_cache, O_part, LSE_part, block_tables, seq_lens, qk_scale,
+        stride_qn, stride_qh,
+        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+        stride_bt,
+        stride_ob, stride_os, stride_oh,
+        stride_lb, stride_ls,
+        BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        req = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        ctx_len = tl.load(seq_lens + req)
+        # This split's slice [n_start, n_end) of the context, in whole BLOCK_N tiles.
+        tiles_per_split = tl.cdiv(tl.cdiv(ctx_len, BLOCK_N), NUM_SPLITS)
+        n_start = split * tiles_per_split * BLOCK_N
+        n_end = tl.minimum(ctx_len, n_start + tiles_per_split * BLOCK_N)
+
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        g_mask = offs_g < GROUP
+        heads = kv_head * GROUP + offs_g  # the query heads of this KV head
+        q = tl.load(Q + req * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+
+        m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        table = block_tables + req * stride_bt
+        for n0 in range(n_start, n_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < n_end
+            page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            row = offs_n % BLOCK_SIZE
+            k = tl.load(
+                K_cache + page[:, None] * stride_kcb + row[:, None] * stride_kcs + kv_head * stride_kch + offs_d[None, :],
+                mask=n_mask[:, None], other=0.0,
+            )
+            v = tl.load(
+                V_cache + page[:, None] * stride_vcb + row[:, None] * stride_vcs + kv_head * stride_vch + offs_d[None, :],
+                mask=n_mask[:, None], other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N], log2 units
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds ≥ 1 valid key
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        # An empty slice (short context, many splits) leaves l_i = 0: write o = 0, lse = -inf.
+        has_keys = l_i > 0.0
+        out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        o_ptrs = O_part + req * stride_ob + split * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O_part.dtype.element_ty), mask=g_mask[:, None])
+        tl.store(LSE_part + req * stride_lb + split * stride_ls + heads, lse, mask=g_mask)
+
+    @triton.jit
+    def _decode_reduce_kernel(
+        O_part, LSE_part, O,
+        stride_pb, stride_ps, stride_ph,
+        stride_lb, stride_ls,
+        stride_on, stride_oh,
+        NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        req = tl.program_id(0)
+        head = tl.program_id(1)
+        offs_s = tl.arange(0, SPLITS_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        s_mask = offs_s < NUM_SPLITS
+        lse = tl.load(LSE_part + req * stride_lb + offs_s * stride_ls + head, mask=s_mask, other=float("-inf"))
+        m = tl.max(lse, 0)
+        m = tl.where(m == float("-inf"), 0.0, m)  # no keys at all (padded request): weights 0
+        w = tl.exp2(lse - m)  # [SPLITS_PAD], 0 for empty splits
+        live = s_mask & (lse > float("-inf"))
+        parts = tl.load(
+            O_part + req * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph + offs_d[None, :],
+            mask=live[:, None], other=0.0,
+        )
+        denom = tl.sum(w, 0)
+        out = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+        tl.store(O + req * stride_on + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
+
+    @triton.jit
+    def _prefill_kernel(
+        Q, K_cache, V_cache, O, block_tables, query_start_loc, seq_lens, qk_scale,
+        stride_qn, stride_qh, stride_on, stride_oh,
+        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+        stride_bt,
+        BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        m_block = tl.program_id(0)
+        req = tl.program_id(1)
+        head = tl.program_id(2)
+        q_start = tl.load(query_start_loc + req)
+        q_len = tl.load(query_start_loc + req + 1) - q_start
+        if m_block * BLOCK_M >= q_len:
+            return
+        ctx_len = tl.load(seq_lens + req)
+        start_pos = ctx_len - q_len  # absolute position of this request's first query token
+        kv_head = head // GROUP
+
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        m_mask = offs_m < q_len
+        q = tl.load(
+            Q + (q_start + offs_m)[:, None] * stride_qn + head * stride_qh + offs_d[None, :],
+            mask=m_mask[:, None], other=0.0,
+        )
+        q_pos = start_pos + offs_m  # [BLOCK_M]
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        # The block's last row (valid or not) sits at start_pos + (m_block+1)*BLOCK_M − 1.
+        kv_end = tl.minimum(ctx_len, start_pos + (m_block + 1) * BLOCK_M)
+        table = block_tables + req * stride_bt
+        for n0 in range(0, kv_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < kv_end
+            page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            row = offs_n % BLOCK_SIZE
+            k = tl.load(
+                K_cache + page[:, None] * stride_kcb + row[:, None] * stride_kcs + kv_head * stride_kch + offs_d[None, :],
+                mask=n_mask[:, None], other=0.0,
+            )
+            v = tl.load(
+                V_cache + page[:, None] * stride_vcb + row[:, None] * stride_vcs + kv_head * stride_vch + offs_d[None, :],
+                mask=n_mask[:, None], other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # Key 0 is visible to every row, so m_new is finite from the first tile on; the
+            # guard only keeps a hypothetical all-masked row from producing NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_ptrs = O + (q_start + offs_m)[:, None] * stride_on + head * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_mask[:, None])
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would silently use TF32 tensor cores (~1e-3 error); fp32 is the exact mode.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def decode_num_splits(num_requests: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits per (request, KV head) so that about two programs per SM exist; batch-size only."""
+    programs = num_requests * num_kv_heads
+    return max(1, min(MAX_DECODE_SPLITS, -(-2 * num_sms // programs)))
+
+
+def write_kv_triton(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _kv_write_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
+        HEAD_DIM=head_dim,
+    )
+
+
+class DecodeWorkspace:
+    """Split-K scratch, allocated once per bound step (shared by all layers, which run in order)."""
+
+    def __init__(self, num_requests: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device):
+        self.num_splits = num_splits
+        # fp32 partial outputs: the merge re-weights them, keep the precision until then.
+        self.partial = torch.empty(num_requests, num_splits, num_heads, head_dim, dtype=torch.float32, device=device)
+        self.lse = torch.empty(num_requests, num_splits, num_heads, dtype=torch.float32, device=device)
+
+
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, work: DecodeWorkspace) -> Tensor:
+    """q [B, Hq, Dh] (row b = request b) -> o [B, Hq, Dh]."""
+    num_requests, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    splits = work.num_splits
+    # One split: the kernel writes the final output itself ([B, 1, Hq, Dh] view of o).
+    partial = work.partial if splits > 1 else out.unsqueeze(1)
+    _decode_kernel[(num_requests, num_kv_heads, splits)](
+        q, k_cache, v_cache, partial, work.lse, meta.block_tables, meta.seq_lens,
+        softmax_scale(head_dim) * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        work.lse.stride(0), work.lse.stride(1),
+        BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, _next_pow2(group)),
+        HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N, NUM_SPLITS=splits,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=4,
+    )
+    if splits > 1:
+        _decode_reduce_kernel[(num_requests, num_heads)](
+            work.partial, work.lse, out,
+            work.partial.stride(0), work.partial.stride(1), work.partial.stride(2),
+            work.lse.stride(0), work.lse.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=_next_pow2(splits), HEAD_DIM=head_dim,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
+    """Any batch (prefill chunks and decodes): q [N, Hq, Dh] -> o [N, Hq, Dh]."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.zeros_like(q)  # rows of requests without keys stay 0
+    if num_tokens == 0 or meta.max_query_len == 0:
+        return out
+    block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
+    grid = (triton.cdiv(meta.max_query_len, block), meta.num_requests, num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+        softmax_scale(head_dim) * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0),
+        BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+        BLOCK_M=block, BLOCK_N=block, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=4,
+    )
+    return out
+
+
+def _check_triton_inputs(q: Tensor, k_cache: Tensor) -> None:
+    head_dim = q.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"triton attention needs head_dim a power of two >= 16, got {head_dim}")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1:
+        raise ValueError("triton attention needs q and the KV cache contiguous in head_dim")
+
+
+class TritonBoundAttention:
+    """One step's `Attention` callable on the Triton kernels (decode path graph-capturable)."""
+
+    def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache], num_sms: int) -> None:
+        self.meta = meta
+        self.kv_caches = kv_caches
+        self.num_sms = num_sms
+        self._work: DecodeWorkspace | None = None
+
+    def _workspace(self, q: Tensor, num_kv_heads: int) -> DecodeWorkspace:
+        num_requests, num_heads, head_dim = q.shape
+        work = self._work
+        if work is None or work.partial.shape[0] != num_requests or work.partial.shape[2:] != (num_heads, head_dim):
+            splits = decode_num_splits(num_requests, num_kv_heads, self.num_sms)
+            work = self._work = DecodeWorkspace(num_requests, num_heads, head_dim, splits, q.device)
+        return work
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k_cache, v_cache = self.kv_caches[layer_idx]
+        check_qkv(q, k, v, k_cache, v_cache)
+        _check_triton_inputs(q, k_cache)
+        write_kv_triton(k, v, k_cache, v_cache, self.meta.slot_mapping)
+        if self.meta.is_pure_decode:
+            return paged_decode(q, k_cache, v_cache, self.meta, self._workspace(q, k_cache.shape[2]))
+        return paged_prefill(q, k_cache, v_cache, self.meta)
+
+
+class TritonPagedAttention(AttentionBackend):
+    name = "triton"
+
+    def __init__(self) -> None:
+        if triton is None:
+            raise RuntimeError("attention backend 'triton' needs the triton package (it ships with CUDA torch)")
+        self._num_sms: dict[int, int] = {}
+
+    def _sm_count(self, device: torch.device) -> int:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._num_sms:
+            self._num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        return self._num_sms[index]
+
+    def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> TritonBoundAttention:
+        device = kv_caches[0][0].device
+        if device.type != "cuda":
+            raise ValueError(f"attention backend 'triton' needs CUDA caches, got device {device}")
+        return TritonBoundAttention(meta, kv_caches, self._sm_count(device))

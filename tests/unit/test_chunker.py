@@ -1,0 +1,146 @@
+"""The streaming window rule (SPEC §1.9, timeline of research/vllm_omni_higgs_v3.md §3.4)."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from higgs_serve.codec.chunker import SAMPLES_PER_FRAME, StreamChunker, Window, WindowParams
+
+
+def run_pushes(chunker: StreamChunker, counts: list[int]) -> list[tuple[int, Window]]:
+    """Push D = counts[i] (finishing on the last) and collect (D, window) for every emission."""
+    out = []
+    for i, d in enumerate(counts):
+        window = chunker.push(d, finished=i == len(counts) - 1)
+        if window is not None:
+            out.append((d, window))
+    return out
+
+
+def assert_covers_exactly(windows: list[Window], total: int) -> None:
+    """New frames of consecutive windows tile [0, total) with no gap and no overlap."""
+    cursor = 0
+    for w in windows:
+        assert w.new_start_frame == cursor
+        assert w.end_frame - w.trim_back_frames == cursor + w.new_frames
+        assert w.num_frames == w.trim_front_frames + w.new_frames + w.trim_back_frames
+        assert 0 <= w.start_frame <= w.end_frame <= total
+        cursor += w.new_frames
+    assert cursor == total
+    assert windows[-1].is_final and all(not w.is_final for w in windows[:-1])
+
+
+def test_default_timeline_matches_reference_deployment():
+    # One push per talker step: D = 0, 1, 2, ... de-delayed frames; finish at D = 100.
+    chunker = StreamChunker(WindowParams(25, 25, 4, 1))
+    emitted = run_pushes(chunker, list(range(0, 101)))
+    d_at = [d for d, _ in emitted]
+    windows = [w for _, w in emitted]
+    # First chunk at D = 5 (n_rows = 12): target 1 ≥ I = 1; decode [0, 5), keep frame 0.
+    assert d_at[0] == 5
+    assert windows[0] == Window(0, 5, 0, 4, 1, False)
+    # Second at D = 30 (n_rows = 37): target 26, 25 new; decode [0, 30), trim left 1, right 4.
+    assert d_at[1] == 30
+    assert windows[1] == Window(0, 30, 1, 4, 25, False)
+    # Steady state every 25 frames: a 54-frame window (25 + 25 + 4), 25 new frames.
+    assert d_at[2] == 55
+    assert windows[2] == Window(1, 55, 25, 4, 25, False)
+    assert d_at[3] == 80
+    assert windows[3] == Window(26, 80, 25, 4, 25, False)
+    # Final flush at D = 100: H_eff = 0, everything left.
+    assert windows[4] == Window(51, 100, 25, 0, 24, True)
+    assert_covers_exactly(windows, 100)
+    assert windows[1].trim_front_samples == SAMPLES_PER_FRAME
+    assert windows[1].trim_back_samples == 4 * SAMPLES_PER_FRAME
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_pushes_cover_every_frame_once(seed):
+    rng = random.Random(seed)
+    params = WindowParams(
+        chunk_frames=rng.randint(1, 30),
+        left_context_frames=rng.randint(0, 30),
+        right_holdback_frames=rng.randint(0, 6),
+        initial_chunk_frames=rng.randint(0, 35),
+    )
+    counts, d = [], 0
+    for _ in range(rng.randint(1, 60)):
+        d += rng.choice([0, 0, 1, 1, 1, 2, 5, 17])
+        counts.append(d)
+    windows = [w for _, w in run_pushes(StreamChunker(params), counts)]
+    assert_covers_exactly(windows, counts[-1])
+    for w in windows:
+        assert w.trim_front_frames <= params.left_context_frames
+        assert w.trim_back_frames == (0 if w.is_final else params.right_holdback_frames)
+        if not w.is_final:
+            assert w.new_frames >= 1
+
+
+def test_final_flush_with_nothing_new_is_an_empty_final_window():
+    chunker = StreamChunker(WindowParams(2, 3, 0, 0))
+    assert chunker.push(4, finished=False) == Window(0, 4, 0, 0, 4, False)
+    assert chunker.push(4, finished=True) == Window(4, 4, 0, 0, 0, True)
+    with pytest.raises(RuntimeError, match="after the final window"):
+        chunker.push(4, finished=True)
+
+
+def test_final_flush_of_a_zero_frame_request():
+    assert StreamChunker().push(0, finished=True) == Window(0, 0, 0, 0, 0, True)
+
+
+@pytest.mark.parametrize("initial", [0, 25, 40])
+def test_initial_chunk_off_when_zero_or_not_below_chunk(initial):
+    chunker = StreamChunker(WindowParams(25, 25, 4, initial))
+    emitted = run_pushes(chunker, list(range(0, 40)))
+    assert emitted[0] == (29, Window(0, 29, 0, 4, 25, False))
+
+
+def test_initial_chunk_smaller_than_chunk_is_used_once():
+    chunker = StreamChunker(WindowParams(10, 25, 4, 3))
+    emitted = run_pushes(chunker, list(range(0, 30)))
+    assert [d for d, _ in emitted[:3]] == [7, 17, 27]
+    assert emitted[0][1] == Window(0, 7, 0, 4, 3, False)
+    assert emitted[1][1] == Window(0, 17, 3, 4, 10, False)
+
+
+def test_no_left_context_and_no_holdback():
+    chunker = StreamChunker(WindowParams(5, 0, 0, 0))
+    windows = [w for _, w in run_pushes(chunker, [3, 5, 9, 12, 13])]
+    assert windows == [
+        Window(0, 5, 0, 0, 5, False),
+        Window(5, 12, 0, 0, 7, False),
+        Window(12, 13, 0, 0, 1, True),
+    ]
+
+
+def test_jump_emits_all_pending_frames_at_once():
+    chunker = StreamChunker(WindowParams(25, 25, 4, 1))
+    assert chunker.push(100, finished=False) == Window(0, 100, 0, 4, 96, False)
+
+
+def test_non_streaming_emits_one_window_at_the_end():
+    chunker = StreamChunker(WindowParams(), streaming=False)
+    assert all(chunker.push(d, finished=False) is None for d in range(0, 80))
+    assert chunker.push(80, finished=True) == Window(0, 80, 0, 0, 80, True)
+
+
+def test_frames_going_backwards_is_an_error():
+    chunker = StreamChunker()
+    chunker.push(10, finished=False)
+    with pytest.raises(ValueError, match="went backwards"):
+        chunker.push(9, finished=False)
+
+
+def test_params_validation_and_from_config():
+    with pytest.raises(ValueError, match="right_holdback_frames"):
+        WindowParams(right_holdback_frames=-1)
+    with pytest.raises(ValueError, match="chunk_frames"):
+        WindowParams(chunk_frames=0)
+    config = SimpleNamespace(
+        codec_chunk_frames=20,
+        codec_left_context_frames=10,
+        codec_right_holdback_frames=3,
+        initial_codec_chunk_frames=2,
+    )
+    assert WindowParams.from_config(config) == WindowParams(20, 10, 3, 2)

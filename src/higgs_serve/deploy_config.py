@@ -570,9 +570,9 @@ def _devices(stage: _Section) -> str:
                                      f"\"cpu\", got {type(value).__name__} {value!r}{hint}")
     count = stage.ctx.device_count
     if value != "cpu" and count is not None and int(value) >= count:
+        fix = f"use an index below {count} or \"cpu\"" if count else "use \"cpu\""
         raise stage.error("devices", f"CUDA device {value} does not exist: this machine has "
-                                     f"{count} CUDA device(s); use an index below {count} or "
-                                     f"\"cpu\"")
+                                     f"{count} CUDA device(s); {fix}")
     return value
 
 
@@ -609,18 +609,18 @@ def _build_compilation(stage: _Section, enforce_eager: bool,
 
 def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: bool,
                           mode: CudaGraphMode) -> None:
+    mode_key, eager_key = section.key("cudagraph_mode"), stage.key("enforce_eager")
+    eager = _key_text(eager_key)
     if enforce_eager and mode is CudaGraphMode.FULL_DECODE_ONLY:
-        problem = ("FULL_DECODE_ONLY (the whole-step decode graph) with enforce_eager: true (the "
-                   "local MLP graph path) asks for both graph paths, which exclude each other: "
-                   "set enforce_eager: false for the full decode graph, or drop cudagraph_mode")
+        problem = (f"FULL_DECODE_ONLY (the whole-step decode graph) with {eager}: true (the "
+                   f"local MLP graph path) asks for both graph paths, which exclude each other: "
+                   f"set enforce_eager: false for the full decode graph, or drop cudagraph_mode")
     elif not enforce_eager and mode is CudaGraphMode.LOCAL_MLP:
-        problem = ("LOCAL_MLP (the local MLP graphs) with enforce_eager: false (the whole-step "
-                   "decode graph path) asks for both graph paths, which exclude each other: set "
-                   "enforce_eager: true for the MLP graphs, or cudagraph_mode: FULL_DECODE_ONLY")
+        problem = (f"LOCAL_MLP (the local MLP graphs) with {eager}: false (the whole-step decode "
+                   f"graph path) asks for both graph paths, which exclude each other: set "
+                   f"enforce_eager: true for the MLP graphs, or cudagraph_mode: FULL_DECODE_ONLY")
     else:
         return
-    mode_key = section.key("cudagraph_mode")
-    eager_key = stage.key("enforce_eager")
     raise stage.ctx.error([mode_key, eager_key], problem)
 
 

@@ -10,6 +10,15 @@ V = 1026
 HUGE = 1e4
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small tensors: intra-op threads only add contention on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @dataclass(frozen=True)
 class Knobs:
     temperature: float = 1.0
@@ -67,7 +76,7 @@ def _check_ramp(rows: torch.Tensor, ramp_start: int) -> None:
 
 
 def test_first_rows_follow_the_boc_pattern_and_ramp_down_shape():
-    rows = _run(_fresh(eoc_bias=3.0), 0, _random_logits(1, eoc_bias=0.0))
+    rows = _run(_fresh(), 0, _random_logits(1, eoc_bias=4.0))
     ramp_start = int((rows[:, 0] == EOC).nonzero()[0])
     assert ramp_start >= 8
     _check_normal_rows(rows, ramp_start)

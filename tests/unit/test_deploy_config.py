@@ -302,7 +302,7 @@ def test_top_level_validation_errors_name_key_and_file(tmp_path, doc, key, probl
 def test_asking_for_both_graph_paths_is_an_error(tmp_path, stage0, culprit):
     path = write(tmp_path, "both.yaml", {"stages": [{"stage_id": 0, **stage0}]})
     _expect_error(path, "stages[0].compilation_config.cudagraph_mode", "both graph paths")
-    with pytest.raises(ConfigError, match=f"{culprit}.*enforce_eager"):
+    with pytest.raises(ConfigError, match=rf"{culprit}.*stages\[0\]\.enforce_eager"):
         load_deploy_config(str(path))
 
 

@@ -9,7 +9,8 @@ BS = 4  # block size used throughout
 
 
 def make_request(request_id, prompt, max_frames=1, **kwargs):
-    return Request(request_id, tuple(prompt), sampling=None, max_frames=max_frames, min_frames=0, **kwargs)
+    prompt = tuple(prompt)
+    return Request(request_id, prompt, sampling=None, max_frames=max_frames, min_frames=0, **kwargs)
 
 
 def admit(kv, request, num_tokens=None, reserve_tokens=None):
@@ -74,7 +75,8 @@ def test_allocate_returns_none_without_side_effects_and_fits_exactly():
     assert not kv.can_allocate(3) and kv.can_allocate(2)
     assert admit(kv, make_request("b", range(4), max_frames=5)) is None  # 16 tokens = 4 blocks
     assert kv.num_free_blocks == 2  # nothing changed
-    assert admit(kv, make_request("c", range(4)), reserve_tokens=8) == (2,)  # a took only block 1 so far
+    # a has taken only block 1 so far (lazy growth); c gets block 2 and reserves one more
+    assert admit(kv, make_request("c", range(4)), reserve_tokens=8) == (2,)
     assert kv.num_free_blocks == 0
     kv.free("a")
     assert kv.num_free_blocks == 6
@@ -128,13 +130,14 @@ def test_blocks_are_published_only_once_computed():
 def test_different_voices_do_not_share_placeholder_blocks():
     kv = KVCacheManager(num_blocks=33, block_size=BS, enable_prefix_caching=True)
     prompt = tuple(range(16))
-    first = make_request("a", prompt, placeholder_key="voice-a", placeholder_start=5, num_placeholders=4)
+    span = dict(placeholder_start=5, num_placeholders=4)
+    first = make_request("a", prompt, placeholder_key="voice-a", **span)
     admit(kv, first)
     compute_prompt(kv, first)
-    other = make_request("b", prompt, placeholder_key="voice-b", placeholder_start=5, num_placeholders=4)
+    other = make_request("b", prompt, placeholder_key="voice-b", **span)
     other.block_keys = kv.block_keys(other)
     assert kv.get_computed_blocks(other)[1] == 4  # only the block before the P span
-    same = make_request("c", prompt, placeholder_key="voice-a", placeholder_start=5, num_placeholders=4)
+    same = make_request("c", prompt, placeholder_key="voice-a", **span)
     same.block_keys = kv.block_keys(same)
     assert kv.get_computed_blocks(same)[1] == 12
 

@@ -9,6 +9,15 @@ from higgs_serve.worker.sampler import (
 Q = 8
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small tensors: intra-op threads only add contention on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _logits(batch: int, vocab: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, Q, vocab, generator=g) * scale

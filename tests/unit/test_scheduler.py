@@ -301,3 +301,38 @@ def test_voice_prompts_share_only_matching_reference_blocks():
     plan, _ = run_step(scheduler)
     starts = {c.request_id: c.start_pos for c in plan.chunks}
     assert starts == {"a": 14, "b": 0, "c": 12}
+
+
+def test_finished_prompt_blocks_are_evicted_under_pressure_and_never_stale():
+    # 12 usable blocks; "a" = 9 + 1 + 7 = 17 tokens = 5 blocks, two of them keyed prompt blocks
+    scheduler = make_scheduler(num_blocks=13, caching=True)
+    scheduler.add_request(make_request("a", 9, max_frames=1))
+    run_step(scheduler, finished=("a",))
+    kv = scheduler.kv
+    assert kv.num_free_blocks == 12
+    scheduler.add_request(make_request("hog", 40, max_frames=1, first_token=1000))  # 12 blocks
+    for _ in range(3):  # the prompt: 10 blocks, all plain (cached blocks are kept while possible)
+        run_step(scheduler)
+    assert kv.num_evictions == 0
+    for _ in range(6):  # decode grows into the reserved blocks: now the cached ones go
+        run_step(scheduler)
+    assert kv.num_evictions == 2
+    scheduler.abort("hog")
+    scheduler.add_request(make_request("b", 9, max_frames=1))
+    plan, _ = run_step(scheduler)
+    assert (plan.chunks[0].start_pos, plan.chunks[0].num_tokens) == (0, 9)  # no stale hit
+    assert kv.prefix_cache_hits == 0
+
+
+def test_request_validation_names_the_field():
+    with pytest.raises(InvalidRequestError, match="empty prompt"):
+        make_request("a", 0)
+    with pytest.raises(InvalidRequestError, match="max_frames"):
+        make_request("a", 4, max_frames=0)
+    with pytest.raises(InvalidRequestError, match="placeholder span"):
+        make_request("a", 4, placeholder_key="v", placeholder_start=2, num_placeholders=3)
+    with pytest.raises(InvalidRequestError, match="placeholder_rows"):
+        make_request("a", 4, placeholder_start=1, num_placeholders=2, placeholder_rows=((0,) * 8,))
+    request = make_request("a", 5, max_frames=10)
+    assert request.max_num_rows == 10 + TAIL_ROWS
+    assert request.max_num_tokens == 5 + 10 + TAIL_ROWS - 1

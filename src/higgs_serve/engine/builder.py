@@ -16,7 +16,7 @@ import torch
 from higgs_serve.codec.chunker import WindowParams
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import CodecDecoder
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.deploy_config import DeployConfig, GraphPath, resolve_graph_path
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.scheduler import Scheduler
@@ -27,6 +27,7 @@ from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
 from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.worker.cuda_graphs import GraphPolicy
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,20 @@ def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size)
 
 
+def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
+    """The deploy profile's graph path on this device (graph modes need CUDA)."""
+    path, _ = resolve_graph_path(deploy.stage0, device.type == "cuda")
+    if path is GraphPath.EAGER:
+        return GraphPolicy.eager()
+    compilation = deploy.stage0.compilation_config
+    return GraphPolicy(
+        full_decode=path is GraphPath.FULL_DECODE_GRAPH,
+        mlp=path is GraphPath.MLP_GRAPHS,
+        capture_sizes=tuple(sorted(compilation.cudagraph_capture_sizes)),
+        num_warmups=compilation.cudagraph_num_of_warmups,
+    )
+
+
 def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions) -> EngineCore:
     s0 = deploy.stage0
     kv = size_kv_cache(loaded, deploy)
@@ -142,7 +157,9 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_model_len=s0.max_model_len,
         device=loaded.device,
         dtype=loaded.dtype,
+        graphs=graph_policy(deploy, loaded.device),
     )
+    runner.capture_graphs()
     codec = CodecRunner(
         loaded.codec,
         device=loaded.device,

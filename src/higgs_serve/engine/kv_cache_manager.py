@@ -65,7 +65,9 @@ def compute_block_keys(
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
         if num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+            raise ValueError(
+                f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
+            )
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
@@ -74,7 +76,8 @@ class KVCacheManager:
         self._ref_counts = [0] * num_blocks
         self._key_of_block: list[bytes | None] = [None] * num_blocks
         self._block_of_key: dict[bytes, int] = {}
-        # Free blocks without content (a stack, lowest id on top) and free cached blocks (LRU first).
+        # Free blocks without content (a stack, lowest id on top), and free blocks that hold
+        # cached prefix content (least recently freed first).
         self._free_plain: list[int] = list(range(num_blocks - 1, NULL_BLOCK, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[str, list[int]] = {}

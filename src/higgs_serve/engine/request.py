@@ -105,7 +105,8 @@ class Request:
                 f"is outside the {self.num_prompt_tokens}-token prompt",
                 "ref_audio",
             )
-        if self.placeholder_rows is not None and len(self.placeholder_rows) != self.num_placeholders:
+        rows = self.placeholder_rows
+        if rows is not None and len(rows) != self.num_placeholders:
             raise InvalidRequestError(
                 f"request {self.request_id}: {len(self.placeholder_rows)} placeholder_rows for "
                 f"{self.num_placeholders} placeholder positions",

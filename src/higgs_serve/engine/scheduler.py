@@ -172,7 +172,9 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
         """Apply one step's result (in plan order); returns the requests finished by it."""
         if plan.step_id != result.step_id:
-            raise RuntimeError(f"StepResult {result.step_id} does not answer StepPlan {plan.step_id}")
+            raise RuntimeError(
+                f"StepResult {result.step_id} does not answer StepPlan {plan.step_id}"
+            )
         rows = result.rows
         capped: list[Request] = []
         for chunk in plan.chunks:
@@ -208,7 +210,7 @@ class Scheduler:
 
     # ----- helpers
     def _admit(self, request: Request, budget: int) -> int:
-        """Take KV blocks for a waiting request; returns its first chunk size, 0 if it does not fit."""
+        """Take KV blocks for the queue head; returns its first chunk size, 0 if it does not fit."""
         computed_blocks, num_computed = self.kv.get_computed_blocks(request)
         num_new = min(request.num_prompt_tokens - num_computed, budget)
         table = self.kv.allocate(

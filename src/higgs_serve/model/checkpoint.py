@@ -172,7 +172,8 @@ def fold_weight_norm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
             out[name] = t
             continue
         role = "g" if m.group("old") == "g" or m.group("new") == "0" else "v"
-        pairs.setdefault(m.group("base") + ".weight", {})[role] = (name, t)
+        base = m.group("base")
+        pairs.setdefault(f"{base}.weight" if base else "weight", {})[role] = (name, t)
     for weight_name, pair in pairs.items():
         if len(pair) != 2:
             (have, _), = pair.values()
@@ -184,7 +185,7 @@ def fold_weight_norm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-_WN_RE = re.compile(r"(?P<base>.+?)(?:\.weight_(?P<old>[gv])|\.parametrizations\.weight\.original(?P<new>[01]))")
+_WN_RE = re.compile(r"(?:(?P<base>.+?)\.)?(?:weight_(?P<old>[gv])|parametrizations\.weight\.original(?P<new>[01]))")
 
 
 def _fold(g: Tensor, v: Tensor, name: str) -> Tensor:

@@ -116,6 +116,13 @@ class Qwen3Layer(nn.Module):
         return self.mlp_residual(self.attn_residual(h, cos, sin, attention))
 
 
+class MLPRunner(Protocol):
+    """mlp(layer_idx, h [N, D]) -> h + MLP(norm(h)): lets a caller replay the post-attention
+    half of a layer (e.g. as a CUDA graph) without the model knowing how it is run."""
+
+    def __call__(self, layer_idx: int, h: Tensor) -> Tensor: ...
+
+
 class Qwen3Backbone(nn.Module):
     """The decoder stack and final norm (no embedding, no head)."""
 
@@ -125,10 +132,12 @@ class Qwen3Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, device=device)
 
-    def forward(self, embeds: Tensor, positions: Tensor, attention: Attention) -> Tensor:
+    def forward(self, embeds: Tensor, positions: Tensor, attention: Attention,
+                mlp: MLPRunner | None = None) -> Tensor:
         """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
         cos, sin = self.rotary(positions, embeds.dtype)
         h = embeds
         for layer in self.layers:
-            h = layer(h, cos, sin, attention)
+            h = layer.attn_residual(h, cos, sin, attention)
+            h = layer.mlp_residual(h) if mlp is None else mlp(layer.layer_idx, h)
         return self.norm(h)

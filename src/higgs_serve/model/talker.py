@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from higgs_serve.errors import CheckpointError
 from higgs_serve.model.hf_config import AudioConfig, TextConfig
-from higgs_serve.model.qwen3 import Attention, Qwen3Backbone
+from higgs_serve.model.qwen3 import Attention, MLPRunner, Qwen3Backbone
 
 # per layer: internal name -> (fused parameter, slice index within the fused rows)
 _FUSED = {
@@ -93,9 +93,11 @@ class Talker(nn.Module):
         return F.embedding(rows + self.audio_offsets, self.audio_embedding).sum(dim=1)
 
     # ---- backbone and head ----
-    def forward(self, embeds: Tensor, positions: Tensor, attention: Attention) -> Tensor:
-        """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
-        return self.backbone(embeds, positions, attention)
+    def forward(self, embeds: Tensor, positions: Tensor, attention: Attention,
+                mlp: MLPRunner | None = None) -> Tensor:
+        """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]. `mlp` optionally
+        runs each layer's post-attention norm + MLP (see qwen3.MLPRunner)."""
+        return self.backbone(embeds, positions, attention, mlp)
 
     def audio_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, D] -> logits [B, 8, V] float32."""

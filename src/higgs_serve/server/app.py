@@ -26,13 +26,7 @@ from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.routers import health, speech, voices
 from higgs_serve.server.settings import ServerSettings
-from higgs_serve.server.state import (
-    AdmissionGate,
-    ReferenceEncoder,
-    ServerState,
-    SpeechEngine,
-    server_state,
-)
+from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import VoiceRegistry
 
 __all__ = ["ServerSettings", "build_app", "run_server"]
@@ -139,5 +133,3 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
 def server_state_of(app: FastAPI) -> ServerState:
     return app.state.server
 
-
-__all__ += ["server_state", "server_state_of"]

@@ -25,6 +25,7 @@ from higgs_serve.errors import (
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+SPEECH_PATH = "/v1/audio/speech"  # validation failures there count as outcome "invalid"
 
 
 class ApiError(Exception):
@@ -84,7 +85,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
             messages.append(f"request body: {_body_message(error)}")
             continue
         params.append(field)
-        messages.append(f"{field}: {error['msg']}")
+        text = error["msg"].removeprefix("Value error, ")  # our own validators' messages
+        messages.append(f"{field}: {text}")
     return "; ".join(messages), (",".join(params) or None)
 
 
@@ -105,6 +107,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_errors(list(error.errors()))
+        if request.url.path == SPEECH_PATH:
+            request.app.state.server.metrics.count("invalid")
+            if "json" not in request.headers.get("content-type", ""):
+                message, param = "the request body must be JSON (Content-Type: application/json)", None
         return error_response(ApiError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)

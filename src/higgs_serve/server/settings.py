@@ -25,7 +25,7 @@ class ServerSettings:
     allowed_ref_audio_domains: tuple[str, ...] = ()
     max_ref_audio_bytes: int = DEFAULT_MAX_REF_AUDIO_BYTES
     # Seconds uvicorn lets in-flight requests finish on shutdown before they are aborted.
-    graceful_shutdown_s: float = 30.0
+    graceful_shutdown_s: int = 30
 
     def __post_init__(self) -> None:
         for name in ("port", "max_input_chars", "max_ref_audio_bytes"):

@@ -79,6 +79,12 @@ class ServerState:
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
 
+    def engine_dead(self) -> bool:
+        """Start failed, or start finished and the engine loop has since stopped."""
+        if self.engine_start_error is not None:
+            return True
+        return self.engine_started and not self.engine.alive
+
 
 def server_state(request: Request) -> ServerState:
     return request.app.state.server

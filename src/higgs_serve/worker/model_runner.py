@@ -19,6 +19,7 @@ from higgs_serve.model.talker import Talker
 from higgs_serve.worker.attention.backend import AttentionBackend
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
+from higgs_serve.worker.cuda_graphs import FullDecodeGraphs, GraphPolicy, MLPGraphs, StepMode, timed_capture
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -51,17 +52,22 @@ class ModelRunner:
         max_model_len: int,
         device: torch.device,
         dtype: torch.dtype,
+        graphs: GraphPolicy | None = None,
     ):
         self.talker = talker
+        self.graphs = graphs or GraphPolicy.eager()
+        self.max_model_len = max_model_len
         self.backend = backend
         self.kv = kv
         self.device = device
         self.dtype = dtype
         self.max_num_seqs = max_num_seqs
         self.num_codebooks = talker.audio_cfg.num_codebooks
+        # One extra block past the scheduler's pool: padded graph rows write their K/V there.
+        self.scratch_block = kv.num_blocks
         self.kv_caches = backend.allocate_kv_cache(
             num_layers=talker.text_cfg.num_layers,
-            num_blocks=kv.num_blocks,
+            num_blocks=kv.num_blocks + 1,
             block_size=kv.block_size,
             num_kv_heads=talker.text_cfg.num_kv_heads,
             head_dim=talker.text_cfg.head_dim,
@@ -72,10 +78,14 @@ class ModelRunner:
         self.buffers = InputBuffers(max_num_batched_tokens, max_num_seqs, max_blocks, device)
         self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size)
         self._prompts: dict[int, _SlotPrompt] = {}
-        # rows [S, 8] + done flag, copied back once per step
-        self._out_host = torch.zeros(
-            (max_num_seqs, self.num_codebooks + 1), dtype=torch.int64, pin_memory=device.type == "cuda"
-        )
+        # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step
+        out_shape = (max_num_seqs, self.num_codebooks + 1)
+        self._out_dev = torch.zeros(out_shape, dtype=torch.int64, device=device)
+        self._out_host = torch.zeros(out_shape, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._mlp_graphs: MLPGraphs | None = None
+        self._full_graphs: FullDecodeGraphs | None = None
+        self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
+        self.capture_info: list[dict] = []
 
     # ------------------------------------------------------------------ per-request setup
     def _add_request(self, new: NewRequestData) -> None:
@@ -99,11 +109,31 @@ class ModelRunner:
             self._add_request(new)
         if not plan.chunks:
             return StepResult(step_id=plan.step_id, rows={}, finished=())
-        inputs, ref_rows, sample_ids = self._prepare(plan)
-        hidden = self._forward(inputs, ref_rows)
-        return self._sample(plan.step_id, inputs, hidden, sample_ids)
+        staged = self._stage(plan)
+        pure_decode = not staged.has_text and staged.num_tokens == len(plan.chunks)
+        mode, padded = self.graphs.dispatch(staged.num_tokens, pure_decode)
+        self.step_modes[mode] += 1
+        if mode is StepMode.FULL_GRAPH:
+            self._fill_decode_padding(staged.num_tokens, padded)
+            self.buffers.upload(padded)
+            self._full_graphs.replay(padded)
+        else:
+            self.buffers.upload(len(plan.chunks))
+            inputs = self.buffers.views(staged.num_tokens, len(plan.chunks), len(staged.sample_ids),
+                                        staged.has_audio, staged.has_text)
+            ref_rows = None
+            if staged.ref_parts:
+                ref_rows = torch.from_numpy(np.concatenate(staged.ref_parts)).to(self.device, non_blocking=True)
+            mlp = None
+            if mode is StepMode.MLP_GRAPHS:
+                self._mlp_graphs.padded = padded
+                mlp = self._mlp_graphs
+            hidden = self._forward(inputs, ref_rows, mlp)
+            self._sample_eager(inputs, hidden)
+        return self._collect(plan.step_id, staged.sample_ids)
 
-    def _prepare(self, plan: StepPlan) -> tuple[StepInputs, torch.Tensor | None, list[str]]:
+    def _stage(self, plan: StepPlan) -> _Staged:
+        """Fill the host staging buffers for the plan's chunks (no device work)."""
         buf = self.buffers
         tok = buf.host("token_ids")
         pos = buf.host("positions")
@@ -159,13 +189,28 @@ class ModelRunner:
                 s_tok[len(sample_ids)] = n - 1
                 s_slot[len(sample_ids)] = chunk.slot
                 sample_ids.append(chunk.request_id)
-        num_seqs = len(plan.chunks)
-        buf.upload(num_seqs)
-        inputs = buf.views(n, num_seqs, len(sample_ids), has_audio, has_text)
-        ref_rows = None
-        if ref_parts:
-            ref_rows = torch.from_numpy(np.concatenate(ref_parts)).to(self.device, non_blocking=True)
-        return inputs, ref_rows, sample_ids
+        return _Staged(n, has_audio, has_text, ref_parts, sample_ids)
+
+    def _fill_decode_padding(self, start: int, padded: int) -> None:
+        """Rows [start, padded) of a padded decode batch: the always-done pad slot, K/V written
+        to the scratch block, one context token, so they cost a little work and touch nothing real."""
+        if start >= padded:
+            return
+        buf = self.buffers
+        pad = slice(start, padded)
+        idx = np.arange(start, padded)
+        buf.host("token_ids")[pad] = 0
+        buf.host("positions")[pad] = 0
+        buf.host("audio_src_slot")[pad] = self.audio_state.pad_slot
+        buf.host("slot_mapping")[pad] = self.scratch_block * self.kv.block_size
+        buf.host("ref_row_index")[pad] = -1
+        buf.host("sample_token_index")[pad] = idx
+        buf.host("sample_slots")[pad] = self.audio_state.pad_slot
+        buf.host_query_start_loc()[start + 1 : padded + 1] = idx + 1
+        buf.host_seq_lens()[pad] = 1
+        bt = buf.host_block_tables()
+        bt[pad] = 0
+        bt[pad, 0] = self.scratch_block
 
     def _embed(self, inputs: StepInputs, ref_rows: torch.Tensor | None) -> torch.Tensor:
         talker = self.talker
@@ -182,7 +227,7 @@ class ModelRunner:
         is_audio = ((inputs.audio_src_slot >= 0) | (inputs.ref_row_index >= 0)).unsqueeze(1)
         return torch.where(is_audio, talker.embed_audio(rows), embeds)
 
-    def _forward(self, inputs: StepInputs, ref_rows: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs, ref_rows: torch.Tensor | None, mlp=None) -> torch.Tensor:
         meta = AttentionMetadata(
             query_start_loc=inputs.query_start_loc,
             seq_lens=inputs.seq_lens,
@@ -194,25 +239,87 @@ class ModelRunner:
         self._fill_host_maxima(meta, inputs)
         attention = self.backend.bind(meta, self.kv_caches)
         embeds = self._embed(inputs, ref_rows)
-        return self.talker(embeds, inputs.positions, attention)
+        return self.talker(embeds, inputs.positions, attention, mlp)
 
     def _fill_host_maxima(self, meta: AttentionMetadata, inputs: StepInputs) -> None:
         qsl = self.buffers.host_query_start_loc()[: inputs.num_seqs + 1]
         meta.max_query_len = int(np.max(np.diff(qsl))) if inputs.num_seqs else 0
         meta.max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max()) if inputs.num_seqs else 0
 
-    def _sample(self, step_id: int, inputs: StepInputs, hidden: torch.Tensor, sample_ids: list[str]) -> StepResult:
+    def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
         s = inputs.num_samples
         if s == 0:
-            return StepResult(step_id=step_id, rows={}, finished=())
+            return
         logits = self.talker.audio_logits(hidden[inputs.sample_token_index])
-        rows, done = self.audio_state.step(inputs.sample_slots, logits)
-        packed = torch.cat([rows, done.to(torch.int64).unsqueeze(1)], dim=1)
+        self._sample_into_out(inputs.sample_slots, logits, s)
+
+    def _sample_into_out(self, slots: torch.Tensor, logits: torch.Tensor, s: int) -> None:
+        rows, done = self.audio_state.step(slots, logits)
+        self._out_dev[:s, : self.num_codebooks].copy_(rows)
+        self._out_dev[:s, self.num_codebooks].copy_(done)
+
+    def _collect(self, step_id: int, sample_ids: list[str]) -> StepResult:
+        """The one device→host copy of the step: sampled rows and done flags."""
+        s = len(sample_ids)
+        if s == 0:
+            return StepResult(step_id=step_id, rows={}, finished=())
         host = self._out_host[:s]
-        host.copy_(packed, non_blocking=True)
+        host.copy_(self._out_dev[:s], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         out = host.numpy()
-        result_rows = {rid: tuple(int(c) for c in out[i, : self.num_codebooks]) for i, rid in enumerate(sample_ids)}
-        finished = tuple(rid for i, rid in enumerate(sample_ids) if out[i, self.num_codebooks])
+        nc = self.num_codebooks
+        result_rows = {rid: tuple(out[i, :nc].tolist()) for i, rid in enumerate(sample_ids)}
+        finished = tuple(rid for i, rid in enumerate(sample_ids) if out[i, nc])
         return StepResult(step_id=step_id, rows=result_rows, finished=finished)
+
+    # ------------------------------------------------------------------ graphs
+    def _decode_body(self, n: int) -> None:
+        """The whole decode step for a padded batch of n, on the static buffers (captured)."""
+        inputs = self.buffers.views(n, n, n, True, False)
+        meta = AttentionMetadata(
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            slot_mapping=inputs.slot_mapping,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,  # an upper bound: the graph must not bake in a length
+        )
+        attention = self.backend.bind(meta, self.kv_caches)
+        embeds = self.talker.embed_audio(self.audio_state.input_rows(inputs.audio_src_slot))
+        hidden = self.talker(embeds, inputs.positions, attention)
+        self._sample_into_out(inputs.sample_slots, self.talker.audio_logits(hidden), n)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> list[dict]:
+        """Capture every graph of the policy now, at start-up (never lazily on live traffic)."""
+        policy = self.graphs
+        if not policy.capture_sizes or self.device.type != "cuda":
+            return []
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        sizes = policy.capture_sizes
+        # static inputs: every row a padding row (pad slot, scratch block)
+        self._fill_decode_padding(0, sizes[-1])
+        self.buffers.upload(sizes[-1])
+        if policy.mlp:
+            text = self.talker.text_cfg
+            self._mlp_graphs = MLPGraphs(self.talker.backbone.layers, text.hidden_size, sizes, self.dtype, self.device)
+            info = timed_capture("MLP", sizes, lambda: self._mlp_graphs.capture(pool, policy.num_warmups, stream), self.device)
+            self.capture_info.append(info)
+        if policy.full_decode:
+            self._full_graphs = FullDecodeGraphs(sizes)
+            info = timed_capture("full decode", sizes,
+                                 lambda: self._full_graphs.capture(self._decode_body, pool, policy.num_warmups, stream),
+                                 self.device)
+            self.capture_info.append(info)
+        return self.capture_info
+
+
+@dataclass
+class _Staged:
+    num_tokens: int
+    has_audio: bool
+    has_text: bool
+    ref_parts: list[np.ndarray]
+    sample_ids: list[str]

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.schemas import ModelList, ModelObject
-from higgs_serve.server.state import ServerState, server_state
+from higgs_serve.server.state import server_state
 
 router = APIRouter()
 
@@ -20,18 +20,11 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[model])
 
 
-def _engine_dead(state: ServerState) -> bool:
-    """Start failed, or start finished and the engine loop has since stopped."""
-    if state.engine_start_error is not None:
-        return True
-    return state.engine_started and not state.engine.alive
-
-
 @router.get("/health", tags=["health"])
 async def health(request: Request) -> JSONResponse:
     """200 while the process can serve (also during warm-up); 503 once the engine is dead."""
     state = server_state(request)
-    if _engine_dead(state):
+    if state.engine_dead():
         return JSONResponse({"status": "dead"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
@@ -40,7 +33,7 @@ async def health(request: Request) -> JSONResponse:
 async def ready(request: Request) -> JSONResponse:
     """200 once warm-up and graph capture have finished and the engine is alive; else 503."""
     state = server_state(request)
-    if _engine_dead(state):
+    if state.engine_dead():
         return JSONResponse({"status": "dead"}, status_code=503)
     if not (state.engine_started and state.engine.ready):
         return JSONResponse({"status": "starting"}, status_code=503)

@@ -78,10 +78,10 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
 
 
 def _check_engine(state: ServerState) -> None:
-    if not state.engine.alive and state.engine_started:
+    if state.engine_dead():
         raise ApiError(503, "the engine has stopped; the server must be restarted",
                        type="server_error", code="engine_dead")
-    if not state.engine.ready:
+    if not (state.engine_started and state.engine.ready):
         raise ApiError(503, "the engine is still warming up; retry shortly",
                        type="server_error", code="not_ready",
                        headers={"Retry-After": str(RETRY_AFTER_S)})

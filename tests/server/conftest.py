@@ -1,0 +1,16 @@
+"""Server test fixtures (helpers in live_server.py, the fake engine in fake_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_engine import FakeEngine, fake_deploy
+from live_server import fake_settings, start_threaded_server
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    """One server per module: fake engine with 2 slots + 1 queued = 3 requests in flight."""
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=2, max_tokens=200))
+    live = start_threaded_server(engine, fake_settings(tmp_path_factory.mktemp("srv")))
+    yield live
+    live.stop()

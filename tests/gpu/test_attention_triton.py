@@ -64,7 +64,7 @@ def run_triton(meta, caches, qkv):
     return [attention(layer, q, k, v) for layer, (q, k, v) in enumerate(qkv)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "geometry,starts",
     [
@@ -75,6 +75,7 @@ def run_triton(meta, caches, qkv):
         (dict(hq=8, hkv=8, dh=64, block_size=16), [63, 64, 65]),
         (dict(hq=16, hkv=2, dh=32, block_size=32), [10, 500]),
     ],
+    ids=["4b-batch1-4k", "4b-page-edges", "4b-batch64", "tiny", "mha-d64", "gqa8-d32"],
 )
 def test_decode_matches_reference(dtype, geometry, starts):
     meta, caches, qkv = make_step(0, starts, [1] * len(starts), dtype=dtype, **geometry)
@@ -86,7 +87,7 @@ def test_decode_matches_reference(dtype, geometry, starts):
         assert torch.equal(caches[layer][0], written[layer][0]) and torch.equal(caches[layer][1], written[layer][1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "geometry,starts,q_lens",
     [
@@ -96,6 +97,7 @@ def test_decode_matches_reference(dtype, geometry, starts):
         (dict(hq=8, hkv=8, dh=64, block_size=16), [16, 0], [17, 1]),
         (dict(hq=16, hkv=2, dh=32, block_size=32), [3, 100], [45, 20]),
     ],
+    ids=["4b-prompt", "4b-mixed", "tiny-mixed", "mha-d64", "gqa8-d32"],
 )
 def test_prefill_matches_reference(dtype, geometry, starts, q_lens):
     meta, caches, qkv = make_step(1, starts, q_lens, dtype=dtype, **geometry)
@@ -106,7 +108,7 @@ def test_prefill_matches_reference(dtype, geometry, starts, q_lens):
         assert torch.equal(caches[layer][0], written[layer][0])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_cuda_graph_capture_and_replay(dtype):
     """Capture once at batch 4, replay with new contexts (and one padded slot) in the same buffers."""
     geometry = GEOMETRY_4B

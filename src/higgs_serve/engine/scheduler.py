@@ -25,7 +25,8 @@ cost is memory held for rows that early-stopping requests never produce; with th
 Pipelining: `num_computed_tokens` advances when a chunk is scheduled and a sampled row counts as
 pending until its result arrives, so the engine may call `schedule()` for step N+1 before
 `update()` of step N (results must be applied in plan order). Slots are assigned on first
-schedule and returned in the next plan's `released_slots` after finish or abort.
+schedule and returned in the next plan's `released_slots` after finish or abort; that same plan
+may hand the slot to a new request (the runner frees released slots before adding new ones).
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""Prompt layouts (SPEC §1.3) and special-token lookup by name (SPEC §1.2)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from higgs_serve.errors import InvalidRequestError, TokenizerError
+from higgs_serve.model.prompt import PromptBuilder
+
+
+@pytest.fixture(scope="module")
+def pb(tiny_model_dir) -> PromptBuilder:
+    return PromptBuilder.from_dir(tiny_model_dir)
+
+
+def _ids(pb: PromptBuilder, *names: str) -> list[int]:
+    return [pb.tokenizer.token_to_id(n) for n in names]
+
+
+def test_special_ids_by_name(pb):
+    assert [pb.tts_id, pb.text_id, pb.audio_id] == _ids(pb, "<|tts|>", "<|text|>", "<|audio|>")
+    assert [pb.ref_audio_id, pb.ref_text_id, pb.eos_id] == _ids(pb, "<|ref_audio|>", "<|ref_text|>", "<|endoftext|>")
+
+
+def test_zero_shot_layout(pb):
+    text = "The cat quickly reads the morning news."
+    ids = pb.zero_shot(text)
+    body = pb.tokenizer.encode(text, add_special_tokens=False).ids
+    assert ids == [pb.tts_id, pb.text_id, *body, pb.audio_id]
+    assert pb.count_text_tokens(text) == len(body)
+    assert pb.tokenizer.decode(body, skip_special_tokens=False) == text  # verbatim, no normalisation
+
+
+def test_inline_tags_are_plain_text(pb):
+    text = "<|emotion:happy|> Hello <|prosody:pause|> there."
+    inner = pb.zero_shot(text)[2:-1]
+    specials = {pb.tts_id, pb.text_id, pb.audio_id, pb.ref_audio_id, pb.ref_text_id, pb.eos_id}
+    assert not specials & set(inner)
+    assert pb.tokenizer.decode(inner, skip_special_tokens=False) == text
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_empty_text_rejected(pb, text):
+    with pytest.raises(InvalidRequestError) as e:
+        pb.zero_shot(text)
+    assert e.value.param == "input"
+
+
+def test_clone_layout_with_ref_text(pb):
+    c = pb.clone("Good morning.", num_ref_rows=12, ref_text="Hello there.")
+    ref = pb.tok("Hello there.")
+    text = pb.tok("Good morning.")
+    expected = [pb.tts_id, pb.ref_text_id, *ref, pb.ref_audio_id, *([pb.tts_id] * 12), pb.text_id, *text, pb.audio_id]
+    assert c.token_ids == expected
+    assert c.placeholder_start == 3 + len(ref) and c.num_placeholders == 12
+    assert c.token_ids[c.placeholder_start - 1] == pb.ref_audio_id
+    assert c.token_ids[c.placeholder_start + 12] == pb.text_id
+
+
+@pytest.mark.parametrize("ref_text", [None, "", "  "])
+def test_clone_layout_without_ref_text(pb, ref_text):
+    c = pb.clone("Good morning.", num_ref_rows=8, ref_text=ref_text)
+    assert c.token_ids[:2] == [pb.tts_id, pb.ref_audio_id]
+    assert c.placeholder_start == 2 and c.num_placeholders == 8
+    assert c.token_ids[-1] == pb.audio_id
+
+
+def test_clone_rejects_bad_inputs(pb):
+    with pytest.raises(InvalidRequestError) as e:
+        pb.clone(" ", num_ref_rows=8)
+    assert e.value.param == "input"
+    with pytest.raises(InvalidRequestError):
+        pb.clone("Hi.", num_ref_rows=0)
+
+
+def _write_tokenizer(directory, specials, eos_config=None):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world", "the cat sat"] * 5, trainer=trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    if eos_config is not None:
+        (directory / "tokenizer_config.json").write_text(json.dumps(eos_config))
+
+
+def test_missing_required_token_is_named(tmp_path):
+    _write_tokenizer(tmp_path, ["<|endoftext|>", "<|tts|>", "<|text|>"])
+    with pytest.raises(TokenizerError, match=r"<\|audio\|>"):
+        PromptBuilder.from_dir(tmp_path)
+
+
+def test_missing_ref_audio_fails_only_at_clone_time(tmp_path):
+    _write_tokenizer(tmp_path, ["<|endoftext|>", "<|tts|>", "<|text|>", "<|audio|>"])
+    pb = PromptBuilder.from_dir(tmp_path)
+    assert pb.zero_shot("hello")[-1] == pb.audio_id
+    with pytest.raises(TokenizerError, match=r"<\|ref_audio\|>"):
+        pb.clone("hello", num_ref_rows=8)
+
+
+def test_missing_ref_text_drops_transcript_with_warning(tmp_path, caplog):
+    _write_tokenizer(tmp_path, ["<|endoftext|>", "<|tts|>", "<|text|>", "<|audio|>", "<|ref_audio|>"])
+    pb = PromptBuilder.from_dir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="higgs_serve.model.prompt"):
+        c = pb.clone("hello", num_ref_rows=8, ref_text="the cat")
+    assert "<|ref_text|>" in caplog.text
+    assert c.token_ids[:2] == [pb.tts_id, pb.ref_audio_id]
+
+
+def test_eos_from_tokenizer_config(tmp_path):
+    _write_tokenizer(tmp_path, ["<|im_end|>", "<|endoftext|>", "<|tts|>", "<|text|>", "<|audio|>"],
+                     eos_config={"eos_token": {"content": "<|im_end|>", "special": True}})
+    pb = PromptBuilder.from_dir(tmp_path)
+    assert pb.eos_token == "<|im_end|>" and pb.eos_id == pb.tokenizer.token_to_id("<|im_end|>")
+    (tmp_path / "tokenizer_config.json").unlink()
+    assert PromptBuilder.from_dir(tmp_path).eos_token == "<|endoftext|>"
+
+
+def test_unknown_eos_is_an_error(tmp_path):
+    _write_tokenizer(tmp_path, ["<|tts|>", "<|text|>", "<|audio|>"], eos_config={"eos_token": "</s>"})
+    with pytest.raises(TokenizerError, match="</s>"):
+        PromptBuilder.from_dir(tmp_path)
+
+
+def test_missing_or_corrupt_tokenizer_file(tmp_path, tiny_model_dir):
+    with pytest.raises(TokenizerError, match="tokenizer.json not found"):
+        PromptBuilder.from_dir(tmp_path)
+    shutil.copy(tiny_model_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(TokenizerError, match="cannot load tokenizer"):
+        PromptBuilder.from_dir(tmp_path)

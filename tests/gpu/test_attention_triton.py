@@ -37,7 +37,7 @@ def make_step(seed, starts, q_lens, hq, hkv, dh, block_size, dtype, num_layers=2
     meta = build_attention_metadata(starts, q_lens, tables, block_size, device="cuda")
     shape = (num_blocks, block_size, hkv, dh)
     caches = [
-        (torch.randn(shape, generator=gen, device="cuda").to(dtype), torch.randn(shape, generator=gen, device="cuda").to(dtype))
+        tuple(torch.randn(shape, generator=gen, device="cuda").to(dtype) for _ in "kv")
         for _ in range(num_layers)
     ]
     n = sum(q_lens)

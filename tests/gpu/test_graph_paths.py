@@ -31,7 +31,8 @@ TEXTS = [
 ]
 
 PATHS = {
-    "eager": {"enforce_eager": True, "compilation_config": {"cudagraph_mode": "NONE"}},
+    "eager": {"enforce_eager": True, "compilation_config": {"cudagraph_mode": "NONE",
+                                                             "cudagraph_capture_sizes": [1, 2, 4, 8]}},
     "mlp": {"enforce_eager": True, "compilation_config": {"cudagraph_mode": "LOCAL_MLP",
                                                            "cudagraph_capture_sizes": [1, 2, 4, 8]}},
     "full": {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY",

@@ -2,9 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_serve.worker.sampler import (
-    filter_support, gumbel_noise, random_bits, sample_codes, uniforms,
-)
+from higgs_serve.worker.sampler import filter_support, random_bits, sample_codes, uniforms
 
 Q = 8
 
@@ -52,22 +50,22 @@ def _nucleus_reference(logits_row: np.ndarray, top_k: int, top_p: float) -> set[
 
 
 def test_uniforms_are_in_open_interval_and_look_uniform():
-    u = uniforms(torch.arange(64), torch.arange(64) * 3, Q, 257)
-    assert u.dtype == torch.float32 and u.shape == (64, Q, 257)
+    u = uniforms(torch.arange(4096), torch.arange(4096) * 3, Q)
+    assert u.dtype == torch.float32 and u.shape == (4096, Q)
     assert float(u.min()) > 0.0 and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.005
     hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
-    assert float((hist - 0.1).abs().max()) < 0.005
+    assert float((hist - 0.1).abs().max()) < 0.006
 
 
 def test_random_bits_depend_on_every_counter_component():
-    base = random_bits(torch.tensor([5]), torch.tensor([9]), Q, 16)
-    assert torch.equal(base, random_bits(torch.tensor([5]), torch.tensor([9]), Q, 16))
-    assert not torch.equal(base, random_bits(torch.tensor([6]), torch.tensor([9]), Q, 16))
-    assert not torch.equal(base, random_bits(torch.tensor([5]), torch.tensor([10]), Q, 16))
-    # no two (codebook, vocab) lanes share a value
-    assert torch.unique(base).numel() == base.numel()
-    assert torch.isfinite(gumbel_noise(torch.tensor([5]), torch.tensor([9]), Q, 16)).all()
+    seeds = torch.tensor([5, 5, 6, -5])
+    rows = torch.tensor([9, 10, 9, 9])
+    bits = random_bits(seeds, rows, Q)  # [4, Q]
+    assert torch.equal(bits, random_bits(seeds, rows, Q))
+    assert torch.unique(bits).numel() == bits.numel()  # seed, row and codebook all matter
+    # row r codebook 7 and row r + 1 codebook 0 are distinct counters too
+    assert bits[0, 7] != bits[1, 0]
 
 
 def test_greedy_at_temperature_zero_and_top_k_one():
@@ -174,19 +172,19 @@ def test_batch_position_independence():
         assert torch.equal(sample_codes(logits, **knobs)[pos], alone[0])
 
 
-@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 4)])
-def test_empirical_distribution_matches_filtered_softmax(temperature, top_k):
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 4, 1.0), (0.9, 5, 0.8)])
+def test_empirical_distribution_matches_filtered_softmax(temperature, top_k, top_p):
     logits_one = torch.tensor([1.0, 0.2, -0.5, 0.7, -1.5, 0.0]).expand(Q, 6).contiguous()
     n_seeds = 2500
-    codes = _many_draws(logits_one, n_seeds, temperature=temperature, top_k=top_k)
+    codes = _many_draws(logits_one, n_seeds, temperature=temperature, top_k=top_k, top_p=top_p)
     counts = torch.bincount(codes.flatten(), minlength=6).double()
     scaled = logits_one[0].double() / temperature
-    if top_k > 0:
-        scaled = scaled.masked_fill(scaled < scaled.topk(top_k).values[-1], float("-inf"))
-    expected = torch.softmax(scaled, -1) * codes.numel()
-    support = expected > 0
-    assert (counts[~support] == 0).all()
-    chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+    support = _nucleus_reference(scaled.numpy(), top_k, top_p)
+    outside = torch.tensor([i not in support for i in range(6)])
+    expected = torch.softmax(scaled.masked_fill(outside, float("-inf")), -1) * codes.numel()
+    assert (counts[outside] == 0).all()
+    keep = ~outside
+    chi2 = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     assert chi2 < 20.5  # chi-square, <= 5 dof, p = 0.001
 
 

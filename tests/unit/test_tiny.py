@@ -83,3 +83,15 @@ def test_dummy_tensors_match_the_layout(tiny_spec):
     again = build_dummy_tensors(tiny_spec, dtype=torch.bfloat16, device="cpu", seed=3)
     assert all(torch.equal(talker[n], again.talker[n]) for n in talker)
     Talker(tiny_spec.text, tiny_spec.audio, dtype=torch.bfloat16).load_talker_weights(talker)
+
+
+def test_tiny_codec_weights_give_audio_range_output(tiny_model_dir, tiny_spec):
+    from higgs_serve.codec.decoder import CodecDecoder
+
+    decoder = CodecDecoder(tiny_spec.codec)
+    decoder.load_state(load_checkpoint(tiny_model_dir, tiny_spec).codec)
+    codes = torch.randint(0, 1024, (1, 10, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        audio = decoder.eval()(codes)
+    assert audio.shape == (1, 9600) and torch.isfinite(audio).all()
+    assert 0.01 < audio.std() < 0.5 and audio.abs().max() < 1.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,6 +16,8 @@ import torch
 from higgs_serve.codec.chunker import WindowParams
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.codec.encoder import CodecEncoder
+from higgs_serve.codec.weights import expected_encoder_tensors
 from higgs_serve.deploy_config import DeployConfig, GraphPath, resolve_graph_path
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
@@ -75,6 +77,10 @@ class LoadedModel:
     codec: CodecDecoder
     device: torch.device
     dtype: torch.dtype
+    # Voice cloning: the codec's encoder-side tensors (HuBERT, semantic/acoustic encoders, fc, RVQ),
+    # kept on the host so `load_reference_encoder` can build the encoder without re-reading the
+    # checkpoint (with --load-format dummy: the same dummy tensors the decoder got).
+    codec_encoder_tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
 def load_model(model: str, options: RuntimeOptions) -> LoadedModel:
@@ -98,8 +104,16 @@ def load_model(model: str, options: RuntimeOptions) -> LoadedModel:
     codec = CodecDecoder(spec.codec).to(device=device, dtype=codec_dtype)
     codec.load_state(cast_tensors(codec_tensors, codec_dtype, device))
     codec.eval()
+    encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}
     logger.info("loaded %s (%s, %s, %s) in %.1f s", model, options.load_format, device, dtype, time.perf_counter() - t0)
-    return LoadedModel(model_dir, spec, prompts, talker, codec, device, dtype)
+    return LoadedModel(model_dir, spec, prompts, talker, codec, device, dtype, encoder_tensors)
+
+
+def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = None) -> CodecEncoder:
+    """The codec encoder for voice cloning (SPEC §1.8), float32 on `device` (default: the model's)."""
+    encoder = CodecEncoder(loaded.spec.codec).to(device=device or loaded.device, dtype=torch.float32)
+    encoder.load_state(loaded.codec_encoder_tensors)
+    return encoder.eval()
 
 
 def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:

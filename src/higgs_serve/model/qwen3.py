@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from higgs_serve.model.fused_ops import TorchOps, ops_for
 from higgs_serve.model.hf_config import TextConfig
 
 
@@ -32,22 +33,16 @@ class Attention(Protocol):
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """transformers Qwen3RMSNorm: normalise in fp32, cast back, then scale by the weight."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
-
-
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, *, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, dim: int, eps: float, *, dtype: torch.dtype, device: torch.device | str,
+                 ops: type[TorchOps] = TorchOps):
         super().__init__()
         self.eps = eps
+        self.ops = ops
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,13 +60,6 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [N, H, Dh]; cos/sin [N, 1, Dh]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Qwen3Layer(nn.Module):
     """One pre-norm decoder layer. Parameters are fused: qkv_proj [q+2kv, D], gate_up_proj [2I, D]."""
 
@@ -81,17 +69,20 @@ class Qwen3Layer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.intermediate_size = cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+        # fused CUDA kernels on GPU, the plain reference math elsewhere (same rounding points)
+        self.ops = ops = ops_for(device)
         d = cfg.hidden_size
 
         def weight(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
-        self.input_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.input_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device, ops=ops)
         self.qkv_proj = weight(self.q_size + 2 * self.kv_size, d)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.o_proj = weight(d, self.q_size)
-        self.post_attention_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.post_attention_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, device=device, ops=ops)
         self.gate_up_proj = weight(2 * cfg.intermediate_size, d)
         self.down_proj = weight(d, cfg.intermediate_size)
 
@@ -99,18 +90,15 @@ class Qwen3Layer(nn.Module):
         """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D]."""
         n = h.shape[0]
         qkv = F.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rope(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
+                                        self.num_heads, self.num_kv_heads, self.head_dim)
         out = attention(self.layer_idx, q, k, v)  # [N, Hq, Dh]
-        return h + F.linear(out.reshape(n, self.q_size), self.o_proj)
+        return self.ops.linear_residual(out.reshape(n, self.q_size), self.o_proj, h)
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
         gate_up = F.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return h + F.linear(F.silu(gate) * up, self.down_proj)
+        return self.ops.linear_residual(self.ops.silu_mul(gate_up), self.down_proj, h)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
         return self.mlp_residual(self.attn_residual(h, cos, sin, attention))
@@ -131,6 +119,12 @@ class Qwen3Backbone(nn.Module):
         self.layers = nn.ModuleList(Qwen3Layer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, device=device)
+
+    def set_ops(self, ops: type[TorchOps]) -> None:
+        """Switch every layer between the fused kernels and the reference math (tests)."""
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
 
     def forward(self, embeds: Tensor, positions: Tensor, attention: Attention,
                 mlp: MLPRunner | None = None) -> Tensor:

@@ -42,6 +42,12 @@ DECODE_BLOCK_N = 64
 if triton is not None:
 
     @triton.jit
+    def _load_kv_tile(cache, page, row, kv_head, offs_d, n_mask, stride_b, stride_s, stride_h):
+        """Rows (page[i], row[i]) of one KV head: [BLOCK_N, HEAD_DIM], 0 where n_mask is off."""
+        ptrs = cache + page[:, None] * stride_b + row[:, None] * stride_s + kv_head * stride_h + offs_d[None, :]
+        return tl.load(ptrs, mask=n_mask[:, None], other=0.0)
+
+    @triton.jit
     def _kv_write_kernel(
         K, V, K_cache, V_cache, slot_mapping,
         stride_kn, stride_kh, stride_vn, stride_vh,
@@ -101,14 +107,8 @@ if triton is not None:
             n_mask = offs_n < n_end
             page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
             row = offs_n % BLOCK_SIZE
-            k = tl.load(
-                K_cache + page[:, None] * stride_kcb + row[:, None] * stride_kcs + kv_head * stride_kch + offs_d[None, :],
-                mask=n_mask[:, None], other=0.0,
-            )
-            v = tl.load(
-                V_cache + page[:, None] * stride_vcb + row[:, None] * stride_vcs + kv_head * stride_vch + offs_d[None, :],
-                mask=n_mask[:, None], other=0.0,
-            )
+            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch)
+            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N], log2 units
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds ≥ 1 valid key
@@ -192,14 +192,8 @@ if triton is not None:
             n_mask = offs_n < kv_end
             page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
             row = offs_n % BLOCK_SIZE
-            k = tl.load(
-                K_cache + page[:, None] * stride_kcb + row[:, None] * stride_kcs + kv_head * stride_kch + offs_d[None, :],
-                mask=n_mask[:, None], other=0.0,
-            )
-            v = tl.load(
-                V_cache + page[:, None] * stride_vcb + row[:, None] * stride_vcs + kv_head * stride_vch + offs_d[None, :],
-                mask=n_mask[:, None], other=0.0,
-            )
+            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch)
+            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
             s = tl.where(visible, s, float("-inf"))
@@ -314,12 +308,17 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
     return out
 
 
-def _check_triton_inputs(q: Tensor, k_cache: Tensor) -> None:
+def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, meta: AttentionMetadata) -> None:
     head_dim = q.shape[2]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"triton attention needs head_dim a power of two >= 16, got {head_dim}")
-    if q.stride(2) != 1 or k_cache.stride(3) != 1:
-        raise ValueError("triton attention needs q and the KV cache contiguous in head_dim")
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"triton attention needs {name} contiguous in head_dim, got strides {t.stride()}")
+    if not k_cache.is_contiguous():
+        raise ValueError("triton attention needs contiguous KV caches")
+    if meta.block_tables.stride(-1) != 1:
+        raise ValueError(f"block_tables must be contiguous in its last dim, got strides {meta.block_tables.stride()}")
 
 
 class TritonBoundAttention:
@@ -342,7 +341,7 @@ class TritonBoundAttention:
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.kv_caches[layer_idx]
         check_qkv(q, k, v, k_cache, v_cache)
-        _check_triton_inputs(q, k_cache)
+        _check_triton_inputs(q, k, v, k_cache, self.meta)
         write_kv_triton(k, v, k_cache, v_cache, self.meta.slot_mapping)
         if self.meta.is_pure_decode:
             return paged_decode(q, k_cache, v_cache, self.meta, self._workspace(q, k_cache.shape[2]))

@@ -1,0 +1,434 @@
+"""End-to-end serving benchmark: the real HTTP server in a subprocess, closed-loop streaming
+clients at several concurrencies.
+
+One server start per invocation (`python -m higgs_serve.cli serve MODEL ...`, ready when GET
+/ready answers 200), then for each concurrency c: `--warmup` untimed requests, then
+`--num-requests` measured ones from c closed-loop clients (each sends its next request as soon
+as its last one finished). Every request streams raw 16-bit PCM over chunked HTTP
+(`stream: true, stream_format: "audio", response_format: "pcm"`) and asks for exactly N frames
+(`max_new_tokens = min_new_tokens = N`; random weights never stop on their own), one seed each.
+
+Metrics (SPEC §2.3, the references' definitions):
+- TTFA: client time from sending the request to the first non-empty audio bytes.
+- RTF: end-to-end latency / audio duration (PCM bytes / (2 * sample rate)).
+- audio s/s: total audio seconds / wall seconds of the measured window (first send to last end).
+- underruns: a real-time player starts at the first audio byte and plays at 1x; when it has
+  played everything received so far before the stream ended it stalls until the next bytes
+  arrive. Reported: requests with >= 1 stall, total and worst stall seconds.
+- GPU memory: the largest nvidia-smi memory.used seen while the level ran (if nvidia-smi exists).
+
+Usage:
+  PYTHONPATH=src python3 benchmarks/bench_serving.py --model /tmp/h4b --load-format dummy \
+      --deploy-config higgs_multimodal_qwen3_low_latency --concurrency 1 4 16 --out ll.json
+  --url http://host:port benchmarks a server that is already running (no subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (REPO_ROOT, command_line, device_description, git_commit, gpu_memory_used_mib,  # noqa: E402
+                    markdown_table, mean, now_iso, percentile, write_json)
+
+SAMPLE_RATE = 24_000  # used when the server sends no x-sample-rate header
+BYTES_PER_SAMPLE = 2  # s16le mono
+FRAME_SAMPLES = 960  # 40 ms at 24 kHz
+
+# Fixed English workload: 50 sentences of 10-25 words, used in order (request i gets i mod 50).
+SENTENCES = (
+    "The morning train to the city was late again, so everyone waited on the cold platform.",
+    "She opened the old wooden box and found a stack of letters tied with a blue ribbon.",
+    "Please remember to water the plants on the balcony while I am away next week.",
+    "The museum will stay open until nine tonight because of the new photography exhibition.",
+    "After the storm passed, the children ran outside to jump in the deep puddles.",
+    "Our team finished the project two days early and celebrated with pizza in the office.",
+    "He tuned the guitar carefully before playing a quiet song for his grandmother.",
+    "The river was so clear that we could see small silver fish swimming near the rocks.",
+    "If you turn left at the bakery, the library is the tall building on your right.",
+    "Scientists discovered a new species of frog in the rainforest during last summer's expedition.",
+    "The coffee shop on the corner makes the best cinnamon rolls I have ever tasted.",
+    "My neighbor is teaching his dog to bring the newspaper from the front gate every morning.",
+    "We watched the sun slowly disappear behind the mountains while the air grew cooler.",
+    "The meeting has been moved to Thursday afternoon, so please update your calendar accordingly.",
+    "A gentle breeze carried the smell of fresh bread through the narrow streets of the village.",
+    "The pilot announced that we would land twenty minutes ahead of schedule thanks to strong tailwinds.",
+    "She practiced her speech in front of the mirror until she knew every word by heart.",
+    "The old lighthouse has guided ships safely into the harbor for more than a hundred years.",
+    "Could you tell me how long it takes to walk from the station to the concert hall?",
+    "The garden was full of bright yellow tulips, red roses, and tall purple lavender.",
+    "He forgot his umbrella at home and arrived at work completely soaked from the rain.",
+    "Learning a new language takes patience, practice, and a willingness to make many mistakes.",
+    "The baker wakes up at four every morning to prepare bread for the early customers.",
+    "Our flight was delayed by three hours, so we explored the airport and read our books.",
+    "The little boy proudly showed his drawing of a purple elephant to the whole class.",
+    "Every autumn the leaves in the park turn gold and orange before they fall to the ground.",
+    "The new bridge across the river will shorten the drive to the coast by almost an hour.",
+    "She made a cup of tea, sat by the window, and watched the snow cover the quiet street.",
+    "The orchestra rehearsed the final movement again and again until the timing was perfect.",
+    "Remember to bring a warm jacket, because the nights in the desert can be surprisingly cold.",
+    "The detective studied the muddy footprints and realized the thief had left through the garden.",
+    "Fresh vegetables from the farmers market taste much better than the ones from the supermarket.",
+    "The students built a small robot that can sort colored blocks into separate boxes.",
+    "Grandfather told us stories about sailing across the ocean when he was a young man.",
+    "The hotel receptionist kindly recommended a quiet restaurant just a few minutes down the road.",
+    "Thunder rolled across the valley, and the horses moved closer together under the big oak tree.",
+    "The software update fixed several bugs and made the application start noticeably faster.",
+    "We planted tomatoes, peppers, and beans in the backyard garden at the beginning of spring.",
+    "The cat curled up on the warm windowsill and slept through the entire afternoon.",
+    "Please speak slowly and clearly, so that everyone in the back of the room can hear you.",
+    "The marathon runners crossed the finish line exhausted but smiling at the cheering crowd.",
+    "Her favorite book tells the story of a girl who travels through time to save her family.",
+    "The chef added a pinch of salt, a little pepper, and fresh herbs to the simmering soup.",
+    "The city council approved a plan to plant a thousand new trees along the main avenues.",
+    "At the end of the long day, they sat around the campfire and sang their favorite songs.",
+    "The mechanic explained that the strange noise came from a loose belt in the engine.",
+    "Astronomers observed a bright comet passing close to the sun for the first time in decades.",
+    "The volunteers cleaned the beach and collected more than two hundred bags of plastic waste.",
+    "He wrote a short note to thank his teacher for all her help during the difficult year.",
+    "The quiet hum of the refrigerator was the only sound in the kitchen late at night.",
+)
+
+
+# ------------------------------------------------------------------------------ one request
+@dataclass
+class RequestRecord:
+    index: int
+    sent: float  # perf_counter seconds
+    status: int = 0
+    error: str | None = None
+    first_audio: float | None = None
+    end: float | None = None
+    num_bytes: int = 0
+    sample_rate: int = SAMPLE_RATE
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per read
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and self.num_bytes > 0
+
+    @property
+    def audio_s(self) -> float:
+        return self.num_bytes / (BYTES_PER_SAMPLE * self.sample_rate)
+
+    @property
+    def ttfa_s(self) -> float | None:
+        return None if self.first_audio is None else self.first_audio - self.sent
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.end is None else self.end - self.sent
+
+
+def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> list[float]:
+    """Stall lengths (s) of a real-time player fed by `arrivals` [(time, bytes)].
+
+    Playback starts when the first bytes arrive; the player runs dry at `play_end`; bytes that
+    arrive later than that mean it stalled for the gap, then playback resumes at once.
+    """
+    stalls = []
+    play_end = None
+    for t, n in arrivals:
+        if n <= 0:
+            continue
+        duration = n / bytes_per_s
+        if play_end is None:
+            play_end = t + duration
+        elif t > play_end:
+            stalls.append(t - play_end)
+            play_end = t + duration
+        else:
+            play_end += duration
+    return stalls
+
+
+def request_body(index: int, args: argparse.Namespace) -> dict:
+    body = {
+        "input": SENTENCES[index % len(SENTENCES)],
+        "stream": True,
+        "stream_format": "audio",
+        "response_format": "pcm",
+        "max_new_tokens": args.frames,
+        "min_new_tokens": args.frames,
+        "seed": args.seed + index,
+    }
+    if args.served_model_name:
+        body["model"] = args.served_model_name
+    return body
+
+
+async def send_one(client: httpx.AsyncClient, url: str, index: int, args: argparse.Namespace) -> RequestRecord:
+    record = RequestRecord(index=index, sent=time.perf_counter())
+    try:
+        async with client.stream("POST", f"{url}/v1/audio/speech", json=request_body(index, args)) as resp:
+            record.status = resp.status_code
+            if resp.status_code != 200:
+                record.error = (await resp.aread()).decode(errors="replace")[:500]
+                record.end = time.perf_counter()
+                return record
+            record.sample_rate = int(resp.headers.get("x-sample-rate", SAMPLE_RATE))
+            async for chunk in resp.aiter_raw():
+                if not chunk:
+                    continue
+                now = time.perf_counter()
+                if record.first_audio is None:
+                    record.first_audio = now
+                record.arrivals.append((now, len(chunk)))
+                record.num_bytes += len(chunk)
+    except httpx.HTTPError as exc:  # recorded per request and counted as a failure
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.end = time.perf_counter()
+    return record
+
+
+# ------------------------------------------------------------------------------ one level
+async def _poll_gpu_memory(peak: list[int], stop: asyncio.Event, interval_s: float) -> None:
+    """Keep the largest total nvidia-smi memory.used (MiB) seen until `stop` is set."""
+    while not stop.is_set():
+        used = await asyncio.to_thread(gpu_memory_used_mib)
+        if used is None:
+            return
+        peak[0] = max(peak[0], sum(used))
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def closed_loop(client: httpx.AsyncClient, url: str, indices: list[int], concurrency: int,
+                      args: argparse.Namespace) -> list[RequestRecord]:
+    """`concurrency` clients, each sending its next request as soon as its last one ended."""
+    queue = list(reversed(indices))
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        while queue:
+            records.append(await send_one(client, url, queue.pop(), args))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(indices)))))
+    return sorted(records, key=lambda r: r.index)
+
+
+def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
+    ok = [r for r in records if r.ok]
+    ttfa = [r.ttfa_s * 1e3 for r in ok]
+    rtf = [r.latency_s / r.audio_s for r in ok]
+    latency = [r.latency_s for r in ok]
+    audio = sum(r.audio_s for r in ok)
+    stalls = [playback_stalls(r.arrivals, BYTES_PER_SAMPLE * r.sample_rate) for r in ok]
+    expected_bytes = frames * FRAME_SAMPLES * BYTES_PER_SAMPLE
+    return {
+        "concurrency": concurrency,
+        "requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "errors": sorted({f"{r.status}: {r.error}" for r in records if not r.ok})[:5],
+        "wrong_length": sum(1 for r in ok if r.num_bytes != expected_bytes),
+        "window_s": window_s,
+        "ttfa_ms_p50": percentile(ttfa, 50), "ttfa_ms_p90": percentile(ttfa, 90),
+        "ttfa_ms_p99": percentile(ttfa, 99), "ttfa_ms_mean": mean(ttfa),
+        "rtf_mean": mean(rtf), "rtf_p50": percentile(rtf, 50), "rtf_p99": percentile(rtf, 99),
+        "latency_s_p50": percentile(latency, 50), "latency_s_p99": percentile(latency, 99),
+        "audio_s_total": audio,
+        "audio_s_per_s": audio / window_s if window_s > 0 else None,
+        "requests_per_s": len(ok) / window_s if window_s > 0 else None,
+        "underrun_requests": sum(1 for s in stalls if s),
+        "stall_s_total": sum(sum(s) for s in stalls),
+        "stall_s_max": max((max(s) for s in stalls if s), default=0.0),
+        "chunks_per_request_mean": mean([len(r.arrivals) for r in ok]),
+    }
+
+
+async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_index: int) -> tuple[dict, int]:
+    """Warm-up then measured requests at one concurrency; returns (metrics, next request index)."""
+    num = args.num_requests or max(2 * concurrency, 6)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        index = first_index
+        if args.warmup:
+            warm = await closed_loop(client, url, list(range(index, index + args.warmup)), concurrency, args)
+            index += args.warmup
+            bad = [r for r in warm if not r.ok]
+            if bad:
+                raise SystemExit(f"bench_serving: warm-up request failed at c={concurrency}: "
+                                 f"{bad[0].status} {bad[0].error}")
+        peak = [0]
+        stop = asyncio.Event()
+        poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
+        t0 = time.perf_counter()
+        records = await closed_loop(client, url, list(range(index, index + num)), concurrency, args)
+        window = max(r.end for r in records) - t0
+        stop.set()
+        await poller
+    metrics = level_metrics(concurrency, records, window, args.frames)
+    metrics["gpu_mem_used_mib_max"] = peak[0] or None
+    return metrics, index + num
+
+
+# ------------------------------------------------------------------------------ server process
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(args: argparse.Namespace, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "higgs_serve.cli", "--log-level", args.server_log_level, "serve", args.model,
+           "--host", "127.0.0.1", "--port", str(port), "--load-format", args.load_format,
+           "--max-queue", str(max(args.concurrency) + 8)]
+    if args.deploy_config:
+        cmd += ["--deploy-config", args.deploy_config]
+    if args.device:
+        cmd += ["--device", args.device]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
+    return cmd + args.server_arg
+
+
+def _log_tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: Path) -> float:
+    """Seconds until GET /ready answered 200; exits with the log's tail if the server died."""
+    t0 = time.perf_counter()
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench_serving: the server exited with {proc.returncode} before it was ready; "
+                             f"log {log_path}:\n{_log_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5.0).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass  # not listening yet
+        if time.perf_counter() - t0 > timeout_s:
+            raise SystemExit(f"bench_serving: the server was not ready after {timeout_s:.0f} s; "
+                             f"log {log_path}:\n{_log_tail(log_path)}")
+        time.sleep(0.5)
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.terminate()  # SIGTERM: uvicorn shuts down gracefully
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+# ------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="model directory or hub id (required unless --url)")
+    p.add_argument("--url", default=None, help="benchmark an already running server instead of starting one")
+    p.add_argument("--deploy-config", default=None, help="deploy YAML path or shipped profile name")
+    p.add_argument("--label", default=None, help="name of this run in tables and plots (default: the deploy config)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--num-requests", type=int, default=None, help="measured requests per level (default max(2c, 6))")
+    p.add_argument("--warmup", type=int, default=2, help="untimed requests before each level")
+    p.add_argument("--frames", type=int, default=250, help="audio frames per request (25 = 1 s)")
+    p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--served-model-name", default=None, help="sent as `model` (default: omitted)")
+    p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra argument for `serve` (repeatable)")
+    p.add_argument("--server-log", default=None, help="server stdout/stderr file (default: a temp file)")
+    p.add_argument("--server-log-level", default="WARNING")
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /ready")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="write the JSON here")
+    args = p.parse_args(argv)
+    if args.url is None and args.model is None:
+        p.error("--model is required (or --url for a running server)")
+    if min(args.concurrency) < 1 or args.frames < 1 or args.warmup < 0:
+        p.error("--concurrency and --frames must be >= 1, --warmup >= 0")
+    return args
+
+
+def print_table(result: dict) -> None:
+    print(f"\nServing benchmark: {result['label']} ({result['settings']['frames']} frames/request, "
+          f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
+    print(markdown_table(result["levels"], [
+        ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
+        ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
+        ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
+        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gpu_mem_used_mib_max", "GPU MiB"),
+    ]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = now_iso()
+    proc = None
+    ready_s = None
+    log_path = None
+    url = args.url
+    server_cmd = None
+    if url is None:
+        port = args.port or free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = Path(args.server_log or tempfile.mkstemp(prefix="bench_serving_", suffix=".log")[1])
+        env = dict(os.environ)
+        # the server imports higgs_serve from src/ when the package is not installed (GPU machine)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO_ROOT / "src")) if p)
+        log_file = open(log_path, "ab")
+        server_cmd = server_command(args, port)
+        proc = subprocess.Popen(server_cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        log_file.close()
+    levels = []
+    try:
+        if proc is not None:
+            ready_s = wait_ready(proc, url, args.ready_timeout, log_path)
+            print(f"server ready at {url} after {ready_s:.1f} s", flush=True)
+        index = 0
+        for concurrency in args.concurrency:
+            metrics, index = asyncio.run(run_level(url, concurrency, args, index))
+            levels.append(metrics)
+            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
+                  f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
+                  f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
+    finally:
+        exit_code = stop_server(proc) if proc is not None else None
+    result = {
+        "tool": "bench_serving",
+        "label": args.label or args.deploy_config or "default",
+        "command": command_line(),
+        "git_commit": git_commit(),
+        "device": device_description(),
+        "started_at": started,
+        "finished_at": now_iso(),
+        "settings": {"model": args.model, "deploy_config": args.deploy_config, "load_format": args.load_format,
+                     "frames": args.frames, "warmup": args.warmup, "num_requests": args.num_requests,
+                     "concurrency": args.concurrency, "seed": args.seed, "url": args.url},
+        "server": {"command": server_cmd, "ready_s": ready_s,
+                   "log": str(log_path) if log_path else None, "exit_code": exit_code},
+        "levels": levels,
+    }
+    if args.out:
+        write_json(args.out, result)
+    print_table(result)
+    failed = sum(level["failed"] for level in levels)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Helpers shared by the benchmark tools: provenance (command, commit, device), percentiles,
+JSON output and markdown tables. Standard library + numpy only, so the HTTP client
+(bench_serving) never needs torch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def command_line() -> str:
+    """The exact invocation, shell-quoted, so a result file says how to reproduce it."""
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+def git_commit() -> str:
+    """HEAD of the repo the tools live in, "+dirty" when the tree has changes; "unknown" when
+    there is no git (the GPU machine gets a copy of the tree, possibly without .git)."""
+    if shutil.which("git") is None:
+        return "unknown"
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def nvidia_smi(query: str) -> list[str] | None:
+    """One CSV line per GPU for `--query-gpu=query`, or None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def gpu_memory_used_mib() -> list[int] | None:
+    """Memory in use per GPU (MiB), as nvidia-smi reports it (all processes)."""
+    lines = nvidia_smi("memory.used")
+    if lines is None:
+        return None
+    return [int(float(line)) for line in lines]
+
+
+def device_description() -> dict:
+    """What the numbers were measured on: GPUs from nvidia-smi when present, plus the host."""
+    gpus = nvidia_smi("name,memory.total,driver_version")
+    return {
+        "gpus": gpus or [],
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """q-th percentile (0..100, linear interpolation); None for no values."""
+    if len(values) == 0:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    if path.parent != Path(""):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}" if abs(value) < 0.01 and value != 0 else f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    """rows: dicts; columns: (key, header). Missing or None cells print as "-"."""
+    header = "| " + " | ".join(h for _, h in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_cell(row.get(key)) for key, _ in columns) + " |" for row in rows]
+    return "\n".join([header, rule, *body])

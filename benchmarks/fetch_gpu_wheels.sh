@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Download the wheels the GPU machine lacks into .whl/ (git-ignored), for Python 3.12 on
+# manylinux x86_64. The GPU image has torch, numpy, pyyaml, safetensors, tokenizers, httpx,
+# huggingface-hub, prometheus-client, anyio, h11, click, annotated-doc, matplotlib, uvloop
+# (/work/.library/device/KINDS.md); it lacks the HTTP server stack and the audio I/O libraries.
+# Versions are the ones pinned in pyproject.toml, and for their own dependencies the ones our
+# CPU venv resolved. Never put torch or numpy here: they would shadow the image's CUDA builds.
+#
+# Usage (from the repo root, on a machine with internet): bash benchmarks/fetch_gpu_wheels.sh
+# On the GPU machine, run_gpu_suite.sh installs them with
+#   python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=.whl
+mkdir -p "$DEST"
+
+# compiled wheels: need the platform tags
+BINARY=(
+  pydantic_core==2.50.4
+  cffi==2.1.1
+  soundfile==0.14.0
+  soxr==1.1.0
+)
+# pure-python wheels
+PURE=(
+  fastapi==0.163.2
+  opentelemetry-api==1.45.2  # fastapi 0.163 imports it at start-up
+  starlette==1.10.0
+  pydantic==2.14.3
+  annotated-types==0.8.0
+  typing-inspection==0.4.5
+  typing_extensions==4.16.0  # pydantic 2.14 needs a recent one; the image's version is unknown
+  uvicorn==0.54.0
+  python-multipart==0.0.34
+  pycparser==3.12
+)
+
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+TARGET=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
+
+for spec in "${BINARY[@]}"; do
+  python3 -m pip download -q "${TARGET[@]}" "${PLATFORMS[@]}" -d "$DEST" "$spec"
+done
+for spec in "${PURE[@]}"; do
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEST" "$spec"
+done
+
+# one version of each package: a stale second wheel would stop the whole install there
+dupes=$(ls "$DEST"/*.whl | xargs -n1 basename | cut -d- -f1 | tr 'A-Z-' 'a-z_' | sort | uniq -d)
+if [ -n "$dupes" ]; then
+  echo "fetch_gpu_wheels: more than one wheel of: $dupes (delete the stale ones in $DEST)" >&2
+  exit 1
+fi
+ls -l "$DEST"
+du -ch "$DEST"/*.whl | tail -1

@@ -1,0 +1,120 @@
+"""PNG charts from the benchmark JSON files.
+
+- serving.png: TTFA p50 and audio s/s versus concurrency, one line per bench_serving file
+  (e.g. the low-latency and high-throughput profiles).
+- step.png: Stage 0 decode step time (median) versus batch, one panel per context length, one
+  line per graph path, with the bandwidth floor dashed.
+
+Usage: python benchmarks/plot.py --serving ll.json ht.json --step step.json --out-dir plots/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on the GPU machine or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+_PATH_STYLE = {"eager": "tab:red", "mlp_graphs": "tab:blue", "full_graph": "tab:green"}
+
+
+def _load(path: str | Path, tool: str) -> dict:
+    data = json.loads(Path(path).read_text())
+    if data.get("tool") != tool:
+        raise SystemExit(f"plot: {path} is not a {tool} result (tool={data.get('tool')!r})")
+    return data
+
+
+def _log2_concurrency_axis(ax, values: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values)
+    ax.set_xticklabels([str(v) for v in values])
+    ax.set_xlabel("concurrency")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_serving(files: list[str], out: Path) -> Path:
+    runs = [_load(f, "bench_serving") for f in files]
+    fig, (ax_ttfa, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
+    all_c: set[int] = set()
+    for run in runs:
+        levels = [lv for lv in run["levels"] if lv["completed"]]
+        c = [lv["concurrency"] for lv in levels]
+        all_c.update(c)
+        ax_ttfa.plot(c, [lv["ttfa_ms_p50"] for lv in levels], marker="o", label=run["label"])
+        ax_tput.plot(c, [lv["audio_s_per_s"] for lv in levels], marker="o", label=run["label"])
+    for ax in (ax_ttfa, ax_tput):
+        _log2_concurrency_axis(ax, sorted(all_c))
+        ax.legend()
+    ax_ttfa.set_ylabel("TTFA p50 (ms)")
+    ax_ttfa.set_title("Time to first audio")
+    ax_tput.set_ylabel("audio seconds / wall second")
+    ax_tput.set_title("Audio throughput")
+    frames = {run["settings"]["frames"] for run in runs}
+    fig.suptitle(f"higgs-serve streaming, {'/'.join(map(str, sorted(frames)))} frames per request")
+    fig.tight_layout()
+    path = out / "serving.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_step(file: str, out: Path) -> Path:
+    data = _load(file, "bench_step")
+    by_context: dict[int, list[dict]] = defaultdict(list)
+    for row in data["rows"]:
+        by_context[row["context"]].append(row)
+    contexts = sorted(by_context)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
+    for ax, context in zip(axes[0], contexts):
+        rows = by_context[context]
+        by_path: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            by_path[row["path"]].append(row)
+        for path, prow in by_path.items():
+            prow.sort(key=lambda r: r["batch"])
+            ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow], marker="o",
+                    color=_PATH_STYLE.get(path), label=path)
+        floor = {r["batch"]: r["floor_ms"] for r in rows}
+        batches = sorted(floor)
+        ax.plot(batches, [floor[b] for b in batches], "k--", label="bandwidth floor")
+        _log2_concurrency_axis(ax, batches)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("decode step (ms, median)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"context {context}")
+        ax.legend(fontsize=8)
+    name = data["device"].get("cuda_name") or data["device"].get("torch_device")
+    fig.suptitle(f"Stage 0 decode step, {name}, copy bandwidth {data['copy_bandwidth_gbps']:.0f} GB/s")
+    fig.tight_layout()
+    path = out / "step.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--serving", nargs="*", default=[], help="bench_serving JSON files (one line each)")
+    p.add_argument("--step", default=None, help="a bench_step JSON file")
+    p.add_argument("--out-dir", default=".")
+    args = p.parse_args(argv)
+    if not args.serving and not args.step:
+        p.error("give --serving files and/or --step")
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.serving:
+        print(f"wrote {plot_serving(args.serving, out)}")
+    if args.step:
+        print(f"wrote {plot_step(args.step, out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

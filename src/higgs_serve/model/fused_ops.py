@@ -1,0 +1,175 @@
+"""Fused CUDA kernels (Triton) for the talker's elementwise work, with the plain-torch math as
+the reference they must reproduce.
+
+A decode step at batch 1 is launch-bound: the plain layer issues ~45 small kernels (RMSNorm
+alone is 7: cast, square, mean, rsqrt, multiply, cast, scale). Each fused kernel here does one
+pass over its rows and rounds exactly where the torch math rounds (normalise in fp32, cast to
+the activation dtype, then scale; RoPE products rounded before their sum), so the fused and
+plain paths agree to the last bit on the same hardware in most elements and to one bf16 ulp
+elsewhere (transcendentals may differ by an ulp in fp32).
+
+`Ops` picks the implementation once, at construction: `TorchOps` (CPU, reference, tests) or
+`TritonOps` (CUDA). The model calls `ops.rms_norm(...)` and never asks which one it has.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+
+class TorchOps:
+    """Reference math (transformers Qwen3 numerics)."""
+
+    name = "torch"
+
+    @staticmethod
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(dtype)
+
+    @classmethod
+    def qk_norm_rope(cls, qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor,
+                     num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+        """qkv [N, (Hq + 2 Hkv) Dh], cos/sin [N, 1, Dh] -> q [N, Hq, Dh], k [N, Hkv, Dh] (normed,
+        rotated), v [N, Hkv, Dh]."""
+        n = qkv.shape[0]
+        q, k, v = qkv.split((num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim), dim=-1)
+        q = _rotate(cls.rms_norm(q.view(n, num_heads, head_dim), q_weight, eps), cos, sin)
+        k = _rotate(cls.rms_norm(k.view(n, num_kv_heads, head_dim), k_weight, eps), cos, sin)
+        return q, k, v.view(n, num_kv_heads, head_dim)
+
+    @staticmethod
+    def silu_mul(gate_up: Tensor) -> Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        """residual + x @ weightᵀ."""
+        return residual + F.linear(x, weight)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(X, W, Y, stride_x, stride_y, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < D
+        x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        inv = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+        w = tl.load(W + offs, mask=mask, other=0.0)
+        normed = (x * inv).to(w.dtype)  # round to the activation dtype, then scale (as torch does)
+        tl.store(Y + row * stride_y + offs, (normed.to(tl.float32) * w.to(tl.float32)).to(w.dtype), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(QKV, QW, KW, COS, SIN, Q, K, eps, stride_qkv, stride_cs, stride_q, stride_k,
+                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+        token = tl.program_id(0)
+        head = tl.program_id(1)  # 0..Hq-1 are query heads, then Hkv key heads
+        half: tl.constexpr = HEAD_DIM // 2
+        offs = tl.arange(0, half)
+        is_q = head < NUM_HEADS
+        src = QKV + token * stride_qkv + head * HEAD_DIM
+        lo = tl.load(src + offs).to(tl.float32)
+        hi = tl.load(src + half + offs).to(tl.float32)
+        w_ptr = tl.where(is_q, QW, KW)
+        w_lo = tl.load(w_ptr + offs)
+        w_hi = tl.load(w_ptr + half + offs)
+        dtype = w_lo.dtype
+        inv = tl.rsqrt((tl.sum(lo * lo, 0) + tl.sum(hi * hi, 0)) / HEAD_DIM + eps)
+        n_lo = ((lo * inv).to(dtype).to(tl.float32) * w_lo.to(tl.float32)).to(dtype).to(tl.float32)
+        n_hi = ((hi * inv).to(dtype).to(tl.float32) * w_hi.to(tl.float32)).to(dtype).to(tl.float32)
+        # cos/sin come rounded from the shared table (both halves hold the same angles)
+        cos = tl.load(COS + token * stride_cs + offs).to(tl.float32)
+        sin = tl.load(SIN + token * stride_cs + offs).to(tl.float32)
+        # x*cos + rotate(x)*sin, each product rounded before the sum (torch rounds per op)
+        out_lo = ((n_lo * cos).to(dtype).to(tl.float32) + (-n_hi * sin).to(dtype).to(tl.float32)).to(dtype)
+        out_hi = ((n_hi * cos).to(dtype).to(tl.float32) + (n_lo * sin).to(dtype).to(tl.float32)).to(dtype)
+        if is_q:
+            dst = Q + token * stride_q + head * HEAD_DIM
+        else:
+            dst = K + token * stride_k + (head - NUM_HEADS) * HEAD_DIM
+        tl.store(dst + offs, out_lo)
+        tl.store(dst + half + offs, out_hi)
+
+    @triton.jit
+    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, I: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < I
+        gate = tl.load(GU + row * stride_gu + col, mask=mask, other=0.0)
+        up = tl.load(GU + row * stride_gu + I + col, mask=mask, other=0.0)
+        dtype = gate.dtype
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dtype)  # F.silu rounds its output
+        tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * up.to(tl.float32)).to(dtype), mask=mask)
+
+
+class TritonOps(TorchOps):
+    """CUDA kernels; same signatures and rounding points as TorchOps."""
+
+    name = "triton"
+
+    @staticmethod
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        d = x.shape[-1]
+        rows = x.reshape(-1, d)
+        out = torch.empty_like(rows)
+        if rows.shape[0]:
+            _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), eps,
+                                               D=d, BLOCK=triton.next_power_of_2(d), num_warps=4)
+        return out.view(x.shape)
+
+    @staticmethod
+    def qk_norm_rope(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor,
+                     num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+        n = qkv.shape[0]
+        cos, sin = cos.reshape(n, head_dim), sin.reshape(n, head_dim)
+        q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        k = torch.empty(n, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        if n:
+            _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
+                qkv, q_weight, k_weight, cos, sin, q, k, eps, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0),
+                NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, num_warps=1)
+        v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
+        return q, k, v
+
+    @staticmethod
+    def silu_mul(gate_up: Tensor) -> Tensor:
+        n, two_i = gate_up.shape
+        i = two_i // 2
+        out = torch.empty(n, i, dtype=gate_up.dtype, device=gate_up.device)
+        if n:
+            block = 1024
+            _silu_mul_kernel[(n, triton.cdiv(i, block))](gate_up, out, gate_up.stride(0), out.stride(0),
+                                                        I=i, BLOCK=block, num_warps=4)
+        return out
+
+    @staticmethod
+    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        # one GEMM with the residual as its beta=1 input: one rounding instead of two
+        return torch.addmm(residual, x, weight.t())
+
+
+def ops_for(device: torch.device | str) -> type[TorchOps]:
+    """TritonOps on CUDA when Triton is importable, TorchOps otherwise."""
+    if torch.device(device).type == "cuda" and triton is not None:
+        return TritonOps
+    return TorchOps

@@ -1,0 +1,147 @@
+"""Helpers for the engine acceptance tests (issue 3): a CPU engine stepped by hand.
+
+Most tests drive `EngineCore.step()` themselves instead of starting the engine thread, so
+arrival times ("submit request 9 after step 12") are exact and every run is deterministic. The
+codec thread runs as in production; `ManualEngine.wait` waits for its final chunks.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from higgs_serve.deploy_config import DeployConfig, load_deploy_config
+from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
+from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.speech import AudioChunk, SpeechRequest
+from higgs_serve.sampling_params import SamplingParams
+
+CPU = RuntimeOptions(device="cpu")
+SAMPLES_PER_FRAME = 960
+
+# Short texts of different lengths (prompts of ~5 to ~45 tokens with the tiny tokenizer).
+TEXTS = (
+    "Hi",
+    "Hello there.",
+    "The cat sat on the mat.",
+    "My neighbour reads a book about the sea.",
+    "The old teacher quickly reads the letter and then writes a long reply to everyone.",
+    "A small dog walks past the robot.",
+    "Our team builds a boat.",
+    "The captain remembers the song that the young girl sings about the river at night.",
+)
+
+
+def engine_deploy(
+    *,
+    max_num_seqs: int = 16,
+    num_gpu_blocks: int = 1024,
+    max_num_batched_tokens: int = 4096,
+    enable_prefix_caching: bool = True,
+    window: dict | None = None,
+) -> DeployConfig:
+    """The shipped default profile on CPU, shrunk for tests; `window` overrides SPEC §1.9 keys."""
+    stage0 = {
+        "devices": "cpu",
+        "max_num_seqs": max_num_seqs,
+        "num_gpu_blocks": num_gpu_blocks,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "enable_prefix_caching": enable_prefix_caching,
+        # the shipped capture sizes go to 64; sizes above max_num_seqs are a config error
+        "compilation_config": {"cudagraph_capture_sizes": [s for s in (1, 2, 4, 8, 16) if s <= max_num_seqs]},
+    }
+    overrides: dict = {"0": stage0, "1": {"devices": "cpu"}}
+    if window:
+        overrides["connectors"] = {"talker_to_codec": {"extra": window}}
+    return load_deploy_config(None, "higgs_multimodal_qwen3", cli_overrides=overrides)
+
+
+def sampling(temperature: float = 0.0, seed: int = 0, frames: int = 30, min_frames: int = 0,
+             top_k: int = 30, top_p: float = 0.8) -> SamplingParams:
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                          max_new_tokens=frames, min_new_tokens=min_frames)
+
+
+def speech(request_id: str, text: str, params: SamplingParams, stream: bool = False) -> SpeechRequest:
+    return SpeechRequest(request_id, text, params, stream=stream)
+
+
+@dataclass
+class Collected:
+    """One request's output as its sink saw it (chunks from the codec thread)."""
+
+    request_id: str
+    chunks: list[AudioChunk] = field(default_factory=list)
+    rows: np.ndarray | None = None  # [N, 8] int64
+    frames: np.ndarray | None = None  # [T, 8] int64
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    # ChunkSink protocol
+    def put(self, chunk: AudioChunk) -> None:
+        self.chunks.append(chunk)
+        if chunk.is_final:
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
+        self.rows, self.frames, self.finish_reason = rows, frames, finish_reason
+
+    @property
+    def audio(self) -> np.ndarray:
+        """[n] float32: the chunks concatenated."""
+        if not self.chunks:
+            return np.zeros(0, np.float32)
+        return np.concatenate([c.audio for c in self.chunks])
+
+
+class ManualEngine:
+    """An `EngineCore` with its codec thread running and its step loop driven by the test."""
+
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig):
+        self.core: EngineCore = build_engine_core(loaded, deploy, CPU)
+        self.core.codec.start()
+
+    @property
+    def kv(self):
+        return self.core.scheduler.kv
+
+    def submit(self, request: SpeechRequest) -> Collected:
+        sink = Collected(request.request_id)
+        self.core.submit(request, sink)
+        return sink
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            if not self.core.step():
+                return
+
+    def run(self, max_steps: int = 5000) -> None:
+        """Step until the scheduler has nothing left to run."""
+        for _ in range(max_steps):
+            if not self.core.step():
+                return
+        raise AssertionError(f"the engine still had work after {max_steps} steps")
+
+    @staticmethod
+    def wait(sinks: list[Collected], timeout: float = 60.0) -> None:
+        for sink in sinks:
+            assert sink.done.wait(timeout), f"request {sink.request_id}: no final chunk within {timeout} s"
+            if sink.error is not None:
+                raise sink.error
+
+    def generate(self, requests: list[SpeechRequest]) -> list[Collected]:
+        """Submit all at once, run to completion, return the collected outputs in order."""
+        sinks = [self.submit(r) for r in requests]
+        self.run()
+        self.wait(sinks)
+        return sinks
+
+    def close(self) -> None:
+        self.core.codec.stop()

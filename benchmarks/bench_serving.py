@@ -250,16 +250,18 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
     }
 
 
-async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_index: int) -> tuple[dict, int]:
-    """Warm-up then measured requests at one concurrency; returns (metrics, next request index)."""
+async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_index: int,
+                    warmup: int) -> tuple[dict, int]:
+    """`warmup` untimed requests, then the measured ones at one concurrency; returns (metrics,
+    next request index)."""
     num = args.num_requests or max(2 * concurrency, 6)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         index = first_index
-        if args.warmup:
-            warm = await closed_loop(client, url, list(range(index, index + args.warmup)), concurrency, args)
-            index += args.warmup
+        if warmup:
+            warm = await closed_loop(client, url, list(range(index, index + warmup)), concurrency, args)
+            index += warmup
             bad = [r for r in warm if not r.ok]
             if bad:
                 raise SystemExit(f"bench_serving: warm-up request failed at c={concurrency}: "
@@ -342,7 +344,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--label", default=None, help="name of this run in tables and plots (default: the deploy config)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--num-requests", type=int, default=None, help="measured requests per level (default max(2c, 6))")
-    p.add_argument("--warmup", type=int, default=2, help="untimed requests before each level")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed requests before the first level (graphs are captured at start-up, so "
+                        "later levels need none)")
     p.add_argument("--frames", type=int, default=250, help="audio frames per request (25 = 1 s)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
@@ -355,7 +359,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-log-level", default="WARNING")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /ready")
     p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--out", default=None, help="write the JSON here")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new level after this many minutes (the rest are listed as skipped)")
+    p.add_argument("--out", default=None, help="write the JSON here (rewritten after every level)")
     args = p.parse_args(argv)
     if args.url is None and args.model is None:
         p.error("--model is required (or --url for a running server)")
@@ -377,9 +383,8 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    started = now_iso()
+    t_start = time.perf_counter()
     proc = None
-    ready_s = None
     log_path = None
     url = args.url
     server_cmd = None
@@ -390,44 +395,52 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ)
         # the server imports higgs_serve from src/ when the package is not installed (GPU machine)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO_ROOT / "src")) if p)
-        log_file = open(log_path, "ab")
         server_cmd = server_command(args, port)
-        proc = subprocess.Popen(server_cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        log_file.close()
-    levels = []
-    try:
-        if proc is not None:
-            ready_s = wait_ready(proc, url, args.ready_timeout, log_path)
-            print(f"server ready at {url} after {ready_s:.1f} s", flush=True)
-        index = 0
-        for concurrency in args.concurrency:
-            metrics, index = asyncio.run(run_level(url, concurrency, args, index))
-            levels.append(metrics)
-            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
-                  f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
-                  f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
-    finally:
-        exit_code = stop_server(proc) if proc is not None else None
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(server_cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     result = {
         "tool": "bench_serving",
         "label": args.label or args.deploy_config or "default",
         "command": command_line(),
         "git_commit": git_commit(),
         "device": device_description(),
-        "started_at": started,
-        "finished_at": now_iso(),
+        "started_at": now_iso(),
+        "finished_at": None,
         "settings": {"model": args.model, "deploy_config": args.deploy_config, "load_format": args.load_format,
                      "frames": args.frames, "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url},
-        "server": {"command": server_cmd, "ready_s": ready_s,
-                   "log": str(log_path) if log_path else None, "exit_code": exit_code},
-        "levels": levels,
+        "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
+                   "exit_code": None},
+        "levels": [],
+        "skipped_concurrency": [],
     }
+    try:
+        if proc is not None:
+            result["server"]["ready_s"] = wait_ready(proc, url, args.ready_timeout, log_path)
+            print(f"server ready at {url} after {result['server']['ready_s']:.1f} s", flush=True)
+        index = 0
+        for concurrency in args.concurrency:
+            if args.max_minutes is not None and time.perf_counter() - t_start > 60 * args.max_minutes:
+                result["skipped_concurrency"].append(concurrency)
+                continue
+            warmup = args.warmup if not result["levels"] else 0
+            metrics, index = asyncio.run(run_level(url, concurrency, args, index, warmup))
+            result["levels"].append(metrics)
+            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
+                  f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
+                  f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
+            if args.out:  # after every level, so a run cut short still leaves its numbers
+                write_json(args.out, result)
+    finally:
+        if proc is not None:
+            result["server"]["exit_code"] = stop_server(proc)
+    result["finished_at"] = now_iso()
     if args.out:
         write_json(args.out, result)
+    if result["skipped_concurrency"]:
+        print(f"skipped (--max-minutes {args.max_minutes}): c = {result['skipped_concurrency']}")
     print_table(result)
-    failed = sum(level["failed"] for level in levels)
-    return 1 if failed else 0
+    return 1 if any(level["failed"] for level in result["levels"]) else 0
 
 
 if __name__ == "__main__":

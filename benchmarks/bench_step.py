@@ -347,10 +347,6 @@ def main(argv: list[str] | None = None) -> int:
                 bandwidth / 1e9, weight_bytes / 1e9, shape.contexts[0], floor_of(1, shape.contexts[0]) * 1e3)
     rows: list[dict] = []
     runners: list[dict] = []
-    for path in paths:
-        path_rows, info = run_path(loaded, path, shape, args, floor_of)
-        rows += path_rows
-        runners.append(info)
     result = {
         "tool": "bench_step",
         "command": command_line(),
@@ -358,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": {**device_description(), "torch": torch.__version__, "torch_device": str(device),
                    "cuda_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
         "started_at": started,
-        "finished_at": now_iso(),
+        "finished_at": None,
         "model": args.model, "load_format": args.load_format, "dtype": str(loaded.dtype), "load_s": load_s,
         "copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": int(copy_gib * (1 << 30)),
         "weight_bytes_per_step": weight_bytes, "kv_bytes_per_token": kv_per_token,
@@ -368,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         "runners": runners,
         "rows": rows,
     }
-    if args.out:
-        write_json(args.out, result)
+    for path in paths:
+        path_rows, info = run_path(loaded, path, shape, args, floor_of)
+        rows += path_rows
+        runners.append(info)
+        result["finished_at"] = now_iso()
+        if args.out:  # after every path, so a run cut short still leaves its numbers
+            write_json(args.out, result)
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step)\n")
     print(markdown_table(rows, [("path", "path"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),

@@ -87,7 +87,7 @@ def plot_step(file: str, out: Path) -> Path:
         _log2_concurrency_axis(ax, batches)
         ax.set_xlabel("batch")
         ax.set_ylabel("decode step (ms, median)")
-        ax.set_ylim(bottom=0)
+        ax.set_yscale("log")  # eager vs graph vs floor span more than 10x
         ax.set_title(f"context {context}")
         ax.legend(fontsize=8)
     name = data["device"].get("cuda_name") or data["device"].get("torch_device")

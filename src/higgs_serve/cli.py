@@ -41,19 +41,26 @@ def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
 
     spec = load_model_spec(model_dir)
     cli: dict = {}
-    if getattr(args, "max_num_seqs", None) is not None:
-        cli.setdefault("0", {})["max_num_seqs"] = args.max_num_seqs
     device = getattr(args, "device", None)
     if device == "cpu" or (device is None and not torch.cuda.is_available()):
         cli.setdefault("0", {})["devices"] = "cpu"
         cli.setdefault("1", {})["devices"] = "cpu"
-    return load_deploy_config(
-        args.deploy_config,
-        spec.model_type,
-        stage_overrides=args.stage_overrides,
-        cli_overrides=cli or None,
-        device_count=torch.cuda.device_count(),
-    )
+
+    def load(overrides: dict):
+        return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=args.stage_overrides,
+                                  cli_overrides=overrides or None, device_count=torch.cuda.device_count())
+
+    deploy = load(cli)
+    max_num_seqs = getattr(args, "max_num_seqs", None)
+    if max_num_seqs is None:
+        return deploy
+    # --max-num-seqs also trims the profile's capture sizes to what a batch can reach
+    sizes = [s for s in deploy.stage0.compilation_config.cudagraph_capture_sizes if s < max_num_seqs]
+    stage0 = cli.setdefault("0", {})
+    stage0["max_num_seqs"] = max_num_seqs
+    stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes + [max_num_seqs]}
+    stage0["max_num_batched_tokens"] = max(max_num_seqs, deploy.stage0.max_num_batched_tokens)
+    return load(cli)
 
 
 def _runtime_options(args: argparse.Namespace, **extra):
@@ -90,9 +97,13 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     sampling = SamplingParams.from_defaults(deploy.stage0.default_sampling_params, **overrides)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.ref_text is not None and args.ref_audio is None:
+        raise HiggsServeError("--ref-text is the transcript of --ref-audio: give --ref-audio too")
     engine = SyncEngine.from_model(str(model_dir), deploy, _runtime_options(args))
     try:
-        requests = [SpeechRequest(f"{i:04d}", text, sampling, stream=args.stream) for i, text in enumerate(args.text)]
+        reference = _reference_from_file(args.ref_audio, args.ref_text, engine.loaded) if args.ref_audio else None
+        requests = [SpeechRequest(f"{i:04d}", text, sampling, stream=args.stream, reference=reference)
+                    for i, text in enumerate(args.text)]
         stream_files = {r.request_id: open(out_dir / f"{r.request_id}.stream.f32", "wb") for r in requests} if args.stream else {}
 
         def on_chunk(request_id: str, chunk) -> None:
@@ -143,6 +154,39 @@ def _stream_check(engine, out_dir: Path, res, samples_per_frame: int) -> str:
     err = float(np.max(np.abs(oneshot - res.audio))) if len(oneshot) == len(res.audio) else float("inf")
     peak = float(np.max(np.abs(oneshot))) or 1.0
     return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"
+
+
+# ---------------------------------------------------------------------------- voice cloning
+def _encode_file(path: str, loaded):
+    """Reference audio file -> (codes [T, 8] int64, encoder) with the model's codec encoder."""
+    from higgs_serve.voices.reference_encoder import ReferenceEncoder
+
+    file = Path(path)
+    if not file.is_file():
+        raise HiggsServeError(f"reference audio file {path} does not exist")
+    encoder = ReferenceEncoder.from_loaded(loaded)
+    return encoder.encode_bytes(file.read_bytes(), param=str(file)), encoder
+
+
+def _reference_from_file(path: str, ref_text: str | None, loaded):
+    from higgs_serve.voices.reference_encoder import reference_audio
+
+    codes, _ = _encode_file(path, loaded)
+    logger.info("reference %s: %d frames", path, len(codes))
+    return reference_audio(codes, ref_text)
+
+
+def _cmd_encode_voice(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from higgs_serve.engine.builder import RuntimeOptions, load_model
+
+    loaded = load_model(args.model, RuntimeOptions(load_format=args.load_format, device=args.device))
+    codes, encoder = _encode_file(args.file, loaded)
+    np.save(args.output, codes)
+    print(f"wrote {args.output}: codes [{len(codes)}, {codes.shape[1]}] int64 "
+          f"({len(codes) / 25:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
+    return 0
 
 
 # ---------------------------------------------------------------------------- serve
@@ -203,8 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-new-tokens", type=int, help="frames before the model may stop (benchmarks)")
     p.add_argument("--stream", action="store_true",
                    help="stream chunks to OUT/NNNN.stream.f32 as they arrive and check them against the final audio")
+    p.add_argument("--ref-audio", default=None, help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (optional)")
     _add_model_options(p)
     p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("encode-voice", help="encode a reference clip into codec codes (.npy, [T, 8] int64)")
+    p.add_argument("file", help="reference audio (wav/flac/ogg/mp3, 0.5-30 s)")
+    p.add_argument("-o", "--output", required=True, help="where to write the codes (.npy)")
+    p.add_argument("--model", required=True, help="model directory or hub id (its bundled codec encodes)")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    p.set_defaults(func=_cmd_encode_voice)
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     p.add_argument("model", help="model directory or hub id")

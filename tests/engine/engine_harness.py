@@ -77,6 +77,7 @@ class Collected:
     rows: np.ndarray | None = None  # [N, 8] int64
     frames: np.ndarray | None = None  # [T, 8] int64
     finish_reason: str | None = None
+    prompt_tokens: int = 0
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -92,6 +93,7 @@ class Collected:
 
     def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
         self.rows, self.frames, self.finish_reason = rows, frames, finish_reason
+        self.prompt_tokens = prompt_tokens
 
     @property
     def audio(self) -> np.ndarray:

@@ -28,8 +28,8 @@ KNOBS = [Knobs(0.8, 30, 0.8, 1), Knobs(1.0, 0, 1.0, 2), Knobs(0.0, 30, 0.8, 3),
 LIMITS = [(30, 8), (12, 8), (25, 20), (40, 8)]  # (max_frames, min_frames)
 
 
-def _state(device: str) -> AudioState:
-    state = AudioState(max_slots=8, device=device)
+def _state(device: str, compile: bool = False) -> AudioState:
+    state = AudioState(max_slots=8, device=device, compile=compile)
     for slot, (knobs, (max_frames, min_frames)) in enumerate(zip(KNOBS, LIMITS)):
         state.add(2 * slot, knobs, max_frames=max_frames, min_frames=min_frames)
     return state
@@ -72,9 +72,10 @@ def test_draws_agree_between_cpu_and_cuda():
                        sample_codes(logits.cuda(), **{k: v.cuda() for k, v in greedy.items()}).cpu())
 
 
-def test_audio_state_step_in_cuda_graph_matches_eager():
+@pytest.mark.parametrize("compile", [False, True])
+def test_audio_state_step_in_cuda_graph_matches_eager(compile):
     batch = 6  # 4 real slots + 2 padding entries
-    eager, graphed = _state("cuda"), _state("cuda")
+    eager, graphed = _state("cuda"), _state("cuda", compile=compile)
     pad = graphed.pad_slot
     static_slots = torch.full((batch,), pad, dtype=torch.int64, device="cuda")
     static_logits = torch.zeros(batch, 8, V, device="cuda")
@@ -121,9 +122,10 @@ def test_audio_state_cpu_and_cuda_trajectories_agree():
     assert torch.equal(cpu.row_index, cuda.row_index.cpu())
 
 
-def test_graph_replay_cost_for_64_slots():
+@pytest.mark.parametrize("compile", [False, True])
+def test_graph_replay_cost_for_64_slots(compile):
     """Not a benchmark gate: records the per-step cost of masks + sampling + update."""
-    state = AudioState(max_slots=64, device="cuda")
+    state = AudioState(max_slots=64, device="cuda", compile=compile)
     for slot in range(64):
         state.add(slot, Knobs(0.8, 30, 0.8, slot), max_frames=10_000, min_frames=8)
     slots = torch.arange(64, device="cuda")
@@ -146,5 +148,6 @@ def test_graph_replay_cost_for_64_slots():
             run()
         end.record()
         torch.cuda.synchronize()
-        print(f"audio_state.step B=64 {timed}: {start.elapsed_time(end) / 50 * 1000:.0f} us")
+        per_step_us = start.elapsed_time(end) / 50 * 1000
+        print(f"audio_state.step B=64 compile={compile} {timed}: {per_step_us:.0f} us")
     assert int(state.row_index[0]) == 102

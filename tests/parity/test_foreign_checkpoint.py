@@ -114,6 +114,12 @@ def foreign(tmp_path_factory):
     return directory, qwen, codec, folded_reference, audio_table, tok
 
 
+@pytest.fixture(scope="module")
+def loaded(foreign):
+    spec = load_model_spec(foreign[0])
+    return spec, load_checkpoint(foreign[0], spec)
+
+
 def test_spec_and_prompt_from_foreign_files(foreign):
     directory, qwen, _, _, _, tok = foreign
     spec = load_model_spec(directory)
@@ -125,10 +131,9 @@ def test_spec_and_prompt_from_foreign_files(foreign):
     assert pb.ref_text_id is None and pb.eos_id == tok.token_to_id("<|endoftext|>")
 
 
-def test_talker_matches_transformers(foreign, dense_attention):
+def test_talker_matches_transformers(foreign, loaded, dense_attention):
     directory, qwen, _, _, audio_table, _ = foreign
-    spec = load_model_spec(directory)
-    ckpt = load_checkpoint(directory, spec)
+    spec, ckpt = loaded
     talker = Talker(spec.text, spec.audio)
     talker.load_talker_weights(ckpt.talker)
     ids = torch.tensor(PromptBuilder.from_dir(directory).zero_shot("the quick brown fox"))
@@ -148,22 +153,21 @@ def test_talker_matches_transformers(foreign, dense_attention):
     torch.testing.assert_close(logits[0], (ref[-1] @ audio_table.T).view(8, 1026), rtol=1e-4, atol=1e-4)
 
 
-def test_codec_tensors_are_folded_and_complete(foreign):
-    directory, _, _, folded_reference, _, _ = foreign
-    spec = load_model_spec(directory)
-    codec = load_checkpoint(directory, spec).codec
+def test_codec_tensors_are_folded_and_complete(foreign, loaded):
+    folded_reference = foreign[3]
+    spec, (_, codec) = loaded
     assert set(codec) == set(expected_codec_tensors(spec.codec))
     for name, t in codec.items():
         torch.testing.assert_close(t, folded_reference[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_codec_decode_matches_transformers(foreign):
+def test_codec_decode_matches_transformers(foreign, loaded):
     from higgs_serve.codec.decoder import CodecDecoder
 
-    directory, _, reference, _, _, _ = foreign
-    spec = load_model_spec(directory)
+    reference = foreign[2]
+    spec, ckpt = loaded
     decoder = CodecDecoder(spec.codec)
-    decoder.load_state(load_checkpoint(directory, spec).codec)
+    decoder.load_state(ckpt.codec)
     codes = torch.randint(0, 1024, (1, 6, 8), generator=torch.Generator().manual_seed(5))  # [B, T, 8]
     with torch.no_grad():
         ours = decoder.eval()(codes)

@@ -291,12 +291,17 @@ def clamp_frame_fields(openapi: dict, maximum: int) -> dict:
 
 
 def fuzz_server(url: str, openapi: dict, max_examples: int) -> None:
-    """Positive and negative schemathesis cases for every operation: never a 5xx, and the engine
-    stays alive (checked after each case)."""
+    """Schemathesis cases for every operation that takes input (positive and negative): never a
+    5xx, and the engine stays alive (checked after each case)."""
     schema = schemathesis.openapi.from_dict(openapi)
     for result in schema.get_all_operations():
         operation = result.ok()
-        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+        if operation.method.upper() not in ("POST", "DELETE"):
+            continue  # the GET endpoints take no input: nothing to fuzz
+        modes = [schemathesis.GenerationMode.POSITIVE]
+        if operation.method.upper() == "POST":  # a path-only DELETE has no invalid inputs
+            modes.append(schemathesis.GenerationMode.NEGATIVE)
+        for mode in modes:
             @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
             @hypothesis.settings(max_examples=max_examples, deadline=None, derandomize=True,
                                  database=None, suppress_health_check=list(hypothesis.HealthCheck))
@@ -309,4 +314,4 @@ def fuzz_server(url: str, openapi: dict, max_examples: int) -> None:
 
 def test_fuzzed_requests_never_get_a_5xx_nor_kill_the_engine(real_server):
     openapi = httpx.get(f"{real_server.url}/openapi.json").json()
-    fuzz_server(real_server.url, clamp_frame_fields(openapi, FRAMES), max_examples=8)
+    fuzz_server(real_server.url, clamp_frame_fields(openapi, FRAMES), max_examples=6)

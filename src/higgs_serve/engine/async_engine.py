@@ -102,7 +102,7 @@ class AsyncEngine:
         await asyncio.to_thread(self._start_blocking)
 
     def _start_blocking(self) -> None:
-        self.loaded = load_model(self.model, self.options)
+        self.loaded = load_model(self.model, self.options, self.deploy)
         self.core = build_engine_core(self.loaded, self.deploy, self.options)
         self.core.codec.start()
         self.core.start()
@@ -177,7 +177,7 @@ class SyncEngine:
 
     @classmethod
     def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions) -> SyncEngine:
-        return cls(load_model(model, options), deploy, options)
+        return cls(load_model(model, options, deploy), deploy, options)
 
     def generate_batch(
         self,

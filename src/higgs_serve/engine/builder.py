@@ -49,11 +49,12 @@ class RuntimeOptions:
     load_format: str = "auto"
     device: str | None = None  # None: cuda when available
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
-    codec_dtype: str = "float32"
     max_waiting: int = 256
 
-    def resolve_device(self) -> torch.device:
+    def resolve_device(self, deploy: DeployConfig | None = None) -> torch.device:
         if self.device is None:
+            if deploy is not None:
+                return torch.device(deploy.stage0.device)
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"--device {self.device}: CUDA is not available on this machine")
@@ -83,12 +84,15 @@ class LoadedModel:
     codec_encoder_tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
-def load_model(model: str, options: RuntimeOptions) -> LoadedModel:
+def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None = None) -> LoadedModel:
+    """Load the talker on the Stage 0 device and the codec on the Stage 1 device (the deploy
+    profile's `devices` and Stage 1 `dtype`; an explicit --device wins for both stages)."""
     if options.load_format not in LOAD_FORMATS:
         raise ConfigError(f"--load-format must be one of {LOAD_FORMATS}, got {options.load_format!r}")
-    device = options.resolve_device()
+    device = options.resolve_device(deploy)
     dtype = options.resolve_dtype(device)
-    codec_dtype = DTYPES[options.codec_dtype]
+    codec_device = device if deploy is None or options.device is not None else torch.device(deploy.stage1.device)
+    codec_dtype = DTYPES[deploy.stage1.dtype] if deploy is not None else torch.float32
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(model)
     spec = load_model_spec(model_dir)
@@ -101,8 +105,12 @@ def load_model(model: str, options: RuntimeOptions) -> LoadedModel:
     talker = Talker(spec.text, spec.audio, dtype=dtype, device=device)
     talker.load_talker_weights(cast_tensors(talker_tensors, dtype, device))
     del talker_tensors
-    codec = CodecDecoder(spec.codec).to(device=device, dtype=codec_dtype)
-    codec.load_state(cast_tensors(codec_tensors, codec_dtype, device))
+    if codec_device.type == "cuda":
+        # cuDNN's TF32 convolutions move the float32 codec output by ~1e-3 of peak (measured on
+        # the H200); the codec's float32 contract (SPEC §1.8) wants real float32.
+        torch.backends.cudnn.allow_tf32 = False
+    codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
+    codec.load_state(cast_tensors(codec_tensors, codec_dtype, codec_device))
     codec.eval()
     encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}
     logger.info("loaded %s (%s, %s, %s) in %.1f s", model, options.load_format, device, dtype, time.perf_counter() - t0)
@@ -176,7 +184,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     runner.capture_graphs()
     codec = CodecRunner(
         loaded.codec,
-        device=loaded.device,
+        device=next(loaded.codec.parameters()).device,
         max_batch_windows=deploy.stage1.max_batch_windows,
         samples_per_frame=loaded.spec.codec.hop_length,
     )
@@ -194,6 +202,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         codec=codec,
         prompts=loaded.prompts,
         window=WindowParams.from_config(deploy.streaming),
+        async_chunk=deploy.async_chunk,
         max_model_len=s0.max_model_len,
         max_waiting=options.max_waiting,
         num_codebooks=loaded.spec.audio.num_codebooks,

@@ -81,6 +81,7 @@ class EngineCore:
         codec: CodecRunner,
         prompts: PromptBuilder,
         window: WindowParams,
+        async_chunk: bool,
         max_model_len: int,
         max_waiting: int,
         num_codebooks: int,
@@ -92,6 +93,8 @@ class EngineCore:
         self.codec = codec
         self.prompts = prompts
         self.window = window
+        # async_chunk false: codes go to the codec only once a request ends (one chunk each)
+        self.async_chunk = async_chunk
         self.max_model_len = max_model_len
         self.max_waiting = max_waiting
         self.num_codebooks = num_codebooks
@@ -120,7 +123,8 @@ class EngineCore:
                     f"the waiting queue is full ({self.max_waiting} requests); retry later"
                 )
             self.scheduler.add_request(request)
-            out = OutputStream(self.window, speech.stream, self.num_codebooks, self.codebook_size)
+            streaming = speech.stream and self.async_chunk
+            out = OutputStream(self.window, streaming, self.num_codebooks, self.codebook_size)
             self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
         self._wake.set()
 

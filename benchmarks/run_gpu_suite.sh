@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The GPU run, one script: `bash benchmarks/run_gpu_suite.sh STAGE...` from the repo root on the
+# H200 machine (no network; only this repo is there; carry .whl, see fetch_gpu_wheels.sh).
+#
+# Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
+#   tests       python3 -m pytest -q -x tests/gpu                       est. 1-3 min
+#   step        bench_step: eager, MLP graphs, full decode graph,       est. 3-5 min
+#               B = 1..64, L = 128/1024/4096, 50 steps each
+#   serving     serving_ll then serving_ht                              est. 4-7 min
+#   serving_ll  bench_serving, low-latency profile, c = 1..64           est. 2-3 min (limit 255 s)
+#   serving_ht  bench_serving, high-throughput profile, c = 1..64       est. 2-4 min (limit 255 s)
+#   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
+# A device call is limited to 10 min (keep a margin: <= 9): e.g. `tests step`, then
+# `serving plots` (or `serving_ll` and `serving_ht plots` in separate calls if serving runs long).
+#
+# Estimates (H200, 4B geometry, dummy weights): torch import + load ~20-30 s (random weights are
+# generated on the GPU; the codec too); MLP graph capture 7 sizes x 36 layers ~10-20 s, full
+# decode graph 7 sizes ~5-15 s; decode step ~10-30 ms eager, ~2-5 ms as a full graph at B=1.
+#  - step: per path ~336k prefill tokens (64 requests x (128 + 1024 + 4096)) ~10-20 s, plus
+#    21 (B, L) points x 53 steps x ~5-40 ms ~ 10-45 s, plus the build/capture: ~1-1.5 min a path.
+#  - serving: a server start ~40-70 s (load, KV cache, capture, warm-up); 250 frames (10 s of
+#    audio) per request take 250 steps: ~2-8 s a request; levels c = 1..64 with 2c requests each
+#    run 2 "rounds" each, so ~14 request latencies ~ 30-110 s per profile after the start. The
+#    low-latency profile has max_num_seqs 16, so at c = 32 / 64 requests queue (4 rounds at 64).
+#    --max-minutes makes bench_serving start no new level late in the budget, and it rewrites
+#    its JSON after every level, so a cut-short run still returns what it measured.
+#
+# Output in $OUT (at most 8 files come back): gpu_suite.log (everything, appended), step.json,
+# serving_ll.json, serving_ht.json, serving.png, step.png.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_suite.log"
+MODEL=${MODEL:-/tmp/higgs-4b}
+FRAMES=${FRAMES:-250}
+CONCURRENCY=${CONCURRENCY:-"1 2 4 8 16 32 64"}
+# for a CPU dry run of the script itself: WHEELS=none DEVICE=cpu LOAD_FORMAT=auto MODEL=<tiny model dir>
+# STEP_ARGS="--batch 1 2 --context 8 --iters 2 --copy-gib 0.01 --max-model-len 64"
+WHEELS=${WHEELS:-.whl}
+DEVICE=${DEVICE:-cuda}
+LOAD_FORMAT=${LOAD_FORMAT:-dummy}
+STEP_ARGS=${STEP_ARGS:-}
+export PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts (harmless on one GPU)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
+
+# run NAME LIMIT_S CMD...: one stage under timeout, its output appended to the log
+run() {
+  local name=$1 limit=$2
+  shift 2
+  log "=== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  log "=== $name: rc=$rc after $((SECONDS - t0)) s"
+  return $rc
+}
+
+setup() {
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+      >>"$LOG" 2>&1 || { log "wheel install failed"; exit 1; }
+    export PYTHONPATH=/tmp/site:src
+  else
+    log "no wheels in $WHEELS/: the HTTP server stack may be missing (see benchmarks/fetch_gpu_wheels.sh)"
+    export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  { nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+    python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+  } >>"$LOG" 2>&1
+  if [ ! -f "$MODEL/config.json" ]; then
+    python3 -m higgs_serve.cli make-tiny-model "$MODEL" --preset 4b --config-only >>"$LOG" 2>&1 \
+      || { log "could not write the 4B config to $MODEL"; exit 1; }
+  fi
+}
+
+stage_tests() {
+  run tests 540 python3 -m pytest -q -x tests/gpu -p no:cacheprovider
+}
+
+stage_step() {
+  # shellcheck disable=SC2086  # STEP_ARGS is a list of options
+  run step 540 python3 benchmarks/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+    --out "$OUT/step.json" $STEP_ARGS
+}
+
+# serving_profile LABEL PROFILE LIMIT_S
+serving_profile() {
+  local label=$1 profile=$2 limit=$3
+  local budget_min
+  budget_min=$(awk "BEGIN {print ($limit - 75) / 60}")  # no new level in the last 75 s of the limit
+  # shellcheck disable=SC2086  # CONCURRENCY is a list of numbers
+  run "$label" "$limit" python3 benchmarks/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+    --device "$DEVICE" --deploy-config "$profile" --label "$label" --concurrency $CONCURRENCY --frames "$FRAMES" --warmup 2 \
+    --max-minutes "$budget_min" --server-log "/tmp/server_$label.log" --out "$OUT/$label.json"
+  local rc=$?
+  { echo "--- last lines of the $label server log"; tail -n 40 "/tmp/server_$label.log"; } >>"$LOG" 2>&1
+  return $rc
+}
+
+stage_serving_ll() { serving_profile serving_ll higgs_multimodal_qwen3_low_latency 255; }
+stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_throughput 255; }
+stage_serving() { stage_serving_ll; stage_serving_ht; }
+
+stage_plots() {
+  local serving=()
+  for f in "$OUT"/serving_ll.json "$OUT"/serving_ht.json; do [ -f "$f" ] && serving+=("$f"); done
+  local args=()
+  [ ${#serving[@]} -gt 0 ] && args+=(--serving "${serving[@]}")
+  [ -f "$OUT/step.json" ] && args+=(--step "$OUT/step.json")
+  if [ ${#args[@]} -eq 0 ]; then
+    log "plots: no JSON in $OUT"
+    return 1
+  fi
+  run plots 120 python3 benchmarks/plot.py "${args[@]}" --out-dir "$OUT"
+}
+
+if [ $# -eq 0 ]; then
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|plots}..." >&2
+  exit 2
+fi
+for stage in "$@"; do
+  case $stage in
+    tests|step|serving|serving_ll|serving_ht|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, plots)" >&2; exit 2 ;;
+  esac
+done
+
+log "gpu suite: stages $*; commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+setup
+status=0
+for stage in "$@"; do
+  "stage_$stage" || status=1
+done
+log "gpu suite done: status $status"
+# the tail of the log doubles as the device call's output
+tail -n 120 "$LOG"
+exit $status

@@ -1,0 +1,167 @@
+"""CPU smoke tests of the benchmark tools (benchmarks/) on the tiny model: the metric math, the
+step benchmark's plans and one eager run, one real-server streaming run, and the plots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_serving = _load("bench_serving")
+bench_step = _load("bench_step")
+
+
+# ------------------------------------------------------------------------------ serving metrics
+def test_sentences_are_fixed_english_of_10_to_25_words():
+    sentences = bench_serving.SENTENCES
+    assert len(sentences) == 50 and len(set(sentences)) == 50
+    for s in sentences:
+        assert 10 <= len(s.split()) <= 25, s
+
+
+def test_playback_stalls_pause_and_resume():
+    bps = 48_000.0  # bytes per second of 24 kHz s16le
+    # 1 s of audio at t=0, 1 s more at t=0.5 (buffer never empty), then 1 s at t=2.5: the player
+    # ran dry at t=2.0, so one 0.5 s stall, then it resumes.
+    arrivals = [(0.0, 48_000), (0.5, 48_000), (2.5, 48_000), (3.0, 24_000)]
+    assert bench_serving.playback_stalls(arrivals, bps) == pytest.approx([0.5])
+    # a steady stream arriving faster than real time never stalls
+    assert bench_serving.playback_stalls([(i * 0.5, 48_000) for i in range(10)], bps) == []
+
+
+def test_level_metrics_follow_the_reference_definitions():
+    rec = bench_serving.RequestRecord
+    frames = 25
+    n = frames * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
+    a = rec(index=0, sent=0.0, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)])
+    b = rec(index=1, sent=0.1, status=200, first_audio=0.4, end=1.1, num_bytes=n,
+            arrivals=[(0.4, n // 2), (1.1, n // 2)])  # 0.5 s buffered at 0.4, next bytes at 1.1: 0.2 s stall
+    bad = rec(index=2, sent=0.0, status=429, error="queue full", end=0.01)
+    m = bench_serving.level_metrics(2, [a, b, bad], window_s=1.1, frames=frames)
+    assert (m["completed"], m["failed"], m["wrong_length"]) == (2, 1, 0)
+    assert m["ttfa_ms_p50"] == pytest.approx(250.0)  # TTFA 200 and 300 ms
+    assert m["rtf_mean"] == pytest.approx((0.5 + 1.0) / 2)  # latency / audio seconds
+    assert m["audio_s_per_s"] == pytest.approx(2.0 / 1.1)
+    assert m["requests_per_s"] == pytest.approx(2 / 1.1)
+    assert m["underrun_requests"] == 1 and m["stall_s_total"] == pytest.approx(0.2)
+    assert "429" in m["errors"][0]
+
+
+def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
+    args = bench_serving.parse_args(["--model", "m", "--frames", "40", "--seed", "7"])
+    body = bench_serving.request_body(3, args)
+    assert body["stream"] is True and body["stream_format"] == "audio" and body["response_format"] == "pcm"
+    assert body["max_new_tokens"] == body["min_new_tokens"] == 40
+    assert body["seed"] == 10 and body["input"] == bench_serving.SENTENCES[3]
+
+
+# ------------------------------------------------------------------------------ step benchmark
+def test_prefill_plans_pack_chunks_up_to_the_token_budget():
+    shape = bench_step.BenchShape(batches=(1, 3), contexts=(20,), block_size=4, max_num_batched_tokens=32,
+                                  max_model_len=64)
+    maker = bench_step.PlanMaker(shape, vocab_size=100)
+    plans = maker.prefill_plans(20, released=(0, 1, 2))
+    assert len(plans[0].new_requests) == 3 and plans[0].released_slots == (0, 1, 2)
+    assert all(not p.new_requests and not p.released_slots for p in plans[1:])
+    assert all(sum(c.num_tokens for c in p.chunks) <= 32 for p in plans)
+    for slot in range(3):  # each request's chunks cover 0..20 in order; only the last samples
+        chunks = [c for p in plans for c in p.chunks if c.slot == slot]
+        assert [c.start_pos for c in chunks] == [0] + [sum(c.num_tokens for c in chunks[:i]) for i in range(1, len(chunks))]
+        assert sum(c.num_tokens for c in chunks) == 20
+        assert [c.samples for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert len(chunks[-1].block_ids) == 5  # 20 tokens / 4 per block
+    decode = maker.decode_plan(3, 20)
+    assert [(c.slot, c.start_pos, c.num_tokens, len(c.block_ids)) for c in decode.chunks] == [(s, 20, 1, 6) for s in range(3)]
+
+
+@pytest.fixture(scope="module")
+def step_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "step.json"
+    rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto", "--device", "cpu",
+                          "--batch", "1", "2", "--context", "8", "20", "--iters", "2", "--warmup", "1",
+                          "--max-num-batched-tokens", "32", "--max-model-len", "64", "--copy-gib", "0.001",
+                          "--out", str(out), "--log-level", "WARNING"])
+    assert rc == 0
+    return out
+
+
+def test_bench_step_runs_eager_on_cpu(step_json: Path):
+    data = json.loads(step_json.read_text())
+    rows = data["rows"]
+    assert [(r["path"], r["context"], r["batch"]) for r in rows] == [
+        ("eager", 8, 1), ("eager", 8, 2), ("eager", 20, 1), ("eager", 20, 2)]
+    for r in rows:
+        assert r["modes"] == ["eager"] and r["iters"] == 2
+        assert r["step_ms_median"] > 0 and r["floor_ms"] > 0
+        assert r["ratio"] == pytest.approx(r["step_ms_median"] / r["floor_ms"])
+        expected_floor = (data["weight_bytes_per_step"] + data["kv_bytes_per_token"] * r["context"] * r["batch"]) \
+            / (data["copy_bandwidth_gbps"] * 1e9)
+        assert r["floor_ms"] == pytest.approx(expected_floor * 1e3)
+    assert data["git_commit"] and data["command"] and data["runners"][0]["step_modes"]["eager"] > 0
+
+
+def test_step_weight_bytes_count_backbone_and_audio_table_not_text_embedding(tiny_model_dir: Path):
+    from higgs_serve.engine.builder import RuntimeOptions, load_model
+
+    loaded = load_model(str(tiny_model_dir), RuntimeOptions(device="cpu"))
+    talker = loaded.talker
+    backbone = sum(p.numel() for p in talker.backbone.parameters())
+    assert bench_step.step_weight_bytes(loaded) == 4 * (backbone + talker.audio_embedding.numel())
+
+
+# ------------------------------------------------------------------------------ real server
+def _server_stack_missing() -> str | None:
+    for name in ("fastapi", "uvicorn", "httpx", "soundfile"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def serving_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
+    missing = _server_stack_missing()
+    if missing:
+        pytest.skip(f"the HTTP server cannot run here: {missing}")
+    out = tmp_path_factory.mktemp("bench") / "serving.json"
+    overrides = json.dumps({"0": {"num_gpu_blocks": 64, "max_model_len": 512}})  # small KV: fast start
+    cmd = [sys.executable, str(BENCH_DIR / "bench_serving.py"), "--model", str(tiny_model_dir), "--device", "cpu",
+           "--concurrency", "1", "--num-requests", "2", "--warmup", "0", "--frames", "20", "--label", "tiny",
+           "--server-arg=--stage-overrides", f"--server-arg={overrides}", "--ready-timeout", "120",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| c |" in proc.stdout  # the markdown table
+    return out
+
+
+def test_bench_serving_against_the_real_server(serving_json: Path):
+    data = json.loads(serving_json.read_text())
+    (level,) = data["levels"]
+    assert (level["concurrency"], level["completed"], level["failed"], level["wrong_length"]) == (1, 2, 0, 0)
+    assert level["audio_s_total"] == pytest.approx(2 * 20 * 0.04)
+    assert 0 < level["ttfa_ms_p50"] < level["latency_s_p50"] * 1e3
+    assert level["rtf_mean"] > 0 and level["audio_s_per_s"] > 0
+    assert data["server"]["ready_s"] > 0 and data["finished_at"]
+
+
+def test_plots_are_written(step_json: Path, serving_json: Path, tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    plot = _load("plot")
+    assert plot.main(["--serving", str(serving_json), "--step", str(step_json), "--out-dir", str(tmp_path)]) == 0
+    for name in ("serving.png", "step.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

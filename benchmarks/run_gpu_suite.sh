@@ -3,7 +3,7 @@
 # H200 machine (no network; only this repo is there; carry .whl, see fetch_gpu_wheels.sh).
 #
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
-#   tests       python3 -m pytest -q -x tests/gpu                       est. 1-3 min
+#   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
 #   step        bench_step: eager, MLP graphs, full decode graph,       est. 3-5 min
 #               B = 1..64, L = 128/1024/4096, 50 steps each
 #   serving     serving_ll then serving_ht                              est. 4-7 min
@@ -21,7 +21,7 @@
 #  - serving: a server start ~40-70 s (load, KV cache, capture, warm-up); 250 frames (10 s of
 #    audio) per request take 250 steps: ~2-8 s a request; levels c = 1..64 with 2c requests each
 #    run 2 "rounds" each, so ~14 request latencies ~ 30-110 s per profile after the start. The
-#    low-latency profile has max_num_seqs 16, so at c = 32 / 64 requests queue (4 rounds at 64).
+#    low-latency profile has max_num_seqs 16, so at c = 32 / 64 requests queue (2c requests = 8 rounds of 16 at c = 64).
 #    --max-minutes makes bench_serving start no new level late in the budget, and it rewrites
 #    its JSON after every level, so a cut-short run still returns what it measured.
 #
@@ -79,7 +79,8 @@ setup() {
 }
 
 stage_tests() {
-  run tests 540 python3 -m pytest -q -x tests/gpu -p no:cacheprovider
+  # test_bench_tools: bench_step on all three graph paths (tiny model) + a real-server bench run
+  run tests 540 python3 -m pytest -q -x tests/gpu tests/unit/test_bench_tools.py -p no:cacheprovider
 }
 
 stage_step() {

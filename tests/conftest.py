@@ -39,7 +39,6 @@ class DenseCausalAttention:
 
     Each call appends the new k/v of `layer_idx` and lets query i (absolute position past + i)
     attend to keys 0..past + i. Same numerics as transformers' eager attention (fp32 softmax).
-    Call `advance()` is not needed: the cache length of a layer is its own count.
     """
 
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ WAVES = ((0, range(0, 6)), (8, range(6, 11)), (20, range(11, 16)))
 
 def _request(i: int, prefix: str = "r"):
     greedy = i % 2 == 0
-    params = sampling(temperature=0.0 if greedy else 0.8, seed=1000 + i, frames=16 + (i * 5) % 13)
+    params = sampling(temperature=0.0 if greedy else 0.8, seed=1000 + i, frames=12 + (i * 5) % 13)
     return speech(f"{prefix}{i}", TEXTS[i % len(TEXTS)], params)
 
 

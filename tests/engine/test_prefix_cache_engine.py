@@ -12,7 +12,7 @@ import pytest
 from engine_harness import TEXTS, ManualEngine, engine_deploy, sampling, speech
 
 BLOCK = 16  # kv_block_size of the shipped profiles
-FRAMES = 20
+FRAMES = 10
 LONG_TEXT = f"{TEXTS[4]} {TEXTS[7]}"  # a 47-token prompt: 2 full blocks
 # eight different prompts of 25 to 58 tokens (1 to 3 full blocks each)
 PROMPTS = tuple(f"{TEXTS[i]} {TEXTS[(i + 3) % 8]} {TEXTS[(i + 6) % 8]}" for i in range(8))
@@ -24,7 +24,9 @@ def _req(request_id: str, text: str, seed: int = 3):
 
 def _same(a, b, what: str) -> None:
     np.testing.assert_array_equal(a.rows, b.rows, err_msg=f"{what}: rows")
-    np.testing.assert_array_equal(a.audio, b.audio, err_msg=f"{what}: audio")
+    # the codec may batch this request's window with others: float rounding only
+    peak = float(np.max(np.abs(b.audio)))
+    np.testing.assert_allclose(a.audio, b.audio, rtol=0, atol=1e-5 * peak, err_msg=f"{what}: audio")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_shared_prefix_hits_only_common_blocks(cached_engine, reference):
 
 
 def test_eviction_under_memory_pressure(tiny_loaded, reference):
-    # Worst case per request: prompt (<= 58 tokens) + 20 frames + 7 fed rows <= 6 blocks of 16,
+    # Worst case per request: prompt (<= 58 tokens) + 10 frames + 7 fed rows <= 5 blocks of 16,
     # so 13 usable blocks hold two requests: the others wait, and cached blocks get evicted.
     eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=8, num_gpu_blocks=14, max_num_batched_tokens=32))
     try:

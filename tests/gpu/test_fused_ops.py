@@ -12,14 +12,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _close(fast: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    """fp32: tight relative error. bf16: at most one ulp anywhere, and almost everywhere exact."""
+    """fp32: tight relative error. bf16: at most two ulps anywhere (fp32 reductions run in another
+    order), and almost everywhere exact."""
     assert fast.shape == ref.shape and fast.dtype == ref.dtype
     if dtype == torch.float32:
         torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
         return
     diff = (fast.float() - ref.float()).abs()
-    ulp = ref.float().abs().clamp(min=1e-3) * 2.0**-7
-    assert bool((diff <= ulp).all()), f"max diff {diff.max().item()}"
+    ulp = torch.exp2(torch.floor(torch.log2(ref.float().abs().clamp(min=1e-3))) - 7)
+    assert bool((diff <= 2 * ulp).all()), f"max diff {diff.max().item()}"
     assert (diff == 0).float().mean().item() > 0.98
 
 

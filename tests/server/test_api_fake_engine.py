@@ -18,9 +18,10 @@ import pytest
 import soundfile as sf
 from bad_requests import bad_requests, post_bad_request
 from fake_engine import FakeEngine, fake_audio, fake_deploy
+from fuzz import clamp_frame_fields, fuzz_server
 from live_server import MODEL_NAME, fake_settings, start_threaded_server
 
-from higgs_serve.audio.formats import float_to_pcm16, pcm16_to_float
+from higgs_serve.audio.formats import float_to_pcm16
 from higgs_serve.server.app import build_app
 
 RATE = 24000
@@ -254,7 +255,8 @@ def test_client_disconnect_mid_stream_aborts_and_frees_the_slot(fake_server, htt
             time.sleep(0.01)
         assert _gauge(http, "higgs_serve_server_in_flight_requests") == 0
         assert _gauge(http, "higgs_serve_running_requests") == 0
-        assert _gauge(http, "higgs_serve_kv_blocks_free") == _gauge(http, "higgs_serve_kv_blocks_total")
+        free, total = (_gauge(http, f"higgs_serve_kv_blocks_{kind}") for kind in ("free", "total"))
+        assert free == total
     finally:
         engine.step_delay_s = 0.0
     assert http.post("/v1/audio/speech", json={"input": "hi"}).status_code == 200
@@ -318,3 +320,26 @@ def test_engine_failure_mid_stream_becomes_an_sse_error_event(tmp_path):
             assert events[-1]["error"]["code"] == "engine_dead"
     finally:
         live.stop()
+
+
+def test_fuzzed_requests_never_get_a_5xx(fake_server, http):
+    openapi = http.get("/openapi.json").json()
+    assert not any("422" in operation.get("responses", {})
+                   for path in openapi["paths"].values() for operation in path.values())
+    fuzz_server(fake_server.url, clamp_frame_fields(openapi, 50), max_examples=8)
+
+
+def test_client_leaving_a_non_streamed_request_aborts_it(fake_server, http):
+    engine = fake_server.engine
+    engine.hold.clear()
+    aborted_before = len(engine.aborted)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/audio/speech", json={"input": "HOLD then leave"}, timeout=0.3)
+        deadline = time.monotonic() + 2
+        while len(engine.aborted) == aborted_before:
+            assert time.monotonic() < deadline, "the engine request was never aborted"
+            time.sleep(0.01)
+        assert _gauge(http, "higgs_serve_server_in_flight_requests") == 0
+    finally:
+        engine.hold.set()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -122,6 +123,22 @@ def test_step_weight_bytes_count_backbone_and_audio_table_not_text_embedding(tin
     talker = loaded.talker
     backbone = sum(p.numel() for p in talker.backbone.parameters())
     assert bench_step.step_weight_bytes(loaded) == 4 * (backbone + talker.audio_embedding.numel())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bench_step_all_graph_paths_on_cuda(tiny_model_dir: Path, tmp_path: Path):
+    out = tmp_path / "step.json"
+    rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto", "--device", "cuda",
+                          "--batch", "1", "2", "4", "--context", "8", "40", "--iters", "3", "--warmup", "1",
+                          "--max-num-batched-tokens", "64", "--max-model-len", "128", "--copy-gib", "0.05",
+                          "--out", str(out), "--log-level", "WARNING"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["path"] for r in rows} == {"eager", "mlp_graphs", "full_graph"} and len(rows) == 18
+    for r in rows:
+        assert r["modes"] == [r["path"]]  # every timed step took the path under test
+        assert (r["gpu_ms"] is not None) == (r["path"] == "full_graph")
 
 
 # ------------------------------------------------------------------------------ real server

@@ -162,3 +162,12 @@ def test_load_model_spec_from_file(tmp_path):
         load_model_spec(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(_tiny_dict()))
     assert load_model_spec(tmp_path).text == TextConfig.preset_tiny(500)
+
+
+def test_dtype_key_of_transformers5():
+    d = _with("torch_dtype", ...)
+    d["dtype"] = "float32"
+    assert parse_model_spec(d, WHERE).torch_dtype == "float32"
+    d["torch_dtype"] = None
+    assert parse_model_spec(d, WHERE).torch_dtype == "float32"
+    assert parse_model_spec(_with("torch_dtype", ...), WHERE).torch_dtype == "bfloat16"

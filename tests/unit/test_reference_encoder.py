@@ -124,12 +124,15 @@ def test_cache_hit_by_content_not_identity():
     again = service.encode(audio.copy(), SR)  # another array, same samples
     from_file = service.encode_bytes(_file_bytes(audio, SR, "WAV", "FLOAT"))  # same decoded samples
     assert (service.encode_calls, service.cache_hits, fake.calls) == (1, 2, 1)
-    assert again is first and from_file is first
-    assert not first.flags.writeable  # shared by every request: nobody may mutate it
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_array_equal(from_file, first)
+    first[:] = 0  # each caller owns its copy: the cached codes stay intact
+    np.testing.assert_array_equal(service.encode(audio, SR), again)
+    assert service.cache_hits == 3
     other = service.encode(_tone(1.0, freq=330.0), SR)
     assert service.encode_calls == 2 and not np.array_equal(other, first)
-    assert service(audio) is first  # the server hook (24 kHz samples) uses the same cache
-    assert service.cache_hits == 3
+    np.testing.assert_array_equal(service(audio), again)  # the server hook (24 kHz) shares the cache
+    assert service.cache_hits == 4
 
 
 def test_lru_bounded_by_entries():
@@ -175,7 +178,7 @@ def test_concurrent_encodes_of_one_clip_run_the_encoder_once():
     for t in threads:
         t.join()
     assert fake.calls == 1 and service.encode_calls == 1 and service.cache_hits == 5
-    assert all(r is results[0] for r in results)
+    assert all(np.array_equal(r, results[0]) for r in results)
 
 
 def test_lazy_build_happens_once():

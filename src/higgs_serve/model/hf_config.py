@@ -138,7 +138,7 @@ def parse_model_spec(d: dict[str, Any], where: str) -> ModelSpec:
     archs = _get(d, "architectures", list, where, default=[ARCHITECTURE])
     if not all(isinstance(a, str) for a in archs):
         raise ConfigError(f"{where}: architectures must be a list of strings, got {archs!r}")
-    dtype = d.get("torch_dtype", d.get("dtype")) or "bfloat16"
+    dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"  # transformers 5 writes `dtype`
     if dtype not in _DTYPES:
         raise ConfigError(f"{where}: torch_dtype = {dtype!r}, expected one of {list(_DTYPES)}")
     text = _parse_text(_get(d, "text_config", dict, where), where)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from higgs_serve.model.checkpoint import (
     to_checkpoint_name,
 )
 from higgs_serve.model.hf_config import AudioConfig, ModelSpec, TextConfig, spec_to_config_dict
-from higgs_serve.model.prompt import DEFAULT_EOS, REF_AUDIO, REF_TEXT, TEXT, TTS, AUDIO
+from higgs_serve.model.prompt import AUDIO, DEFAULT_EOS, REF_AUDIO, REF_TEXT, TEXT, TTS
 from higgs_serve.model.talker import talker_tensor_shapes
 
 SPECIAL_TOKENS = [DEFAULT_EOS, TTS, TEXT, AUDIO, REF_AUDIO, REF_TEXT]  # ids 0..5 in the tiny tokenizer
@@ -124,13 +125,18 @@ def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, dtyp
         fan_in = 1
         for s in shape[1:]:
             fan_in *= s
-        t = randn() / fan_in ** 0.5 * _OUTPUT_GAIN.get(name.rsplit(".", 3)[-2] if "res_unit" in name else name, 1.0)
+        t = randn() / fan_in ** 0.5 * _gain(name)
     return t.to(dtype)
 
 
-# Extra gains that keep a random DAC decoder's waveform in audio range (|x| < 1, std ~0.1): each
-# of the 15 residual units would otherwise double the signal variance (~1000x amplitude overall).
-_OUTPUT_GAIN = {"conv2": 0.1, "acoustic_decoder.conv2.weight": 0.04}
+def _gain(name: str) -> float:
+    """Extra gains that keep a random DAC's waveform in audio range (|x| < 1, std ~0.1): each of the
+    15 residual units would otherwise double the signal variance (~1000x amplitude overall)."""
+    if re.search(r"\.res_unit\d\.conv2\.weight$", name):
+        return 0.1
+    if name == "acoustic_decoder.conv2.weight":
+        return 0.04
+    return 1.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ async def _start_engine(state: ServerState, on_failure: Callable[[], None] | Non
         await state.engine.start()
     except asyncio.CancelledError:
         raise
-    except BaseException as error:  # recorded for /health and re-raised by run_server
+    except Exception as error:  # logged, shown by /health, re-raised by run_server
         logger.exception("the engine failed to start")
         state.engine_start_error = error
         if on_failure is not None:

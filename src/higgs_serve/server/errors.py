@@ -103,14 +103,31 @@ def _field_name(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
+def _document_400_not_422(app: FastAPI) -> None:
+    """FastAPI documents validation failures as 422; this server answers them with 400."""
+    build_schema = app.openapi
+
+    def openapi() -> dict:
+        schema = build_schema()  # cached by FastAPI after the first call
+        for path in schema["paths"].values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        return schema
+
+    app.openapi = openapi
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    _document_400_not_422(app)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_errors(list(error.errors()))
         if request.url.path == SPEECH_PATH:
             request.app.state.server.metrics.count("invalid")
             if "json" not in request.headers.get("content-type", ""):
-                message, param = "the request body must be JSON (Content-Type: application/json)", None
+                message = "the request body must be JSON (Content-Type: application/json)"
+                param = None
         return error_response(ApiError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)

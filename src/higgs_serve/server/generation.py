@@ -38,7 +38,7 @@ class Generation:
             self._stream = self._state.engine.generate(self.plan.request)
             self._first = await anext(self._stream)
         except BaseException:
-            self.close(outcome="rejected_or_error")
+            self._finish(outcome=None, record=False)  # the router counts rejected vs error
             raise
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
@@ -72,8 +72,11 @@ class Generation:
         """Finish the bookkeeping once: abort if unfinished, free the slot, record metrics.
 
         outcome: None = derive from the finish reason ("abort" if the request never finished);
-        "error" for a failure mid-way; "rejected_or_error" only from start().
+        "error" for a failure mid-way.
         """
+        self._finish(outcome, record=True)
+
+    def _finish(self, outcome: str | None, record: bool) -> None:
         if self._closed:
             return
         self._closed = True
@@ -81,9 +84,9 @@ class Generation:
         if self.finish_reason is None:
             state.engine.abort(self.plan.request.request_id)
         state.gate.release()
+        if not record:
+            return
         metrics = state.metrics
-        if outcome == "rejected_or_error":
-            return  # counted by the router, which knows which of the two it was
         metrics.count(outcome or self.finish_reason or "abort")
         metrics.generated_frames.inc(self.num_frames)
         audio_s = self.num_samples / state.engine.sample_rate_hz

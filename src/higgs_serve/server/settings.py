@@ -7,6 +7,7 @@ from pathlib import Path
 
 DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
+DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class ServerSettings:
     # Requests allowed to wait beyond the engine's running slots (max_num_seqs); past it, 429.
     max_queue: int = 64
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
-    voices_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "higgs-serve" / "voices")
+    voices_dir: Path = field(default_factory=lambda: DEFAULT_VOICES_DIR)
     # Hosts whose https URLs may be fetched for `ref_audio`; empty = URLs are refused.
     allowed_ref_audio_domains: tuple[str, ...] = ()
     max_ref_audio_bytes: int = DEFAULT_MAX_REF_AUDIO_BYTES
@@ -28,9 +29,11 @@ class ServerSettings:
     graceful_shutdown_s: int = 30
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_input_chars", "max_ref_audio_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"server setting {name} must be positive, got {getattr(self, name)}")
+        positive = {"port": self.port, "max_input_chars": self.max_input_chars,
+                    "max_ref_audio_bytes": self.max_ref_audio_bytes}
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"server setting {name} must be positive, got {value}")
         if self.max_queue < 0:
             raise ValueError(f"server setting max_queue must be >= 0, got {self.max_queue}")
         if not self.served_model_name:

@@ -22,18 +22,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from higgs_serve.audio.formats import decode_audio_bytes as _decode_file
 from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
+from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
 from higgs_serve.engine.speech import ReferenceAudio
 from higgs_serve.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from higgs_serve.engine.builder import LoadedModel
 
 PARAM = "ref_audio"
 
@@ -106,8 +103,6 @@ class ReferenceEncoder:
     def from_loaded(cls, loaded: LoadedModel, device: torch.device | str | None = None,
                     limits: ReferenceLimits | None = None) -> ReferenceEncoder:
         """The encoder of a loaded model, built now, on `device` (default: the engine's)."""
-        from higgs_serve.engine.builder import load_reference_encoder
-
         encoder = load_reference_encoder(loaded, torch.device(device) if device is not None else None)
         service = cls(lambda: encoder, loaded.spec.codec.sample_rate, limits)
         service.warm()
@@ -117,8 +112,6 @@ class ReferenceEncoder:
     def for_engine(cls, engine, limits: ReferenceLimits | None = None) -> ReferenceEncoder:
         """For an `AsyncEngine` not started yet: the encoder is built from `engine.loaded` on the
         first encode (or on `warm()`, which the server may call once the engine is ready)."""
-        from higgs_serve.engine.builder import load_reference_encoder
-
         def build() -> CodecEncoder:
             if engine.loaded is None:
                 raise RuntimeError("the reference encoder was used before the engine loaded its model")
@@ -162,7 +155,7 @@ class ReferenceEncoder:
         return self.encode(samples, rate, param)
 
     def encode(self, samples: np.ndarray, sample_rate: int, param: str = PARAM) -> np.ndarray:
-        """Decoded audio ([n] or [n, channels], any rate) -> codes [T, 8] int64, read-only.
+        """Decoded audio ([n] or [n, channels], any rate) -> codes [T, 8] int64 (the caller's copy).
 
         Raises InvalidRequestError (naming `param`) for a clip outside the duration limits.
         """
@@ -184,30 +177,30 @@ class ReferenceEncoder:
             codes = self._cache.get(key)
             if codes is not None:
                 self.cache_hits += 1
-                return codes
+                return codes.copy()
         with self._encode_lock:
             with self._cache_lock:  # a concurrent caller may have encoded the same clip meanwhile
                 codes = self._cache.get(key)
                 if codes is not None:
                     self.cache_hits += 1
-                    return codes
+                    return codes.copy()
             codes = self._run_encoder(audio_24k)
             with self._cache_lock:
                 self._cache.put(key, codes)
                 self.encode_calls += 1
-        return codes
+        return codes.copy()  # callers own their copy; the cached one stays read-only
 
     def _run_encoder(self, audio_24k: np.ndarray) -> np.ndarray:
         encoder = self._ensure_encoder()
         device = _device_of(encoder)
         t0 = time.perf_counter()
         with torch.inference_mode(), _on_stream(self._stream):
-            x = torch.from_numpy(np.ascontiguousarray(audio_24k)).to(device)
+            x = torch.from_numpy(np.array(audio_24k, dtype=np.float32)).to(device)  # own copy: input may be read-only
             codes = encoder.encode(x).to("cpu")  # [T, 8] int64; the copy waits for the stream
         self.encode_seconds += time.perf_counter() - t0
         self.encoded_audio_seconds += len(audio_24k) / self.sample_rate_hz
         out = np.ascontiguousarray(codes.numpy(), dtype=np.int64)
-        out.setflags(write=False)  # shared by the cache and every request that hits it
+        out.setflags(write=False)  # the cached copy: nobody may mutate it
         return out
 
     def _ensure_encoder(self) -> CodecEncoder:

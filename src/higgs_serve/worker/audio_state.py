@@ -17,12 +17,14 @@ Rules (SPEC §1.6 and the length caps of docs/architecture.md):
   wins if the two overlap). After sampling d += 1 (up to 7).
 - codebook 0 emits EOC at row R: r = 7. Ramp row R + k (k = 1..7): codebooks 0..k-1 forced
   EOC, the others may emit neither BOC nor EOC (codebooks q > d, possible only when R < 7 under
-  a tiny cap, stay forced to BOC so the rows equal `apply_delay`). After row R + 7 the slot is
-  done: R + 8 rows in total, exactly R frames after `rows_to_codec_frames`.
+  a tiny cap, stay forced to BOC). After row R + 7 the slot is done: R + 8 rows in total, equal
+  to `apply_delay` of the R frames plus the EOC frame [EOC, 7 free codes], hence exactly R
+  frames after `rows_to_codec_frames(rows, finished_naturally=True)`.
 - a done slot is frozen: its rows are all EOC and its state (row_index, last_row, ...) no
   longer changes; callers ignore them. Freed slots and the spare `pad_slot` are done, so a
   CUDA-graph batch can be padded with `pad_slot` (repeated: its writes are identical, hence
-  deterministic).
+  deterministic). Warm up and capture with a slots tensor full of `pad_slot`: nothing real
+  changes; replay after copying the real slots (and logits) into the captured inputs.
 """
 
 from __future__ import annotations

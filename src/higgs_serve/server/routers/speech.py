@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -29,6 +30,7 @@ from higgs_serve.server.speech_plan import SpeechPlan, build_plan
 from higgs_serve.server.state import ServerState, server_state
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(tags=["audio"])
 
 _AUDIO_CONTENT = {media: {"schema": {"type": "string", "format": "binary"}}
@@ -55,7 +57,9 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
                        headers={"Retry-After": str(RETRY_AFTER_S)})
     generation = Generation(state, plan, arrived_s)
     try:
-        await generation.start()
+        if await _unless_disconnected(generation.start(), request) is _CLIENT_GONE:
+            state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
+            return Response(status_code=499)
     except EngineOverloadedError:
         state.metrics.count("rejected")
         raise
@@ -101,8 +105,8 @@ async def _file_response(generation: Generation, request: Request,
     """Collect everything (aborting if the client leaves), stretch, encode, answer once."""
     plan = generation.plan
     try:
-        audio = await _collect_unless_disconnected(generation, request)
-        if audio is None:
+        audio = await _unless_disconnected(generation.collect(), request)
+        if audio is _CLIENT_GONE:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
         if plan.speed != 1.0:
@@ -122,18 +126,24 @@ async def _file_response(generation: Generation, request: Request,
     return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
 
 
-async def _collect_unless_disconnected(generation: Generation, request: Request):
-    """All audio ([n] float32), or None if the client disconnected first."""
-    collect = asyncio.ensure_future(generation.collect())
+_CLIENT_GONE = object()
+
+
+async def _unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | object:
+    """The awaitable's result, or _CLIENT_GONE (after cancelling it) if the client hangs up
+    first. Cancelling engine work aborts the engine request and frees its slot."""
+    work = asyncio.ensure_future(awaitable)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-    if collect.done():
-        return collect.result()
-    collect.cancel()
-    return None
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return _CLIENT_GONE
+    return work.result()
 
 
 async def _disconnected(request: Request) -> None:
@@ -151,6 +161,7 @@ async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterato
                 yield formats.float_to_pcm16(chunk.audio)
         if generation.finish_reason == "abort":
             # Aborted by the server (shutdown): end the body abruptly so it reads as truncated.
+            generation.close()
             raise HiggsServeError("the request was aborted by the server before it finished")
     except HiggsServeError:
         generation.close(outcome="error")
@@ -173,7 +184,7 @@ async def _sse_events(generation: Generation, state: ServerState) -> AsyncIterat
                 yield sse.audio_delta(formats.float_to_pcm16(chunk.audio))
                 sent_audio = True
         if generation.finish_reason == "abort":
-            generation.close(outcome="error")
+            generation.close()
             yield sse.audio_error(error_object(
                 "the request was aborted by the server before it finished", "server_error",
                 code="aborted"), partial_audio=sent_audio)

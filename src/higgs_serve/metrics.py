@@ -4,7 +4,8 @@ Each server app owns a `ServerMetrics` with its own `CollectorRegistry` (tests b
 in one process). Definitions follow SPEC §2.3: TTFA is measured from the request's arrival to
 the first non-empty audio chunk; RTF is end-to-end latency / seconds of audio returned. Engine
 gauges (queue depth, running requests, KV blocks) are read from the engine when scraped, so they
-are never stale. The Stage 0 step histogram is fed from the engine thread (prometheus_client
+are never stale, and so are the voice-cloning reference encoder's counters (encodes, cache hits,
+encoder time). The Stage 0 step histogram is fed from the engine thread (prometheus_client
 metrics are thread-safe).
 """
 
@@ -19,7 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -61,9 +62,40 @@ class _EngineGauges(Collector):
                                 value=self._in_flight())
 
 
+# Reference-encoder counters, read at scrape time: attribute -> (metric name, help).
+REFERENCE_COUNTERS: dict[str, tuple[str, str]] = {
+    "encode_calls": ("reference_encodes",
+                     "Reference clips run through the codec encoder (cache misses)."),
+    "cache_hits": ("reference_cache_hits",
+                   "Reference clips answered from the encoded-codes cache."),
+    "encode_seconds": ("reference_encode_seconds", "Wall seconds spent in the reference encoder."),
+    "encoded_audio_seconds": ("reference_encoded_audio_seconds",
+                              "Seconds of reference audio run through the encoder."),
+}
+
+
+class _ReferenceCounters(Collector):
+    """Exports the voice-cloning encoder's own counters (voices.reference_encoder) at scrape time.
+
+    The server's hook is any callable audio -> codes (tests pass plain functions), so each
+    counter is exported only when the hook object has that attribute: `getattr` on this one
+    object, rather than a Protocol the test lambdas would have to fake.
+    """
+
+    def __init__(self, encoder: object):
+        self._encoder = encoder
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for attribute, (name, help_text) in REFERENCE_COUNTERS.items():
+            value = getattr(self._encoder, attribute, None)
+            if value is not None:
+                yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=value)
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], Mapping[str, int]],
-                 in_flight: Callable[[], int]):
+                 in_flight: Callable[[], int], reference_encoder: object | None = None):
+        """reference_encoder: the server's cloning hook (None = cloning off: no such metrics)."""
         self.registry = CollectorRegistry()
         self.ttfa_seconds = Histogram(
             f"{PREFIX}_ttfa_seconds", "Time from request arrival to the first audio chunk.",
@@ -86,6 +118,8 @@ class ServerMetrics:
             f"{PREFIX}_stage0_step_seconds", "Wall time of one Stage 0 engine step.",
             buckets=_STEP_BUCKETS_S, registry=self.registry)
         self.registry.register(_EngineGauges(engine_stats, in_flight))
+        if reference_encoder is not None:
+            self.registry.register(_ReferenceCounters(reference_encoder))
 
     def observe_step(self, step_seconds: float, *_batch_info: int) -> None:
         """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""

@@ -57,13 +57,13 @@ class PlanRecorder:
 
     def __init__(self, engine: ManualEngine):
         self.plans = []
-        execute = engine.core.runner.execute
+        launch = engine.core.runner.launch
 
         def recording(plan):
             self.plans.append(plan)
-            return execute(plan)
+            return launch(plan)
 
-        engine.core.runner.execute = recording
+        engine.core.runner.launch = recording
 
 
 # ---------------------------------------------------------------------------- (a)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
@@ -31,7 +32,6 @@ from higgs_serve.deploy_config import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.speech import SpeechRequest
-from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.sampling_params import SamplingParams
 
 NUM_CODEBOOKS = 8
@@ -40,15 +40,12 @@ BOC, EOC = 1024, 1025
 MAX_DELAY = NUM_CODEBOOKS - 1
 MIN_FRAMES = 8  # SPEC §1.6: codebook 0 may not emit EOC before this row
 
-TEXT_EMBEDDING, AUDIO_TABLE = "tied.embedding.text_embedding.weight", "tied.embedding.modality_embeddings.0.embedding.weight"
+# checkpoint tensor names (SPEC §1.4)
+TEXT_EMBEDDING = "tied.embedding.text_embedding.weight"
+AUDIO_TABLE = "tied.embedding.modality_embeddings.0.embedding.weight"
 AUDIO_HEAD = "tied.head.modality_heads.0.weight"
 
-# (request id, text, max_new_tokens): a short and a longer prompt, different frame caps
-REQUESTS = (
-    ("short", "The cat sat on the mat.", 30),
-    ("long", "The old teacher quickly reads the letter and then writes a long reply to everyone.", 41),
-)
-MIN_MARGIN = 1e-3  # a top-2 logit gap below this would be a float near-tie, not an engine bug
+MIN_MARGIN = 1e-4  # a top-2 logit gap below this would be a float near-tie, not an engine bug
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,56 +155,108 @@ def replay(logits: torch.Tensor, max_frames: int, min_frames: int) -> Replay:
 
 
 # ---------------------------------------------------------------------------------------------
-# the engine run
+# the engine runs
 
 
-@pytest.fixture(scope="module")
-def greedy_run(tiny_model_dir):
+def run_engine(model_dir: Path, requests: tuple[tuple[str, str, int, int], ...]) -> dict:
+    """Greedy rows of all `requests`, run concurrently with an 8-token step budget.
+
+    The budget forces chunked prefill, interleaved with the other request's decodes.
+    """
     overrides = {
-        "0": {"devices": "cpu", "num_gpu_blocks": 256, "max_num_seqs": 4,
-              "max_num_batched_tokens": 8,  # forces chunked prefill, interleaved with decodes
+        "0": {"devices": "cpu", "num_gpu_blocks": 256, "max_num_seqs": 4, "max_num_batched_tokens": 8,
               "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}},
         "1": {"devices": "cpu"},
     }
     deploy = load_deploy_config(None, "higgs_multimodal_qwen3", cli_overrides=overrides)
-    engine = SyncEngine.from_model(str(tiny_model_dir), deploy, RuntimeOptions(device="cpu"))
+    engine = SyncEngine.from_model(str(model_dir), deploy, RuntimeOptions(device="cpu"))
     try:
-        requests = [SpeechRequest(rid, text, SamplingParams(temperature=0.0, seed=7, max_new_tokens=n), stream=False)
-                    for rid, text, n in REQUESTS]
-        results = {r.request_id: r for r in engine.generate_batch(requests)}
-        prompts = {rid: engine.loaded.prompts.zero_shot(text) for rid, text, _ in REQUESTS}
+        batch = [SpeechRequest(rid, text, SamplingParams(temperature=0.0, seed=7, max_new_tokens=n,
+                                                         min_new_tokens=m), stream=False)
+                 for rid, text, n, m in requests]
+        results = {r.request_id: r for r in engine.generate_batch(batch)}
+        prompts = {rid: engine.loaded.prompts.zero_shot(text) for rid, text, _, _ in requests}
     finally:
         engine.close()
-    return results, prompts, deploy.stage0.max_model_len
+    return {"results": results, "prompts": prompts, "max_model_len": deploy.stage0.max_model_len}
+
+
+@torch.no_grad()
+def write_steered_checkpoint(source: Path, target: Path) -> None:
+    """A copy of `source` whose audio table makes the masks decisive.
+
+    Three rows of W_a (the tied head) are pointed along the mean final hidden state, so these
+    codes win every greedy step unless a mask forbids them: codebook 0's EOC (min-length rule,
+    natural end), codebook 1's BOC (q ≤ d may not emit BOC; none in the ramp) and codebook 3's
+    EOC (q > 0 may not emit EOC). The same table is the input embedding, so the reference sees
+    exactly what the engine sees.
+    """
+    ref = _reference(source)
+    prompts = [reference_prompt(ref.tokenizer, text) for _, text, _, _ in PLAIN]
+    hidden = torch.cat([ref.model(input_ids=torch.tensor([ids])).last_hidden_state[0] for ids in prompts])
+    direction = hidden.mean(dim=0)
+    tensors = load_file(str(source / "model.safetensors"))
+    table = tensors[AUDIO_TABLE].clone()
+    for code in (0 * VOCAB + EOC, 1 * VOCAB + BOC, 3 * VOCAB + EOC):
+        table[code] = direction / direction.norm() * 40.0
+    tensors[AUDIO_TABLE] = table
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(target / "model.safetensors"))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+
+
+# (request id, text, max_new_tokens, min_new_tokens)
+SHORT_TEXT = "The cat sat on the mat."
+LONG_TEXT = "The old teacher quickly reads the letter and then writes a long reply to everyone."
+PLAIN = (("short", SHORT_TEXT, 30, 0), ("long", LONG_TEXT, 41, 0))  # the random model never ends: frame caps
+STEERED = (("stop_min", SHORT_TEXT, 40, 0), ("stop_13", LONG_TEXT, 40, 13))  # natural ends at rows 8 and 13
+CASES = [("plain", r) for r in PLAIN] + [("steered", r) for r in STEERED]
+CASE_IDS = [f"{kind}-{r[0]}" for kind, r in CASES]
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir) -> Reference:
-    return _reference(tiny_model_dir)
+def model_dirs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    steered = tmp_path_factory.mktemp("steered_tiny")
+    write_steered_checkpoint(tiny_model_dir, steered)
+    return {"plain": tiny_model_dir, "steered": steered}
 
 
-@pytest.mark.parametrize("rid,text,max_new_tokens", REQUESTS, ids=[r[0] for r in REQUESTS])
-def test_prompt_ids_match_the_tokenizers_library(greedy_run, reference, rid, text, max_new_tokens):
-    results, prompts, _ = greedy_run
-    ids = reference_prompt(reference.tokenizer, text)
-    assert prompts[rid] == ids
-    assert results[rid].prompt_tokens == len(ids)
+@pytest.fixture(scope="module")
+def runs(model_dirs) -> dict[str, dict]:
+    return {"plain": run_engine(model_dirs["plain"], PLAIN), "steered": run_engine(model_dirs["steered"], STEERED)}
 
 
-@pytest.mark.parametrize("rid,text,max_new_tokens", REQUESTS, ids=[r[0] for r in REQUESTS])
-def test_every_greedy_row_is_the_reference_masked_argmax(greedy_run, reference, rid, text, max_new_tokens):
-    results, _, max_model_len = greedy_run
-    result = results[rid]
+@pytest.fixture(scope="module")
+def references(model_dirs) -> dict[str, Reference]:
+    return {kind: _reference(d) for kind, d in model_dirs.items()}
+
+
+@pytest.mark.parametrize("kind,request_spec", CASES, ids=CASE_IDS)
+def test_prompt_ids_match_the_tokenizers_library(runs, references, kind, request_spec):
+    rid, text, _, _ = request_spec
+    run, ref = runs[kind], references[kind]
+    ids = reference_prompt(ref.tokenizer, text)
+    assert run["prompts"][rid] == ids
+    assert run["results"][rid].prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("kind,request_spec", CASES, ids=CASE_IDS)
+def test_every_greedy_row_is_the_reference_masked_argmax(runs, references, kind, request_spec):
+    rid, text, max_new_tokens, min_new_tokens = request_spec
+    run, ref = runs[kind], references[kind]
+    result = run["results"][rid]
     rows = result.rows  # [N, 8] int64, delayed rows as sampled
     assert rows.ndim == 2 and rows.shape[1] == NUM_CODEBOOKS and rows.dtype == np.int64
-    prompt = reference_prompt(reference.tokenizer, text)
-    n_text = len(reference.tokenizer.encode(text, add_special_tokens=False).ids)
-    max_frames = reference_frame_cap(max_new_tokens, n_text, len(prompt), max_model_len)
-    logits = teacher_forced_logits(reference, prompt, rows)
-    got = replay(logits, max_frames, MIN_FRAMES)
+    prompt = reference_prompt(ref.tokenizer, text)
+    n_text = len(ref.tokenizer.encode(text, add_special_tokens=False).ids)
+    max_frames = reference_frame_cap(max_new_tokens, n_text, len(prompt), run["max_model_len"])
+    min_frames = min(max(MIN_FRAMES, min_new_tokens), max_frames)
+    logits = teacher_forced_logits(ref, prompt, rows)  # [N, 8, 1026]
+    got = replay(logits, max_frames, min_frames)
 
-    checked = min(len(got.expected), len(rows))
-    for t in range(checked):
+    for t in range(min(len(got.expected), len(rows))):
         bad = np.flatnonzero(got.expected[t] != rows[t])
         assert bad.size == 0, (
             f"{rid}: row {t} codebooks {bad.tolist()}: engine chose {rows[t, bad].tolist()}, reference "
@@ -218,9 +267,21 @@ def test_every_greedy_row_is_the_reference_masked_argmax(greedy_run, reference, 
     assert len(rows) == got.eoc_row + 1 + MAX_DELAY, (
         f"{rid}: engine produced {len(rows)} rows; the reference's EOC row {got.eoc_row} implies "
         f"{got.eoc_row + 1 + MAX_DELAY}")
-    expected_reason = "length" if got.eoc_row == max_frames else "stop"
-    assert result.finish_reason == expected_reason
+    assert result.finish_reason == ("length" if got.eoc_row == max_frames else "stop")
     assert len(result.frames) == got.eoc_row
-    # the comparison means something only if the argmax is not a float near-tie
+    # a near-tie (top-2 gap near float noise, ~1e-5 here) would make the comparison meaningless
     free = np.isfinite(got.margins)
-    assert free.sum() > 100 and got.margins[free].min() > MIN_MARGIN, got.margins[free].min()
+    assert got.margins[free].min() > MIN_MARGIN, f"{rid}: near-tie, top-2 margin {got.margins[free].min()}"
+
+
+def test_steered_masks_were_decisive(runs, references):
+    """In the steered model the masks, not the logits, chose: the test would catch a missing mask."""
+    ref = references["steered"]
+    for rid, text, max_new_tokens, min_new_tokens in STEERED:
+        result = runs["steered"]["results"][rid]
+        raw = teacher_forced_logits(ref, reference_prompt(ref.tokenizer, text), result.rows).argmax(dim=-1)
+        end = max(MIN_FRAMES, min_new_tokens)
+        assert (raw[:end, 0] == EOC).all()  # codebook 0 wants to end at once: the min-length rule holds it
+        assert result.finish_reason == "stop" and result.rows[end, 0] == EOC and len(result.frames) == end
+        assert (raw[1:, 1] == BOC).all()  # codebook 1 always wants BOC: only the masks prevent it
+        assert (raw[:, 3] == EOC).all()  # codebook 3 always wants EOC

@@ -107,6 +107,8 @@ class EngineCore:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
+        self._in_flight = None  # (plan, pending) launched but not yet collected
+        self._last_collect = time.perf_counter()
         self.on_step = None  # optional callback(step_seconds, num_seqs) for metrics
 
     # ------------------------------------------------------------------ public (any thread)
@@ -167,24 +169,36 @@ class EngineCore:
                 if not self.step():
                     self._wake.wait(0.05)
                     self._wake.clear()
+            self._drain()
         except BaseException as exc:  # the loop must never die silently: fail every request
             logger.exception("engine loop died")
             self._die(exc)
 
     def step(self) -> bool:
-        """One engine step; False when there was nothing to run."""
+        """One engine step with one-step lookahead: plan and launch step N+1 on the device, then
+        wait for step N's rows and hand them out, so host scheduling overlaps GPU work.
+        False when there was nothing to run."""
         with self._lock:
             plan = self.scheduler.schedule()
-        if plan is None:
-            return False
-        t0 = time.perf_counter()
-        result = self.runner.execute(plan)
-        elapsed = time.perf_counter() - t0
+        launched = (plan, self.runner.launch(plan)) if plan is not None else None
+        in_flight, self._in_flight = self._in_flight, launched
+        if in_flight is not None:
+            self._complete(*in_flight)
+        return launched is not None or in_flight is not None
+
+    def _drain(self) -> None:
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            self._complete(*in_flight)
+
+    def _complete(self, plan, pending) -> None:
+        result = self.runner.collect(pending)
+        now = time.perf_counter()
+        elapsed, self._last_collect = now - self._last_collect, now
         with self._lock:
             finished = self.scheduler.update(plan, result)
         self._emit(result.rows, {r.request_id for r in finished})
         self._record_step(elapsed, len(plan.chunks), len(result.rows))
-        return True
 
     def _record_step(self, elapsed: float, num_seqs: int, num_rows: int) -> None:
         self.counters.steps += 1

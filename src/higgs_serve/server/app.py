@@ -28,6 +28,7 @@ from higgs_serve.server.routers import health, speech, voices
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import VoiceRegistry
+from higgs_serve.voices.reference_encoder import ReferenceEncoder as CodecReferenceEncoder
 
 __all__ = ["ServerSettings", "build_app", "run_server"]
 
@@ -43,7 +44,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     on_engine_failure: called if `engine.start()` raises (run_server stops uvicorn with it).
     """
     gate = AdmissionGate(engine.deploy.stage0.max_num_seqs + settings.max_queue)
-    metrics = ServerMetrics(engine_stats=engine.stats, in_flight=lambda: gate.in_flight)
+    metrics = ServerMetrics(engine_stats=engine.stats, in_flight=lambda: gate.in_flight,
+                            reference_encoder=reference_encoder)
     state = ServerState(engine=engine, settings=settings,
                         voices=VoiceRegistry(settings.voices_dir, engine.sample_rate_hz),
                         metrics=metrics, gate=gate, reference_encoder=reference_encoder)
@@ -114,6 +116,9 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                       max_waiting=deploy.stage0.max_num_seqs + settings.max_queue)
     settings = replace(settings, model_aliases=(*settings.model_aliases, model))
     engine = AsyncEngine(model, deploy, options)
+    if reference_encoder is None:
+        # voice cloning: the bundled codec's encoder, built from the loaded checkpoint on first use
+        reference_encoder = CodecReferenceEncoder.for_engine(engine)
     server: uvicorn.Server | None = None
 
     def stop() -> None:

@@ -31,6 +31,7 @@ from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
 from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
 from higgs_serve.engine.speech import ReferenceAudio
 from higgs_serve.errors import InvalidRequestError
+from higgs_serve.voices.registry import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS
 
 PARAM = "ref_audio"
 
@@ -39,8 +40,8 @@ PARAM = "ref_audio"
 class ReferenceLimits:
     """Accepted reference durations and the code cache bounds."""
 
-    min_seconds: float = 0.5
-    max_seconds: float = 30.0
+    min_seconds: float = MIN_REFERENCE_SECONDS
+    max_seconds: float = MAX_REFERENCE_SECONDS
     cache_entries: int = 256
     cache_bytes: int = 64 << 20  # codes are 25 * 8 * 8 = 1600 bytes per second: ~1 h of references
 

@@ -31,7 +31,7 @@ from higgs_serve.errors import InvalidRequestError
 
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MAX_REFERENCE_SECONDS = 30.0
-MIN_REFERENCE_SECONDS = 0.2
+MIN_REFERENCE_SECONDS = 0.5  # also the voice-cloning limits' defaults (reference_encoder.py)
 # Names are folder names: no separators, no dot files, bounded length.
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RESERVED_NAMES = frozenset({"default"})

@@ -3,6 +3,9 @@
 Every field has a fixed offset sized for the worst case (`max_tokens` tokens, `max_seqs` requests),
 so the device views never move: CUDA graphs captured on them stay valid, and a step costs one
 host→device copy of the int64 area plus one of the block-table rows in use.
+
+The host side is double-buffered (`flip`): with one-step lookahead the next step is staged while
+the previous step's asynchronous copy may still be reading the other host buffer.
 """
 
 from __future__ import annotations
@@ -46,14 +49,15 @@ class InputBuffers:
         self.device = device
         size64 = len(_TOKEN_FIELDS) * max_tokens + len(_SEQ_FIELDS) * max_seqs
         pin = device.type == "cuda"
-        self._host64 = torch.zeros(size64, dtype=torch.int64, pin_memory=pin)
+        self._hosts64 = [torch.zeros(size64, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._dev64 = torch.zeros(size64, dtype=torch.int64, device=device)
         # int32 area: query_start_loc [max_seqs+1], seq_lens [max_seqs], block tables [max_seqs, max_blocks]
         size32 = (max_seqs + 1) + max_seqs + max_seqs * max_blocks_per_seq
-        self._host32 = torch.zeros(size32, dtype=torch.int32, pin_memory=pin)
+        self._hosts32 = [torch.zeros(size32, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
-        self.np64 = self._host64.numpy()
-        self.np32 = self._host32.numpy()
+        self._current = 0
+        self._host64, self._host32 = self._hosts64[0], self._hosts32[0]
+        self.np64, self.np32 = self._host64.numpy(), self._host32.numpy()
         self._offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name in _TOKEN_FIELDS:
@@ -65,6 +69,12 @@ class InputBuffers:
         self._qsl_off = 0
         self._seq_lens_off = max_seqs + 1
         self._bt_off = 2 * max_seqs + 1
+
+    def flip(self) -> None:
+        """Stage the next step into the other host buffer."""
+        self._current ^= 1
+        self._host64, self._host32 = self._hosts64[self._current], self._hosts32[self._current]
+        self.np64, self.np32 = self._host64.numpy(), self._host32.numpy()
 
     def host(self, name: str) -> np.ndarray:
         off, cap = self._offsets[name]

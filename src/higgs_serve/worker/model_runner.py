@@ -81,7 +81,10 @@ class ModelRunner:
         # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step
         out_shape = (max_num_seqs, self.num_codebooks + 1)
         self._out_dev = torch.zeros(out_shape, dtype=torch.int64, device=device)
-        self._out_host = torch.zeros(out_shape, dtype=torch.int64, pin_memory=device.type == "cuda")
+        # two host copies: step N's result lands in one while step N+1 is staged (lookahead)
+        self._out_hosts = [torch.zeros(out_shape, dtype=torch.int64, pin_memory=device.type == "cuda")
+                           for _ in range(2)]
+        self._launches = 0
         self._mlp_graphs: MLPGraphs | None = None
         self._full_graphs: FullDecodeGraphs | None = None
         self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
@@ -101,14 +104,24 @@ class ModelRunner:
         self.audio_state.add(new.slot, new.sampling, new.max_frames, new.min_frames)
 
     # ------------------------------------------------------------------ step
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step and wait for its rows."""
+        return self.collect(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> _Pending:
+        """Enqueue one step on the device and return at once (one-step lookahead): the caller may
+        schedule and launch the next plan before `collect`ing this one. Device work is stream
+        ordered, so the next step sees this step's audio state and KV writes."""
+        self.buffers.flip()
+        out_host = self._out_hosts[self._launches % 2]
+        self._launches += 1
         for slot in plan.released_slots:
             self._prompts.pop(slot, None)
         for new in plan.new_requests:
             self._add_request(new)
         if not plan.chunks:
-            return StepResult(step_id=plan.step_id, rows={}, finished=())
+            return _Pending(plan.step_id, [], out_host, None)
         staged = self._stage(plan)
         pure_decode = not staged.has_text and staged.num_tokens == len(plan.chunks)
         mode, padded = self.graphs.dispatch(staged.num_tokens, pure_decode)
@@ -130,7 +143,7 @@ class ModelRunner:
                 mlp = self._mlp_graphs
             hidden = self._forward(inputs, ref_rows, mlp)
             self._sample_eager(inputs, hidden)
-        return self._collect(plan.step_id, staged.sample_ids)
+        return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
     def _stage(self, plan: StepPlan) -> _Staged:
         """Fill the host staging buffers for the plan's chunks (no device work)."""
@@ -258,16 +271,26 @@ class ModelRunner:
         self._out_dev[:s, : self.num_codebooks].copy_(rows)
         self._out_dev[:s, self.num_codebooks].copy_(done)
 
-    def _collect(self, step_id: int, sample_ids: list[str]) -> StepResult:
-        """The one device→host copy of the step: sampled rows and done flags."""
+    def _copy_out(self, step_id: int, sample_ids: list[str], out_host: torch.Tensor) -> _Pending:
+        """Enqueue the one device→host copy of the step: sampled rows and done flags."""
         s = len(sample_ids)
+        if s:
+            out_host[:s].copy_(self._out_dev[:s], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Pending(step_id, sample_ids, out_host, event)
+
+    def collect(self, pending: _Pending) -> StepResult:
+        """Wait for a launched step and read its rows (the step's only host sync)."""
+        step_id, sample_ids = pending.step_id, pending.sample_ids
+        s = len(sample_ids)
+        if pending.event is not None:
+            pending.event.synchronize()
         if s == 0:
             return StepResult(step_id=step_id, rows={}, finished=())
-        host = self._out_host[:s]
-        host.copy_(self._out_dev[:s], non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        out = host.numpy()
+        out = pending.out_host[:s].numpy()
         nc = self.num_codebooks
         result_rows = {rid: tuple(out[i, :nc].tolist()) for i, rid in enumerate(sample_ids)}
         finished = tuple(rid for i, rid in enumerate(sample_ids) if out[i, nc])
@@ -314,6 +337,16 @@ class ModelRunner:
                                  self.device)
             self.capture_info.append(info)
         return self.capture_info
+
+
+@dataclass
+class _Pending:
+    """A launched step: where its rows will land and the event that says they have."""
+
+    step_id: int
+    sample_ids: list[str]
+    out_host: torch.Tensor
+    event: torch.cuda.Event | None
 
 
 @dataclass

@@ -86,7 +86,8 @@ def test_sixteen_concurrent_staggered_requests_match_alone(engine, alone):
 def test_same_seed_reproducible_and_seed_matters(engine, alone):
     again = engine.generate([_request(1), _request(3)])
     _assert_same(1, again[0], alone[1])
-    other_seed = speech("other", TEXTS[1], sampling(temperature=0.8, seed=77, frames=_request(1).sampling.max_new_tokens))
+    frames = _request(1).sampling.max_new_tokens
+    other_seed = speech("other", TEXTS[1], sampling(temperature=0.8, seed=77, frames=frames))
     (res,) = engine.generate([other_seed])
     assert not np.array_equal(res.rows, alone[1].rows)
 

@@ -34,7 +34,8 @@ def reference(tiny_loaded):
     """Every text run alone on an engine without prefix caching and with a roomy pool."""
     eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4, enable_prefix_caching=False))
     try:
-        out = {text: eng.generate([_req("ref", text)])[0] for text in (*PROMPTS, LONG_TEXT, LONG_TEXT + " Then she sings.")}
+        texts = (*PROMPTS, LONG_TEXT, LONG_TEXT + " Then she sings.")
+        out = {text: eng.generate([_req("ref", text)])[0] for text in texts}
         assert eng.kv.prefix_cache_queries == 0  # caching really off
     finally:
         eng.close()

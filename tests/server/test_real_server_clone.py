@@ -29,6 +29,8 @@ import soundfile as sf
 from bad_requests import post_bad_request
 from test_real_server import Subprocess, _free_port, _wait_ready
 
+from higgs_serve.metrics import ServerMetrics
+
 NAME = "higgs-tiny-clone"
 RATE = 24000
 FRAMES = 20  # every good request asks for exactly this many frames (min = max)
@@ -252,14 +254,14 @@ def test_registered_voice_works_through_the_openai_client(oai, http):
 
 def _bad_reference_cases(clip_url: str) -> list[tuple[str, dict, str, str]]:
     """(case, body, param, a phrase the message must contain)."""
-    too_short = _wav_bytes(_sines(0.3, (440.0,)))
+    too_short = _wav_bytes(_sines(0.4, (440.0,)))  # under the 0.5 s minimum
     too_long = _wav_bytes(_sines(31.0, (440.0,), rate=8000), rate=8000)  # small file, resampled
     return [
         ("unreadable audio", {"ref_audio": _b64(b"RIFF....definitely not audio")}, "ref_audio",
          "decoded"),
         ("unreadable audio data uri", {"ref_audio": _data_uri(b"\x00" * 64)}, "ref_audio",
          "decoded"),
-        ("too short", {"ref_audio": _b64(too_short)}, "ref_audio", "0.30 s"),
+        ("too short", {"ref_audio": _b64(too_short)}, "ref_audio", "0.40 s"),
         ("too long", {"ref_audio": _data_uri(too_long)}, "ref_audio", "31.00 s"),
         ("voice plus ref_audio", {"voice": "taken", "ref_audio": _b64(CLIP_A)}, "ref_audio",
          "not both"),
@@ -304,3 +306,15 @@ def test_bad_voice_uploads_are_400s_naming_audio_sample(http):
                              files={"audio_sample": ("bad.wav", clip, "audio/wav")})
         _error(response, "audio_sample")
     assert http.get("/v1/audio/voices").json()["data"] == []
+
+
+def test_metrics_export_only_the_counters_a_plain_hook_has():
+    """The server's hook may be any callable (tests pass functions): no counters, no crash."""
+    def plain_hook(audio):
+        return np.zeros((1, 8), np.int64)
+
+    plain_hook.cache_hits = 3  # only this one of the encoder's counters
+    text = ServerMetrics(dict, lambda: 0, reference_encoder=plain_hook).render().decode()
+    assert "higgs_serve_reference_cache_hits_total 3.0" in text
+    assert "reference_encodes" not in text and "reference_encode_seconds" not in text
+    assert "reference_" not in ServerMetrics(dict, lambda: 0).render().decode()

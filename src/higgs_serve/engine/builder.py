@@ -182,10 +182,13 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         graphs=graph_policy(deploy, loaded.device),
     )
     runner.capture_graphs()
+    codec_device = next(loaded.codec.parameters()).device
     codec = CodecRunner(
         loaded.codec,
-        device=next(loaded.codec.parameters()).device,
-        max_batch_windows=deploy.stage1.max_batch_windows,
+        device=codec_device,
+        # A CPU convolution rounds differently with the batch size, and batching buys nothing on
+        # CPU: decode windows one by one there so a seed gives bit-identical audio.
+        max_batch_windows=deploy.stage1.max_batch_windows if codec_device.type == "cuda" else 1,
         samples_per_frame=loaded.spec.codec.hop_length,
     )
     scheduler = Scheduler(

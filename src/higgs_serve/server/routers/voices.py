@@ -31,7 +31,7 @@ async def list_voices(request: Request) -> VoiceList:
 async def create_voice(
     request: Request,
     audio_sample: Annotated[UploadFile, File(description="Reference clip (wav/flac/ogg/mp3, "
-                                                         "<= 10 MB, 0.2-30 s).")],
+                                                         "<= 10 MB, 0.5-30 s).")],
     name: Annotated[str, Form(description="Voice name: letters, digits, '_', '-', '.'.")],
     ref_text: Annotated[str | None, Form(description="Transcript of the clip.")] = None,
 ) -> VoiceObject:

@@ -240,24 +240,24 @@ class ModelRunner:
         is_audio = ((inputs.audio_src_slot >= 0) | (inputs.ref_row_index >= 0)).unsqueeze(1)
         return torch.where(is_audio, talker.embed_audio(rows), embeds)
 
-    def _forward(self, inputs: StepInputs, ref_rows: torch.Tensor | None, mlp=None) -> torch.Tensor:
+    def _attention(self, inputs: StepInputs, max_query_len: int, max_seq_len: int):
         meta = AttentionMetadata(
             query_start_loc=inputs.query_start_loc,
             seq_lens=inputs.seq_lens,
             block_tables=inputs.block_tables,
             slot_mapping=inputs.slot_mapping,
-            max_query_len=0,
-            max_seq_len=0,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
-        self._fill_host_maxima(meta, inputs)
-        attention = self.backend.bind(meta, self.kv_caches)
-        embeds = self._embed(inputs, ref_rows)
-        return self.talker(embeds, inputs.positions, attention, mlp)
+        return self.backend.bind(meta, self.kv_caches)
 
-    def _fill_host_maxima(self, meta: AttentionMetadata, inputs: StepInputs) -> None:
+    def _forward(self, inputs: StepInputs, ref_rows: torch.Tensor | None, mlp=None) -> torch.Tensor:
+        # host maxima come from the staged host copies (no device sync)
         qsl = self.buffers.host_query_start_loc()[: inputs.num_seqs + 1]
-        meta.max_query_len = int(np.max(np.diff(qsl))) if inputs.num_seqs else 0
-        meta.max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max()) if inputs.num_seqs else 0
+        max_query_len = int(np.max(np.diff(qsl)))
+        max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max())
+        attention = self._attention(inputs, max_query_len, max_seq_len)
+        return self.talker(self._embed(inputs, ref_rows), inputs.positions, attention, mlp)
 
     def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
         s = inputs.num_samples
@@ -300,15 +300,8 @@ class ModelRunner:
     def _decode_body(self, n: int) -> None:
         """The whole decode step for a padded batch of n, on the static buffers (captured)."""
         inputs = self.buffers.views(n, n, n, True, False)
-        meta = AttentionMetadata(
-            query_start_loc=inputs.query_start_loc,
-            seq_lens=inputs.seq_lens,
-            block_tables=inputs.block_tables,
-            slot_mapping=inputs.slot_mapping,
-            max_query_len=1,
-            max_seq_len=self.max_model_len,  # an upper bound: the graph must not bake in a length
-        )
-        attention = self.backend.bind(meta, self.kv_caches)
+        # max_seq_len: an upper bound, the graph must not bake in a length
+        attention = self._attention(inputs, max_query_len=1, max_seq_len=self.max_model_len)
         embeds = self.talker.embed_audio(self.audio_state.input_rows(inputs.audio_src_slot))
         hidden = self.talker(embeds, inputs.positions, attention)
         self._sample_into_out(inputs.sample_slots, self.talker.audio_logits(hidden), n)

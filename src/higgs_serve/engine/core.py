@@ -109,7 +109,7 @@ class EngineCore:
         self.dead_error: BaseException | None = None
         self._in_flight = None  # (plan, pending) launched but not yet collected
         self._last_collect = time.perf_counter()
-        self.on_step = None  # optional callback(step_seconds, num_seqs) for metrics
+        self.on_step = None  # optional callback(step_seconds, num_seqs, num_rows) for metrics
 
     # ------------------------------------------------------------------ public (any thread)
     def submit(self, speech: SpeechRequest, sink: ChunkSink) -> None:
@@ -180,6 +180,8 @@ class EngineCore:
         False when there was nothing to run."""
         with self._lock:
             plan = self.scheduler.schedule()
+        if plan is not None and self._in_flight is None:
+            self._last_collect = time.perf_counter()  # step time counts from here after an idle spell
         launched = (plan, self.runner.launch(plan)) if plan is not None else None
         in_flight, self._in_flight = self._in_flight, launched
         if in_flight is not None:

@@ -6,6 +6,7 @@ JSON output and markdown tables. Standard library + numpy only, so the HTTP clie
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import shutil
@@ -31,7 +32,10 @@ def command_line() -> str:
 
 def git_commit() -> str:
     """HEAD of the repo the tools live in, "+dirty" when the tree has changes; "unknown" when
-    there is no git (the GPU machine gets a copy of the tree, possibly without .git)."""
+    there is no git (the GPU machine gets a copy of the tree, possibly without .git). The
+    HIGGS_GIT_COMMIT environment variable, set by whoever copied the tree there, wins."""
+    if os.environ.get("HIGGS_GIT_COMMIT"):
+        return os.environ["HIGGS_GIT_COMMIT"]
     if shutil.which("git") is None:
         return "unknown"
     try:

@@ -86,7 +86,7 @@ def test_high_throughput_profile_values():
     assert s0.compilation_config.cudagraph_mode is CudaGraphMode.LOCAL_MLP
     assert s0.compilation_config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.MLP_GRAPHS
-    assert (s1.max_batch_windows, s1.dtype, s1.devices) == (64, "float32", "0")
+    assert (s1.max_batch_windows, s1.dtype, s1.devices) == (16, "float32", "0")
 
 
 def test_low_latency_profile_values():
@@ -373,3 +373,16 @@ def test_empty_yaml_gives_all_defaults(tmp_path):
     config = load_deploy_config(str(write(tmp_path, "e.yaml", "")))
     assert config.stage0.max_num_seqs == 16 and config.stage0.compilation_config.cudagraph_mode \
         is CudaGraphMode.LOCAL_MLP and config.stage1.dtype == "float32"
+
+
+def test_codec_tf32_precision_is_accepted_and_reaches_the_builder(tiny_model_dir):
+    """Stage 1 `dtype: tf32` keeps float32 weights (TF32 only changes the conv math on CUDA)."""
+    import torch
+
+    from higgs_serve.engine.builder import RuntimeOptions, load_model
+
+    deploy = load_deploy_config(None, "higgs_multimodal_qwen3",
+                                cli_overrides={"0": {"devices": "cpu"}, "1": {"devices": "cpu", "dtype": "tf32"}})
+    assert deploy.stage1.dtype == "tf32"
+    loaded = load_model(str(tiny_model_dir), RuntimeOptions(device="cpu"), deploy)
+    assert next(loaded.codec.parameters()).dtype == torch.float32

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +30,25 @@ class CodecJob:
     is_final: bool
     # called on the codec thread with (job, audio [n] float32) or (job, None, error)
     deliver: Callable[..., None]
+
+
+def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
+    """The next windows to decode together, from `pending` (oldest first).
+
+    Only each request's oldest pending window is eligible, so a request's chunks are delivered in
+    order. Among those, the shortest windows go first: a request's first chunk is a few frames,
+    and decoding it ahead of the steady-state windows of busy requests keeps time to first audio
+    low under load. Batches are capped at `max_batch` windows so the queue is looked at again
+    often (the measured codec throughput is flat past ~16 windows per call on an H200).
+    """
+    eligible: list[CodecJob] = []
+    seen: set[str] = set()
+    for job in pending:
+        if job.request_id not in seen:
+            seen.add(job.request_id)
+            eligible.append(job)
+    length = min(len(job.frames) for job in eligible)
+    return [job for job in eligible if len(job.frames) == length][:max_batch]
 
 
 class CodecRunner:
@@ -60,51 +78,48 @@ class CodecRunner:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
+        pending: list[CodecJob] = []
         while True:
-            first = self._jobs.get()
-            if first is None:
-                return
-            jobs = [first]
-            stop = False
-            while True:
+            if not pending:
+                first = self._jobs.get()
+                if first is None:
+                    return
+                pending.append(first)
+            while True:  # take in whatever arrived while the last batch decoded
                 try:
                     nxt = self._jobs.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    stop = True
-                    break
-                jobs.append(nxt)
-            self._process(jobs)
-            if stop:
-                return
+                    self._decode_all(pending)
+                    return
+                pending.append(nxt)
+            batch = next_batch(pending, self.max_batch_windows)
+            pending = [job for job in pending if all(job is not b for b in batch)]
+            self._decode_and_deliver(batch)
 
-    def _process(self, jobs: list[CodecJob]) -> None:
-        audio: dict[int, np.ndarray] = {}
-        errors: dict[int, BaseException] = {}
-        by_len: dict[int, list[int]] = defaultdict(list)
-        for i, job in enumerate(jobs):
-            if len(job.frames) == 0:
-                audio[i] = np.zeros(0, dtype=np.float32)
-            else:
-                by_len[len(job.frames)].append(i)
-        for length, idxs in by_len.items():
-            for lo in range(0, len(idxs), self.max_batch_windows):
-                group = idxs[lo : lo + self.max_batch_windows]
-                try:
-                    wave = self.decode_batch(np.stack([jobs[i].frames for i in group]))
-                except (RuntimeError, ValueError) as exc:  # a failed decode fails its requests only
-                    logger.exception("codec decode of %d windows failed", len(group))
-                    for i in group:
-                        errors[i] = exc
-                    continue
-                for row, i in enumerate(group):
-                    audio[i] = self._trim(wave[row], jobs[i])
-        for i, job in enumerate(jobs):
-            if i in errors:
-                job.deliver(job, None, errors[i])
-            else:
-                job.deliver(job, audio[i], None)
+    def _decode_all(self, pending: list[CodecJob]) -> None:
+        while pending:
+            batch = next_batch(pending, self.max_batch_windows)
+            pending = [job for job in pending if all(job is not b for b in batch)]
+            self._decode_and_deliver(batch)
+
+    def _decode_and_deliver(self, batch: list[CodecJob]) -> None:
+        """One batched decode of same-length windows (or empty final windows); each job gets its
+        audio, or the error, so a failed decode fails only the requests in it."""
+        if len(batch[0].frames) == 0:
+            for job in batch:
+                job.deliver(job, np.zeros(0, dtype=np.float32), None)
+            return
+        try:
+            wave = self.decode_batch(np.stack([job.frames for job in batch]))
+        except (RuntimeError, ValueError) as exc:
+            logger.exception("codec decode of %d windows failed", len(batch))
+            for job in batch:
+                job.deliver(job, None, exc)
+            return
+        for row, job in enumerate(batch):
+            job.deliver(job, self._trim(wave[row], job), None)
 
     def _trim(self, wave: np.ndarray, job: CodecJob) -> np.ndarray:
         spf = self.samples_per_frame

@@ -1,0 +1,59 @@
+"""Stage 1 scheduling: per-request order, shortest windows first, batches capped."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, next_batch
+
+
+def _job(request_id: str, frames: int, log: list | None = None, trim_front: int = 0) -> CodecJob:
+    def deliver(job, audio, error=None):
+        assert error is None
+        log.append((job.request_id, len(job.frames), audio))
+
+    return CodecJob(request_id, np.full((frames, 8), frames % 1024, dtype=np.int64), trim_front, 0,
+                    is_final=False, deliver=deliver)
+
+
+def test_next_batch_takes_each_requests_oldest_window_shortest_first():
+    a_long, a_final = _job("a", 54), _job("a", 10)
+    b_first, c_first = _job("b", 5), _job("c", 5)
+    pending = [a_long, a_final, b_first, c_first]
+    assert next_batch(pending, 8) == [b_first, c_first]  # first chunks jump the queue
+    pending = [a_long, a_final]
+    assert next_batch(pending, 8) == [a_long]  # a's final waits for a's earlier window
+    assert next_batch([a_final], 8) == [a_final]
+
+
+def test_next_batch_caps_the_batch():
+    jobs = [_job(str(i), 54) for i in range(10)]
+    assert next_batch(jobs, 4) == jobs[:4]
+
+
+class _Echo(torch.nn.Module):
+    """A stand-in decoder: frame t of window row b becomes 960 samples equal to its code 0."""
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T, 8] -> [B, T * 960]
+        return codes[:, :, 0].float().repeat_interleave(960, dim=1)
+
+
+def test_runner_delivers_each_requests_chunks_in_order():
+    log: list = []
+    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=2, samples_per_frame=960)
+    jobs = [_job("a", 54, log, trim_front=25), _job("a", 30, log), _job("b", 5, log), _job("a", 7, log),
+            _job("b", 54, log), _job("c", 5, log)]
+    runner.start()
+    try:
+        for job in jobs:
+            runner.submit(job)
+    finally:
+        runner.stop()  # decodes everything still queued before it returns
+    assert len(log) == len(jobs)
+    order = {rid: [n for r, n, _ in log if r == rid] for rid in "abc"}
+    assert order == {"a": [54, 30, 7], "b": [5, 54], "c": [5]}
+    for rid, frames, audio in log:
+        trim = 25 if (rid, frames) == ("a", 54) else 0
+        assert len(audio) == (frames - trim) * 960
+        assert np.all(audio == frames % 1024)

@@ -57,3 +57,26 @@ def test_runner_delivers_each_requests_chunks_in_order():
         trim = 25 if (rid, frames) == ("a", 54) else 0
         assert len(audio) == (frames - trim) * 960
         assert np.all(audio == frames % 1024)
+
+
+class _Broken(torch.nn.Module):
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("decoder exploded")
+
+
+def test_a_failed_decode_fails_its_requests_and_the_stage_keeps_running():
+    log: list = []
+    errors: list = []
+
+    def deliver(job, audio, error=None):
+        (errors if error is not None else log).append(job.request_id)
+
+    runner = CodecRunner(_Broken(), torch.device("cpu"), max_batch_windows=4, samples_per_frame=960)
+    runner.start()
+    try:
+        runner.submit(CodecJob("a", np.zeros((5, 8), np.int64), 0, 0, False, deliver))
+        runner.submit(CodecJob("b", np.zeros((0, 8), np.int64), 0, 0, True, deliver))  # empty final: no decode
+    finally:
+        runner.stop()
+    assert errors == ["a"] and log == ["b"]
+    assert runner.dead_error is None

@@ -60,6 +60,7 @@ class CodecRunner:
         self._jobs: queue.SimpleQueue[CodecJob | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.dead_error: BaseException | None = None
         self.windows_decoded = 0
         self.batches_decoded = 0
 
@@ -74,11 +75,29 @@ class CodecRunner:
             self._thread = None
 
     def submit(self, job: CodecJob) -> None:
+        if self.dead_error is not None:
+            raise RuntimeError(f"the codec stage has stopped: {self.dead_error}")
         self._jobs.put(job)
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
         pending: list[CodecJob] = []
+        try:
+            self._loop(pending)
+        except BaseException as exc:  # never leave a request waiting for audio that cannot come
+            logger.exception("codec stage died")
+            self.dead_error = exc
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    pending.append(job)
+            for job in pending:
+                job.deliver(job, None, exc)
+
+    def _loop(self, pending: list[CodecJob]) -> None:
         while True:
             if not pending:
                 first = self._jobs.get()
@@ -94,15 +113,17 @@ class CodecRunner:
                     self._decode_all(pending)
                     return
                 pending.append(nxt)
-            batch = next_batch(pending, self.max_batch_windows)
-            pending = [job for job in pending if all(job is not b for b in batch)]
-            self._decode_and_deliver(batch)
+            self._decode_and_deliver(self._take_batch(pending))
 
     def _decode_all(self, pending: list[CodecJob]) -> None:
         while pending:
-            batch = next_batch(pending, self.max_batch_windows)
-            pending = [job for job in pending if all(job is not b for b in batch)]
-            self._decode_and_deliver(batch)
+            self._decode_and_deliver(self._take_batch(pending))
+
+    def _take_batch(self, pending: list[CodecJob]) -> list[CodecJob]:
+        """Remove the next batch from `pending` (in place) and return it."""
+        batch = next_batch(pending, self.max_batch_windows)
+        pending[:] = [job for job in pending if all(job is not b for b in batch)]
+        return batch
 
     def _decode_and_deliver(self, batch: list[CodecJob]) -> None:
         """One batched decode of same-length windows (or empty final windows); each job gets its

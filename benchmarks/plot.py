@@ -39,6 +39,21 @@ def _log2_concurrency_axis(ax, values: list[int]) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _group_by(rows: list[dict], key: str) -> dict:
+    """{row[key]: [rows with that value]}, in first-seen order."""
+    groups: dict = defaultdict(list)
+    for row in rows:
+        groups[row[key]].append(row)
+    return groups
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_serving(files: list[str], out: Path) -> Path:
     runs = [_load(f, "bench_serving") for f in files]
     fig, (ax_ttfa, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -58,26 +73,17 @@ def plot_serving(files: list[str], out: Path) -> Path:
     ax_tput.set_title("Audio throughput")
     frames = {run["settings"]["frames"] for run in runs}
     fig.suptitle(f"higgs-serve streaming, {'/'.join(map(str, sorted(frames)))} frames per request")
-    fig.tight_layout()
-    path = out / "serving.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "serving.png")
 
 
 def plot_step(file: str, out: Path) -> Path:
     data = _load(file, "bench_step")
-    by_context: dict[int, list[dict]] = defaultdict(list)
-    for row in data["rows"]:
-        by_context[row["context"]].append(row)
+    by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
-        by_path: dict[str, list[dict]] = defaultdict(list)
-        for row in rows:
-            by_path[row["path"]].append(row)
-        for path, prow in by_path.items():
+        for path, prow in _group_by(rows, "path").items():
             prow.sort(key=lambda r: r["batch"])
             ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow], marker="o",
                     color=_PATH_STYLE.get(path), label=path)
@@ -92,11 +98,7 @@ def plot_step(file: str, out: Path) -> Path:
         ax.legend(fontsize=8)
     name = data["device"].get("cuda_name") or data["device"].get("torch_device")
     fig.suptitle(f"Stage 0 decode step, {name}, copy bandwidth {data['copy_bandwidth_gbps']:.0f} GB/s")
-    fig.tight_layout()
-    path = out / "step.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "step.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,15 +7,13 @@ codec thread runs as in production; `ManualEngine.wait` waits for its final chun
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from higgs_serve.deploy_config import DeployConfig, load_deploy_config
+from higgs_serve.engine.async_engine import _CollectingSink
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
 from higgs_serve.engine.core import EngineCore
-from higgs_serve.engine.speech import AudioChunk, SpeechRequest
+from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.sampling_params import SamplingParams
 
 CPU = RuntimeOptions(device="cpu")
@@ -68,32 +66,13 @@ def speech(request_id: str, text: str, params: SamplingParams, stream: bool = Fa
     return SpeechRequest(request_id, text, params, stream=stream)
 
 
-@dataclass
-class Collected:
-    """One request's output as its sink saw it (chunks from the codec thread)."""
+class Collected(_CollectingSink):
+    """One request's output as its sink saw it (chunks from the codec thread): the engine's own
+    collecting sink (chunks, rows [N, 8] and frames [T, 8] int64, finish_reason, prompt_tokens,
+    error, done) plus the audio joined."""
 
-    request_id: str
-    chunks: list[AudioChunk] = field(default_factory=list)
-    rows: np.ndarray | None = None  # [N, 8] int64
-    frames: np.ndarray | None = None  # [T, 8] int64
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    # ChunkSink protocol
-    def put(self, chunk: AudioChunk) -> None:
-        self.chunks.append(chunk)
-        if chunk.is_final:
-            self.done.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-
-    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
-        self.rows, self.frames, self.finish_reason = rows, frames, finish_reason
-        self.prompt_tokens = prompt_tokens
+    def __init__(self, request_id: str):
+        super().__init__(None, request_id)  # no per-chunk callback
 
     @property
     def audio(self) -> np.ndarray:
@@ -101,6 +80,14 @@ class Collected:
         if not self.chunks:
             return np.zeros(0, np.float32)
         return np.concatenate([c.audio for c in self.chunks])
+
+
+def assert_same_output(got: Collected, ref: Collected, what: str) -> None:
+    """The same rows exactly, and the same audio to float rounding (the codec may batch a
+    request's window with other requests' windows)."""
+    np.testing.assert_array_equal(got.rows, ref.rows, err_msg=f"{what}: rows")
+    peak = float(np.max(np.abs(ref.audio)))
+    np.testing.assert_allclose(got.audio, ref.audio, rtol=0, atol=1e-5 * peak, err_msg=f"{what}: audio")
 
 
 class ManualEngine:

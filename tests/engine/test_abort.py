@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from engine_harness import CPU, TEXTS, ManualEngine, engine_deploy, sampling, speech
+from engine_harness import CPU, TEXTS, ManualEngine, assert_same_output, engine_deploy, sampling, speech
 
 from higgs_serve.engine.async_engine import AsyncEngine
 
@@ -15,12 +14,6 @@ FRAMES = 30
 
 def _req(request_id: str, i: int):
     return speech(request_id, TEXTS[i], sampling(temperature=0.8 if i % 2 else 0.0, seed=40 + i, frames=FRAMES))
-
-
-def _assert_same(got, ref, what: str) -> None:
-    np.testing.assert_array_equal(got.rows, ref.rows, err_msg=f"{what}: rows")
-    peak = float(np.max(np.abs(ref.audio)))
-    np.testing.assert_allclose(got.audio, ref.audio, rtol=0, atol=1e-5 * peak, err_msg=f"{what}: audio")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def test_abort_running_request_frees_blocks_and_keeps_others(engine):
     survivors = [sinks[0], sinks[2], sinks[3]]
     engine.wait(survivors)
     for got, ref in zip(survivors, reference):
-        _assert_same(got, ref, got.request_id)
+        assert_same_output(got, ref, got.request_id)
     assert sum(c.is_final for c in victim.chunks) == 1  # nothing arrives after the abort chunk
     assert kv.num_free_blocks == kv.num_usable_blocks  # all blocks free (cached-free included)
     stats = engine.core.stats()
@@ -76,7 +69,7 @@ def test_abort_waiting_request_and_reuse_of_freed_slot(engine):
     late = engine.submit(_req("late7", 7))  # ... which a new request takes over
     engine.run()
     engine.wait([*sinks[1:4], late])
-    _assert_same(late, reference, "request admitted into a freed slot")
+    assert_same_output(late, reference, "request admitted into a freed slot")
     assert engine.kv.num_free_blocks == engine.kv.num_usable_blocks
 
 

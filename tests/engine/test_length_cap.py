@@ -21,13 +21,6 @@ BOC = 1024
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_loaded):
-    eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def eoc_engine(tiny_model_dir):
     loaded = load_model(str(tiny_model_dir), CPU)  # a private copy: its weights get edited
     talker = loaded.talker
@@ -47,8 +40,8 @@ def eoc_engine(tiny_model_dir):
     eng.close()
 
 
-def test_max_new_tokens_cap_gives_exactly_n_frames(engine):
-    results = engine.generate([speech(f"c{n}", TEXTS[2], sampling(0.8, n, frames=n)) for n in (1, 9, 13)])
+def test_max_new_tokens_cap_gives_exactly_n_frames(default_engine):
+    results = default_engine.generate([speech(f"c{n}", TEXTS[2], sampling(0.8, n, frames=n)) for n in (1, 9, 13)])
     for n, res in zip((1, 9, 13), results):
         assert res.finish_reason == "length"
         assert res.frames.shape == (n, 8) and len(res.audio) == n * 960

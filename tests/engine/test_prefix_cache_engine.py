@@ -7,9 +7,8 @@ must never hand back stale content.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from engine_harness import TEXTS, ManualEngine, engine_deploy, sampling, speech
+from engine_harness import TEXTS, ManualEngine, assert_same_output, engine_deploy, sampling, speech
 
 BLOCK = 16  # kv_block_size of the shipped profiles
 FRAMES = 10
@@ -20,13 +19,6 @@ PROMPTS = tuple(f"{TEXTS[i]} {TEXTS[(i + 3) % 8]} {TEXTS[(i + 6) % 8]}" for i in
 
 def _req(request_id: str, text: str, seed: int = 3):
     return speech(request_id, text, sampling(temperature=0.8, seed=seed, frames=FRAMES))
-
-
-def _same(a, b, what: str) -> None:
-    np.testing.assert_array_equal(a.rows, b.rows, err_msg=f"{what}: rows")
-    # the codec may batch this request's window with others: float rounding only
-    peak = float(np.max(np.abs(b.audio)))
-    np.testing.assert_allclose(a.audio, b.audio, rtol=0, atol=1e-5 * peak, err_msg=f"{what}: audio")
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +52,8 @@ def test_identical_prompt_reuses_blocks(cached_engine, reference):
     assert expected_hit_tokens >= 2 * BLOCK
     assert kv.prefix_cache_hits == expected_hit_tokens
     assert kv.prefix_cache_queries == 2 * first.prompt_tokens
-    _same(first, reference[LONG_TEXT], "first run vs no-cache reference")
-    _same(second, reference[LONG_TEXT], "cache hit vs no-cache reference")
+    assert_same_output(first, reference[LONG_TEXT], "first run vs no-cache reference")
+    assert_same_output(second, reference[LONG_TEXT], "cache hit vs no-cache reference")
     assert kv.num_free_blocks == kv.num_usable_blocks  # cached-free blocks count as free
 
 
@@ -78,7 +70,7 @@ def test_shared_prefix_hits_only_common_blocks(cached_engine, reference):
     before = cached_engine.kv.prefix_cache_hits
     (res,) = cached_engine.generate([_req("b", longer)])
     assert cached_engine.kv.prefix_cache_hits - before == expected
-    _same(res, reference[longer], "partial hit")
+    assert_same_output(res, reference[longer], "partial hit")
 
 
 def test_eviction_under_memory_pressure(tiny_loaded, reference):
@@ -90,13 +82,13 @@ def test_eviction_under_memory_pressure(tiny_loaded, reference):
         results = eng.generate([_req(f"p{i}", text) for i, text in enumerate(PROMPTS)])
         assert kv.num_evictions > 0
         for text, res in zip(PROMPTS, results):
-            _same(res, reference[text], f"first pass {text!r}")
+            assert_same_output(res, reference[text], f"first pass {text!r}")
         # again, in reverse order: whatever survived in the cache is hit, the rest recomputed;
         # either way nothing stale comes back
         hits_before = kv.prefix_cache_hits
         again = eng.generate([_req(f"q{i}", text) for i, text in reversed(list(enumerate(PROMPTS)))])
         for text, res in zip(reversed(PROMPTS), again):
-            _same(res, reference[text], f"second pass {text!r}")
+            assert_same_output(res, reference[text], f"second pass {text!r}")
         assert kv.prefix_cache_hits > hits_before
         assert kv.num_free_blocks == kv.num_usable_blocks
         assert eng.core.stats()["num_running"] == 0 and eng.core.stats()["num_waiting"] == 0

@@ -78,13 +78,6 @@ class WindowRecorder:
 
 
 @pytest.fixture(scope="module")
-def default_engine(tiny_loaded):
-    eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def wide_engine(tiny_loaded):
     window = {"codec_left_context_frames": 40, "codec_right_holdback_frames": 16}
     eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4, window=window))

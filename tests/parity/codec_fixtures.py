@@ -33,6 +33,15 @@ def tiny_codec(seed: int = 0) -> TinyCodec:
     return TinyCodec(cfg, reference, tensors)
 
 
+def tiny_codec_module(module_cls: type[torch.nn.Module], seed: int = 0) -> tuple[TinyCodec, torch.nn.Module]:
+    """The tiny reference codec and `module_cls(cfg)` (our CodecDecoder or CodecEncoder) in eval
+    mode with the same weights."""
+    codec = tiny_codec(seed)
+    ours = module_cls(codec.cfg).eval()
+    ours.load_state(codec.tensors)
+    return codec, ours
+
+
 def random_codec_tensors(cfg: CodecConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random, well-scaled tensors for every expected codec name (no transformers needed): snake
     alphas in [0.5, 1.5), norm weights near 1, small biases, weights ~ N(0, 1/fan_in) (x0.3 inside

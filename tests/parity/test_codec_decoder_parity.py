@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from codec_fixtures import tiny_codec_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from codec_fixtures import tiny_codec  # noqa: E402
-
-from higgs_serve.codec.decoder import CodecDecoder, check_codes, snake  # noqa: E402
+from higgs_serve.codec.decoder import CodecDecoder, check_codes, snake
 
 
 @pytest.fixture(scope="module")
 def setup():
-    codec = tiny_codec()
-    ours = CodecDecoder(codec.cfg).eval()
-    ours.load_state(codec.tensors)
-    return codec, ours
+    return tiny_codec_module(CodecDecoder)
 
 
 @pytest.mark.parametrize("frames", [1, 7, 30])

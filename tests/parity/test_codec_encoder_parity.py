@@ -4,28 +4,21 @@ our resampler vs the torchaudio stand-in the reference uses, and prepare_referen
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from codec_fixtures import tiny_codec_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from codec_fixtures import tiny_codec  # noqa: E402
-
-from higgs_serve.codec.encoder import CodecEncoder, acoustic_output_length, prepare_reference_audio  # noqa: E402
-from higgs_serve.codec.resample import resample  # noqa: E402
-from higgs_serve.errors import InvalidRequestError  # noqa: E402
+from higgs_serve.codec.encoder import CodecEncoder, acoustic_output_length, prepare_reference_audio
+from higgs_serve.codec.resample import resample
+from higgs_serve.errors import InvalidRequestError
 
 
 @pytest.fixture(scope="module")
 def setup():
-    codec = tiny_codec()
-    ours = CodecEncoder(codec.cfg).eval()
-    ours.load_state(codec.tensors)
-    return codec, ours
+    return tiny_codec_module(CodecEncoder)
 
 
 def _clip(seconds: float, seed: int) -> torch.Tensor:

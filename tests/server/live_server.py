@@ -1,11 +1,20 @@
-"""Live test servers on 127.0.0.1: uvicorn in a background thread (fake engine)."""
+"""Live test servers on 127.0.0.1: uvicorn in a background thread (fake engine), or the real
+`higgs_serve.cli serve` in a subprocess (real engine, tiny checkpoint)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
@@ -51,3 +60,67 @@ def fake_settings(tmp_path, **overrides) -> ServerSettings:
                   max_input_chars=200)
     values.update(overrides)
     return ServerSettings(**values)
+
+
+# ----------------------------------------------------------------------------- real server
+@dataclass
+class Subprocess:
+    url: str
+    process: subprocess.Popen
+    log_path: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen, log_path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{open(log_path).read()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout_s} s:\n{open(log_path).read()}")
+
+
+@contextmanager
+def serve_subprocess(model_dir: Path, work: Path, args: list[str]) -> Iterator[Subprocess]:
+    """`higgs_serve.cli serve model_dir <args>` on CPU on a free loopback port, logging to
+    work/server.log; yields once /ready answers 200. On exit: SIGTERM, and asserts the server
+    shut down gracefully within 30 s (killed if it did not exit)."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
+        str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *args,
+    ]
+    log_path = str(work / "server.log")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, log_path, timeout_s=120)
+        yield Subprocess(url, process, log_path)
+    finally:
+        process.terminate()  # SIGTERM: graceful shutdown
+        try:
+            # uvicorn re-raises SIGTERM after its graceful shutdown, hence -15
+            assert process.wait(timeout=30) in (0, -15), open(log_path).read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    """The value of an unlabelled (or fully spelled-out labelled) sample in /metrics."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not exported")

@@ -11,13 +11,8 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -26,6 +21,7 @@ import pytest
 import soundfile as sf
 from bad_requests import bad_requests, post_bad_request
 from fuzz import clamp_frame_fields, fuzz_server
+from live_server import metric, serve_subprocess
 
 NAME = "higgs-tiny"
 RATE = 24000
@@ -36,63 +32,19 @@ TEXT = "Hello there."
 FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
 
 
-@dataclass
-class Subprocess:
-    url: str
-    process: subprocess.Popen
-    log_path: str
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(url: str, process: subprocess.Popen, log_path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{open(log_path).read()}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready after {timeout_s} s:\n{open(log_path).read()}")
-
-
 @pytest.fixture(scope="module")
 def real_server(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("real_server")
-    port = _free_port()
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": MAX_TOKENS},
                                   "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
-    command = [
-        sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
-        str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    with serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "1",
         "--max-input-chars", str(MAX_INPUT_CHARS), "--voices-dir", str(work / "voices"),
         "--stage-overrides", overrides,
-    ]
-    log_path = str(work / "server.log")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, process, log_path, timeout_s=120)
-        yield Subprocess(url, process, log_path)
-    finally:
-        process.terminate()  # SIGTERM: graceful shutdown
-        try:
-            # uvicorn re-raises SIGTERM after its graceful shutdown, hence -15
-            assert process.wait(timeout=30) in (0, -15), open(log_path).read()
-            assert "Application shutdown complete" in open(log_path).read()
-        finally:
-            if process.poll() is None:
-                process.kill()
+    ]) as server:
+        yield server
+    # the server has exited (serve_subprocess asserted its exit code)
+    assert "Application shutdown complete" in open(server.log_path).read()
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +57,6 @@ def http(real_server):
 def oai(real_server):
     return openai.OpenAI(base_url=f"{real_server.url}/v1", api_key="unused", max_retries=0,
                          timeout=30)
-
-
-def _metric(http: httpx.Client, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"metric {name} not exported")
 
 
 def _pcm(http: httpx.Client, seed: int) -> bytes:
@@ -208,9 +153,9 @@ def test_bad_requests_then_the_engine_still_serves(http):
 
 
 def _idle_state(http: httpx.Client) -> tuple[float, float, float]:
-    return (_metric(http, "higgs_serve_server_in_flight_requests"),
-            _metric(http, "higgs_serve_running_requests"),
-            _metric(http, "higgs_serve_kv_blocks_free"))
+    return (metric(http, "higgs_serve_server_in_flight_requests"),
+            metric(http, "higgs_serve_running_requests"),
+            metric(http, "higgs_serve_kv_blocks_free"))
 
 
 def _wait_for(http: httpx.Client, expected, timeout_s: float = 5.0) -> None:
@@ -229,13 +174,13 @@ def _long_stream_body() -> dict:
 def test_disconnect_mid_stream_frees_the_slot_and_kv_blocks(real_server, http):
     idle = _idle_state(http)
     assert idle[:2] == (0, 0)
-    aborted = _metric(http, 'higgs_serve_requests_total{outcome="abort"}')
+    aborted = metric(http, 'higgs_serve_requests_total{outcome="abort"}')
     with httpx.Client(base_url=real_server.url, timeout=30) as client:
         with client.stream("POST", "/v1/audio/speech", json=_long_stream_body()) as response:
             assert response.status_code == 200
             next(response.iter_raw())  # first audio, then hang up
     _wait_for(http, idle)
-    assert _metric(http, 'higgs_serve_requests_total{outcome="abort"}') == aborted + 1
+    assert metric(http, 'higgs_serve_requests_total{outcome="abort"}') == aborted + 1
     assert len(_pcm(http, 2)) == FRAMES * 960 * 2
 
 
@@ -255,7 +200,7 @@ def test_overload_is_an_immediate_429_then_recovers(real_server, http):
         holder.start()
     try:
         deadline = time.monotonic() + 10
-        while _metric(http, "higgs_serve_server_in_flight_requests") < 3:
+        while metric(http, "higgs_serve_server_in_flight_requests") < 3:
             assert time.monotonic() < deadline, "the three requests were never admitted"
             time.sleep(0.02)
         started = time.perf_counter()
@@ -272,8 +217,8 @@ def test_overload_is_an_immediate_429_then_recovers(real_server, http):
     assert len(_pcm(http, 4)) == FRAMES * 960 * 2
     metrics = http.get("/metrics").text
     assert 'higgs_serve_requests_total{outcome="rejected"} 1.0' in metrics
-    assert _metric(http, "higgs_serve_stage0_step_seconds_count") > 0
-    assert _metric(http, "higgs_serve_ttfa_seconds_count") > 0
+    assert metric(http, "higgs_serve_stage0_step_seconds_count") > 0
+    assert metric(http, "higgs_serve_ttfa_seconds_count") > 0
 
 
 # ----------------------------------------------------------------------------- schemathesis

@@ -13,9 +13,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +24,7 @@ import openai
 import pytest
 import soundfile as sf
 from bad_requests import post_bad_request
-from test_real_server import Subprocess, _free_port, _wait_ready
+from live_server import Subprocess, metric, serve_subprocess
 
 from higgs_serve.metrics import ServerMetrics
 
@@ -97,30 +94,13 @@ def clip_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def clone_server(tiny_model_dir, tmp_path_factory) -> Iterator[Subprocess]:
     work = tmp_path_factory.mktemp("clone_server")
-    port = _free_port()
     overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
-    command = [
-        sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
-        str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    with serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "2",
         "--voices-dir", str(work / "voices"), "--allowed-ref-audio-domains", ALLOWED_HOST,
         "--stage-overrides", overrides,
-    ]
-    log_path = str(work / "server.log")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, process, log_path, timeout_s=120)
-        yield Subprocess(url, process, log_path)
-    finally:
-        process.terminate()
-        try:
-            assert process.wait(timeout=30) in (0, -15), open(log_path).read()
-        finally:
-            if process.poll() is None:
-                process.kill()
+    ]) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -141,17 +121,10 @@ def oai(clone_server) -> openai.OpenAI:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _metric(http: httpx.Client, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"metric {name} not exported")
-
-
 def _encoder_counts(http: httpx.Client) -> tuple[float, float]:
     """(encoder runs, cache hits) of the server's reference encoder."""
-    return (_metric(http, "higgs_serve_reference_encodes_total"),
-            _metric(http, "higgs_serve_reference_cache_hits_total"))
+    return (metric(http, "higgs_serve_reference_encodes_total"),
+            metric(http, "higgs_serve_reference_cache_hits_total"))
 
 
 def _speak(http: httpx.Client, seed: int, **fields) -> bytes:
@@ -197,8 +170,8 @@ def test_ref_audio_base64_then_data_uri_is_one_encode_and_one_cache_hit(oai, htt
     # at most 1 LSB. Exact pcm-to-pcm equality is checked in the next test.
     assert np.abs(again.astype(np.int32) - audio).max() <= 1
     assert _encoder_counts(http) == (encodes + 1, hits + 1)
-    assert _metric(http, "higgs_serve_reference_encode_seconds_total") > 0
-    assert _metric(http, "higgs_serve_reference_encoded_audio_seconds_total") >= 1.2
+    assert metric(http, "higgs_serve_reference_encode_seconds_total") > 0
+    assert metric(http, "higgs_serve_reference_encoded_audio_seconds_total") >= 1.2
 
 
 def test_the_reference_and_ref_text_change_the_audio_and_the_seed_fixes_it(http):

@@ -26,6 +26,20 @@ def compute_prompt(kv, request):
     kv.cache_blocks(request, request.num_prompt_tokens)
 
 
+def admit_computed(kv, request, **kwargs):
+    """`admit`, then compute (and so publish) the whole prompt; returns the table."""
+    table = admit(kv, request, **kwargs)
+    compute_prompt(kv, request)
+    return table
+
+
+def keyed_request(kv, request_id, prompt, **kwargs):
+    """A request with its content keys computed, ready for `kv.get_computed_blocks`."""
+    request = make_request(request_id, prompt, **kwargs)
+    request.block_keys = kv.block_keys(request)
+    return request
+
+
 # ----- content keys
 def test_block_keys_depend_on_tokens_and_parent_only_for_full_blocks():
     a = compute_block_keys(tuple(range(10)), BS)
@@ -95,11 +109,9 @@ def test_growth_past_the_reservation_uses_only_unreserved_blocks():
 def test_identical_prompt_reuses_full_blocks_and_counts_tokens():
     kv = KVCacheManager(num_blocks=33, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(10))
-    table_a = admit(kv, first)
-    compute_prompt(kv, first)
+    table_a = admit_computed(kv, first)
     assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (10, 0)
-    second = make_request("b", range(10))
-    second.block_keys = kv.block_keys(second)
+    second = keyed_request(kv, "b", range(10))
     hits, num_hit_tokens = kv.get_computed_blocks(second)
     assert hits == table_a[:2] and num_hit_tokens == 8
     table_b = kv.allocate(second, hits, 10, second.max_num_tokens)
@@ -110,10 +122,8 @@ def test_identical_prompt_reuses_full_blocks_and_counts_tokens():
 def test_hit_always_leaves_the_last_prompt_token_to_compute():
     kv = KVCacheManager(num_blocks=33, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(8))  # exactly two full blocks
-    admit(kv, first)
-    compute_prompt(kv, first)
-    second = make_request("b", range(8))
-    second.block_keys = kv.block_keys(second)
+    admit_computed(kv, first)
+    second = keyed_request(kv, "b", range(8))
     assert kv.get_computed_blocks(second)[1] == 4  # not 8: the last token's hidden gives row 0
 
 
@@ -122,8 +132,7 @@ def test_blocks_are_published_only_once_computed():
     first = make_request("a", range(12))
     admit(kv, first, num_tokens=5)
     kv.cache_blocks(first, 5)  # first chunk computed 5 tokens: one full block
-    second = make_request("b", range(12))
-    second.block_keys = kv.block_keys(second)
+    second = keyed_request(kv, "b", range(12))
     assert kv.get_computed_blocks(second)[1] == 4
 
 
@@ -132,25 +141,20 @@ def test_different_voices_do_not_share_placeholder_blocks():
     prompt = tuple(range(16))
     span = dict(placeholder_start=5, num_placeholders=4)
     first = make_request("a", prompt, placeholder_key="voice-a", **span)
-    admit(kv, first)
-    compute_prompt(kv, first)
-    other = make_request("b", prompt, placeholder_key="voice-b", **span)
-    other.block_keys = kv.block_keys(other)
+    admit_computed(kv, first)
+    other = keyed_request(kv, "b", prompt, placeholder_key="voice-b", **span)
     assert kv.get_computed_blocks(other)[1] == 4  # only the block before the P span
-    same = make_request("c", prompt, placeholder_key="voice-a", **span)
-    same.block_keys = kv.block_keys(same)
+    same = keyed_request(kv, "c", prompt, placeholder_key="voice-a", **span)
     assert kv.get_computed_blocks(same)[1] == 12
 
 
 def test_freed_cached_blocks_are_hits_until_evicted_and_never_stale():
     kv = KVCacheManager(num_blocks=9, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(9))
-    table_a = admit(kv, first, reserve_tokens=9)  # 3 blocks
-    compute_prompt(kv, first)
+    table_a = admit_computed(kv, first, reserve_tokens=9)  # 3 blocks
     kv.free("a")
     assert kv.num_free_blocks == 8  # cached blocks still count as free
-    again = make_request("b", range(9))
-    again.block_keys = kv.block_keys(again)
+    again = keyed_request(kv, "b", range(9))
     assert kv.get_computed_blocks(again)[0] == table_a[:2]
     # Pressure: a different prompt takes every block; plain blocks go first, then LRU cached ones.
     hog = make_request("c", range(100, 132))
@@ -163,34 +167,28 @@ def test_freed_cached_blocks_are_hits_until_evicted_and_never_stale():
 def test_plain_free_blocks_are_used_before_cached_ones():
     kv = KVCacheManager(num_blocks=9, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(9))
-    admit(kv, first, reserve_tokens=9)
-    compute_prompt(kv, first)
+    admit_computed(kv, first, reserve_tokens=9)
     kv.free("a")
     other = make_request("b", range(50, 70))
     admit(kv, other, reserve_tokens=20)  # 5 blocks: exactly the plain free ones
     assert kv.num_evictions == 0
-    again = make_request("c", range(9))
-    again.block_keys = kv.block_keys(again)
+    again = keyed_request(kv, "c", range(9))
     assert kv.get_computed_blocks(again)[1] == 8
 
 
 def test_lru_evicts_least_recently_freed_and_deepest_block_first():
     kv = KVCacheManager(num_blocks=7, block_size=BS, enable_prefix_caching=True)
     old = make_request("old", range(9))  # keys 2 blocks
-    admit(kv, old, reserve_tokens=9)
-    compute_prompt(kv, old)
+    admit_computed(kv, old, reserve_tokens=9)
     new = make_request("new", range(200, 209))
-    admit(kv, new, reserve_tokens=9)
-    compute_prompt(kv, new)
+    admit_computed(kv, new, reserve_tokens=9)
     kv.free("old")
     kv.free("new")
     # 4 cached blocks + 2 plain; taking 3 blocks evicts one: old's deepest block.
     assert admit(kv, make_request("x", range(300, 312)), reserve_tokens=12) is not None
     assert kv.num_evictions == 1
-    probe_old = make_request("p", range(9))
-    probe_old.block_keys = kv.block_keys(probe_old)
-    probe_new = make_request("q", range(200, 209))
-    probe_new.block_keys = kv.block_keys(probe_new)
+    probe_old = keyed_request(kv, "p", range(9))
+    probe_new = keyed_request(kv, "q", range(200, 209))
     assert kv.get_computed_blocks(probe_old)[1] == 4  # root survives, child evicted
     assert kv.get_computed_blocks(probe_new)[1] == 8
 
@@ -198,10 +196,8 @@ def test_lru_evicts_least_recently_freed_and_deepest_block_first():
 def test_shared_blocks_in_use_are_never_evicted():
     kv = KVCacheManager(num_blocks=9, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(9))
-    admit(kv, first, reserve_tokens=12)  # 3 blocks
-    compute_prompt(kv, first)
-    sharer = make_request("b", range(9))
-    sharer.block_keys = kv.block_keys(sharer)
+    admit_computed(kv, first, reserve_tokens=12)  # 3 blocks
+    sharer = keyed_request(kv, "b", range(9))
     hits, _ = kv.get_computed_blocks(sharer)
     assert kv.allocate(sharer, hits, 9, 12) is not None  # shares 2, takes 1
     kv.free("a")  # shared blocks stay referenced by b; a's private block becomes free (uncached)
@@ -209,19 +205,16 @@ def test_shared_blocks_in_use_are_never_evicted():
     assert admit(kv, make_request("c", range(100, 120)), reserve_tokens=20) is not None  # 5 blocks
     assert kv.num_free_blocks == 0 and kv.num_evictions == 0
     assert kv.block_table("b")[:2] == hits
-    probe = make_request("p", range(9))
-    probe.block_keys = kv.block_keys(probe)
+    probe = keyed_request(kv, "p", range(9))
     assert kv.get_computed_blocks(probe)[0] == hits  # still cached and still correct
 
 
 def test_shared_hit_on_a_free_cached_block_counts_against_capacity():
     kv = KVCacheManager(num_blocks=4, block_size=BS, enable_prefix_caching=True)
     first = make_request("a", range(9))
-    admit(kv, first, reserve_tokens=12)
-    compute_prompt(kv, first)
+    admit_computed(kv, first, reserve_tokens=12)
     kv.free("a")
-    second = make_request("b", range(9))
-    second.block_keys = kv.block_keys(second)
+    second = keyed_request(kv, "b", range(9))
     hits, _ = kv.get_computed_blocks(second)
     assert kv.allocate(second, hits, 9, 16) is None  # 2 revived + 2 new > 3 free
     assert kv.allocate(second, hits, 9, 12) is not None
@@ -236,8 +229,7 @@ def test_concurrent_identical_prompts_keep_one_cache_entry():
     compute_prompt(kv, b)  # b's blocks stay private
     kv.free("b")
     kv.free("a")
-    probe = make_request("p", range(9))
-    probe.block_keys = kv.block_keys(probe)
+    probe = keyed_request(kv, "p", range(9))
     assert kv.get_computed_blocks(probe)[0] == table_a[:2]
     assert table_b[0] != table_a[0]
 
@@ -245,8 +237,7 @@ def test_concurrent_identical_prompts_keep_one_cache_entry():
 def test_prefix_caching_disabled_never_hits_or_counts():
     kv = KVCacheManager(num_blocks=33, block_size=BS, enable_prefix_caching=False)
     first = make_request("a", range(9))
-    admit(kv, first)
-    compute_prompt(kv, first)
+    admit_computed(kv, first)
     kv.free("a")
     again = make_request("b", range(9))
     assert admit(kv, again) is not None

@@ -7,13 +7,7 @@ from higgs_serve.worker.sampler import filter_support, random_bits, sample_codes
 Q = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only add contention on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _logits(batch: int, vocab: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

@@ -81,7 +81,6 @@ def _log_graph_path(deploy) -> None:
 # ---------------------------------------------------------------------------- synth
 def _cmd_synth(args: argparse.Namespace) -> int:
     import numpy as np
-    import soundfile as sf
 
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
@@ -200,11 +199,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _log_graph_path(deploy)
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
-        model_aliases=(args.model, str(model_dir)), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+        model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         **({"voices_dir": Path(args.voices_dir)} if args.voices_dir else {}),
     )
-    run_server(str(model_dir), settings, deploy, _runtime_options(args, max_waiting=settings.max_queue))
+    # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
+    run_server(str(model_dir), settings, deploy, _runtime_options(args))
     return 0
 
 
@@ -231,6 +231,8 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    from higgs_serve.server.settings import ServerSettings  # its defaults are the flags' defaults
+
     parser = argparse.ArgumentParser(prog="higgs-serve", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -262,15 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     p.add_argument("model", help="model directory or hub id")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=ServerSettings.host)
+    p.add_argument("--port", type=int, default=ServerSettings.port)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
-    p.add_argument("--served-model-name", default="higgs-audio-v3")
-    p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; past it, 429")
-    p.add_argument("--max-input-chars", type=int, default=4096)
+    p.add_argument("--served-model-name", default=ServerSettings.served_model_name)
+    p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
+                   help="requests allowed to wait; past it, 429")
+    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars)
     p.add_argument("--voices-dir", default=None, help="where registered voices persist")
     p.add_argument("--allowed-ref-audio-domains", default="",
-                   help="comma-separated hosts whose https URLs may be given as ref_audio")
+                   help="comma-separated hosts whose http(s) URLs may be given as ref_audio")
     _add_model_options(p)
     p.set_defaults(func=_cmd_serve)
 

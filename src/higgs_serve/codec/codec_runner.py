@@ -61,8 +61,6 @@ class CodecRunner:
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.dead_error: BaseException | None = None
-        self.windows_decoded = 0
-        self.batches_decoded = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="higgs-codec", daemon=True)
@@ -122,7 +120,8 @@ class CodecRunner:
     def _take_batch(self, pending: list[CodecJob]) -> list[CodecJob]:
         """Remove the next batch from `pending` (in place) and return it."""
         batch = next_batch(pending, self.max_batch_windows)
-        pending[:] = [job for job in pending if all(job is not b for b in batch)]
+        taken = {id(job) for job in batch}
+        pending[:] = [job for job in pending if id(job) not in taken]
         return batch
 
     def _decode_and_deliver(self, batch: list[CodecJob]) -> None:
@@ -157,6 +156,4 @@ class CodecRunner:
                 out = wave.float().cpu()
         else:
             out = self.decoder(codes.to(self.device)).float()
-        self.windows_decoded += len(frames)
-        self.batches_decoded += 1
         return out.numpy()

@@ -12,10 +12,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
-from higgs_serve.codec.weights import expected_decoder_tensors
+from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 
@@ -49,30 +49,12 @@ def check_codes(codes: Tensor, codebook_size: int) -> None:
         )
 
 
-class CodecDecoder(nn.Module):
+class CodecDecoder(FlatWeights):
     """codes [B, T, Q] int64 in [0, codebook_size) -> audio [B, T·hop] float (module dtype)."""
 
     def __init__(self, cfg: CodecConfig):
-        super().__init__()
+        super().__init__(expected_decoder_tensors(cfg), "decoder")
         self.cfg = cfg
-        shapes = expected_decoder_tensors(cfg)
-        # Parameters are stored flat under their checkpoint names ('.' -> '__' for nn.Module).
-        self._names = list(shapes)
-        self.weights = nn.ParameterDict(
-            {n.replace(".", "__"): nn.Parameter(torch.zeros(s), requires_grad=False) for n, s in shapes.items()}
-        )
-
-    def load_state(self, tensors: dict[str, Tensor]) -> None:
-        """Copy the decoder's tensors from folded, prefix-stripped codec tensors (already checked by
-        `load_codec_tensors`); extra names (encoder side) are ignored. Converts to the module dtype."""
-        with torch.no_grad():
-            for name in self._names:
-                if name not in tensors:
-                    raise KeyError(f"codec decoder tensor {name} missing")
-                self.weights[name.replace(".", "__")].copy_(tensors[name])
-
-    def _w(self) -> dict[str, Tensor]:
-        return {n: self.weights[n.replace(".", "__")] for n in self._names}
 
     @torch.no_grad()
     def dequantize(self, codes: Tensor) -> Tensor:

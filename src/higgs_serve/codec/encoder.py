@@ -20,41 +20,24 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.decoder import RESIDUAL_DILATIONS, residual_unit, snake
 from higgs_serve.codec.resample import resample
-from higgs_serve.codec.weights import expected_encoder_tensors
+from higgs_serve.codec.weights import FlatWeights, expected_encoder_tensors
 from higgs_serve.errors import InvalidRequestError
 
 SEMANTIC_PAD = 160  # samples at 16 kHz, each side, before HuBERT (reference value)
 MIN_SECONDS = 1.0
 
 
-class CodecEncoder(nn.Module):
+class CodecEncoder(FlatWeights):
     """audio [n] float at 24 kHz -> codes [T, num_quantizers] int64 (T = frames of the padded clip)."""
 
     def __init__(self, cfg: CodecConfig):
-        super().__init__()
+        super().__init__(expected_encoder_tensors(cfg), "encoder")
         self.cfg = cfg
-        shapes = expected_encoder_tensors(cfg)
-        self._names = list(shapes)
-        self.weights = nn.ParameterDict(
-            {n.replace(".", "__"): nn.Parameter(torch.zeros(s), requires_grad=False) for n, s in shapes.items()}
-        )
-
-    def load_state(self, tensors: dict[str, Tensor]) -> None:
-        """Copy the encoder's tensors from folded, prefix-stripped codec tensors (checked by
-        `load_codec_tensors`); decoder-only names are ignored. Converts to the module dtype."""
-        with torch.no_grad():
-            for name in self._names:
-                if name not in tensors:
-                    raise KeyError(f"codec encoder tensor {name} missing")
-                self.weights[name.replace(".", "__")].copy_(tensors[name])
-
-    def _w(self) -> dict[str, Tensor]:
-        return {n: self.weights[n.replace(".", "__")] for n in self._names}
 
     @torch.no_grad()
     def encode(self, audio_24k: Tensor) -> Tensor:

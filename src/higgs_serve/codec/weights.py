@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.errors import CheckpointError
@@ -70,6 +71,31 @@ def expected_encoder_tensors(cfg: CodecConfig) -> dict[str, Shape]:
     out.update(_semantic_encoder(cfg))
     out.update(_hubert(cfg))
     return out
+
+
+class FlatWeights(nn.Module):
+    """A module whose parameters are stored flat under their checkpoint names ('.' -> '__' for
+    nn.Module), shared by `CodecDecoder` and `CodecEncoder` (`part` names which, in errors)."""
+
+    def __init__(self, shapes: dict[str, Shape], part: str):
+        super().__init__()
+        self._names = list(shapes)
+        self._part = part
+        self.weights = nn.ParameterDict(
+            {n.replace(".", "__"): nn.Parameter(torch.zeros(s), requires_grad=False) for n, s in shapes.items()}
+        )
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy this module's tensors from folded, prefix-stripped codec tensors (already checked by
+        `load_codec_tensors`); names of the other side are ignored. Converts to the module dtype."""
+        with torch.no_grad():
+            for name in self._names:
+                if name not in tensors:
+                    raise KeyError(f"codec {self._part} tensor {name} missing")
+                self.weights[name.replace(".", "__")].copy_(tensors[name])
+
+    def _w(self) -> dict[str, torch.Tensor]:
+        return {n: self.weights[n.replace(".", "__")] for n in self._names}
 
 
 def _conv(out: dict[str, Shape], name: str, c_out: int, c_in: int, k: int, bias: bool = True) -> None:

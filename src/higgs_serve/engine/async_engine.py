@@ -104,18 +104,13 @@ class AsyncEngine:
     def _start_blocking(self) -> None:
         self.loaded = load_model(self.model, self.options, self.deploy)
         self.core = build_engine_core(self.loaded, self.deploy, self.options)
-        self.core.codec.start()
         self.core.start()
         self.ready = True
 
     async def shutdown(self) -> None:
         self.ready = False
         if self.core is not None:
-            await asyncio.to_thread(self._stop_blocking)
-
-    def _stop_blocking(self) -> None:
-        self.core.stop()
-        self.core.codec.stop()
+            await asyncio.to_thread(self.core.stop)
 
     @property
     def alive(self) -> bool:
@@ -172,7 +167,6 @@ class SyncEngine:
     def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions):
         self.loaded = loaded
         self.core = build_engine_core(loaded, deploy, options)
-        self.core.codec.start()
         self.core.start()
 
     @classmethod
@@ -209,4 +203,3 @@ class SyncEngine:
 
     def close(self) -> None:
         self.core.stop()
-        self.core.codec.stop()

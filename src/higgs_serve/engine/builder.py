@@ -134,18 +134,19 @@ def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> 
 def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     s0 = deploy.stage0
     block_size = s0.kv_block_size
-    per_block = kv_bytes_per_block(loaded.spec, block_size, loaded.dtype)
-    # enough for every sequence at full length; more only helps the prefix cache
-    useful = s0.max_num_seqs * (-(-s0.max_model_len // block_size)) + 1
     if s0.num_gpu_blocks is not None:
         return KVCacheSpec(num_blocks=s0.num_gpu_blocks, block_size=block_size)
+    per_block = kv_bytes_per_block(loaded.spec, block_size, loaded.dtype)
+    blocks_per_seq = -(-s0.max_model_len // block_size)
+    # enough for every sequence at full length (+ the null block); more only helps the prefix cache
+    useful = s0.max_num_seqs * blocks_per_seq + 1
     if loaded.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(loaded.device)
         budget = int(total * s0.gpu_memory_utilization) - (total - free) - _GPU_RESERVE_BYTES
     else:
         budget = _CPU_KV_BUDGET_BYTES
     num_blocks = min(useful, budget // per_block)
-    if num_blocks < -(-s0.max_model_len // block_size):
+    if num_blocks < blocks_per_seq:
         raise ConfigError(
             f"gpu_memory_utilization={s0.gpu_memory_utilization} leaves room for {max(num_blocks, 0)} KV blocks "
             f"of {block_size} tokens, fewer than one max_model_len={s0.max_model_len} sequence needs; "
@@ -212,5 +213,4 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_waiting=options.max_waiting,
         num_codebooks=loaded.spec.audio.num_codebooks,
         codebook_size=loaded.spec.audio.codebook_size,
-        samples_per_frame=loaded.spec.codec.hop_length,
     )

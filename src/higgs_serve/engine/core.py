@@ -12,7 +12,7 @@ import math
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -62,8 +62,6 @@ class _Active:
     sink: ChunkSink
     out: OutputStream
     prompt_tokens: int
-    submitted_at: float = field(default_factory=time.monotonic)
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -86,7 +84,6 @@ class EngineCore:
         max_waiting: int,
         num_codebooks: int,
         codebook_size: int,
-        samples_per_frame: int,
     ):
         self.scheduler = scheduler
         self.runner = runner
@@ -99,7 +96,6 @@ class EngineCore:
         self.max_waiting = max_waiting
         self.num_codebooks = num_codebooks
         self.codebook_size = codebook_size
-        self.samples_per_frame = samples_per_frame
         self.counters = EngineCounters()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -152,16 +148,20 @@ class EngineCore:
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
+        """Start the codec thread, then the step loop's thread."""
+        self.codec.start()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop, abort what is left, then stop the codec (it decodes what it holds)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
         for rid in list(self._active):
             self.abort(rid)
+        self.codec.stop()
 
     def _run(self) -> None:
         try:
@@ -226,22 +226,21 @@ class EngineCore:
                 active.out.append(rows[rid])
             done = rid in finished
             nxt = active.out.next_window(done)
-            if done:
-                self._finish(active)
+            reason = self._finish(active) if done else None  # a finished request's window is final
             if nxt is not None:
-                self._submit_window(active, *nxt)
+                self._submit_window(active, *nxt, reason)
 
-    def _finish(self, active: _Active) -> None:
+    def _finish(self, active: _Active) -> str:
+        """Hand the finished request's rows and frames to its sink; returns the finish reason."""
         rid = active.speech.request_id
         frames = active.out.all_frames()
         reason = "length" if len(frames) >= active.request.max_frames else "stop"
-        active.finish_reason = reason
         with self._lock:
             self._active.pop(rid, None)
         active.sink.finish(active.out.rows.copy(), frames, reason, active.prompt_tokens)
+        return reason
 
-    def _submit_window(self, active: _Active, window: Window, frames: np.ndarray) -> None:
-        reason = active.finish_reason if window.is_final else None
+    def _submit_window(self, active: _Active, window: Window, frames: np.ndarray, reason: str | None) -> None:
         sink = active.sink
 
         def deliver(job: CodecJob, audio: np.ndarray | None, error: BaseException | None = None) -> None:

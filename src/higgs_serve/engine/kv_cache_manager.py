@@ -100,11 +100,6 @@ class KVCacheManager:
         """Blocks a new admission may take: free (cached or not) minus those already promised."""
         return len(self._free_plain) + len(self._free_cached) - self._num_reserved
 
-    @property
-    def usage(self) -> float:
-        """Fraction of usable blocks held or reserved by requests."""
-        return 1.0 - self.num_free_blocks / self.num_usable_blocks
-
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

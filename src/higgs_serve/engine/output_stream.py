@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams
-
-NUM_DELAY_ROWS = 7  # codebook 7 lags codebook 0 by 7 rows
+from higgs_serve.model.delay_pattern import boc_id, eoc_id, num_complete_frames
 
 
 class OutputStream:
@@ -34,13 +33,13 @@ class OutputStream:
 
     def frames_available(self, finished: bool) -> int:
         """Complete de-delayed frames; once finished, the EOC frame of a natural end is dropped."""
-        complete = max(0, self.num_rows - NUM_DELAY_ROWS)
+        complete = num_complete_frames(self.num_rows)
         return self._frames_without_eoc(complete) if finished else complete
 
     def _frames_without_eoc(self, complete: int) -> int:
         # Frame t's codebook 0 sits in row t. A frame whose codebook 0 is EOC (the natural end,
         # or the forced end at the frame cap) carries no audio and is never decoded.
-        eoc = self.codebook_size - 1
+        eoc = eoc_id(self.codebook_size)
         hits = np.nonzero(self._rows[:complete, 0] == eoc)[0]
         return int(hits[0]) if len(hits) else complete
 
@@ -60,5 +59,5 @@ class OutputStream:
         code left (BOC/EOC) becomes 0, never clamped (1025 clamped would be 1023, a real code)."""
         num_codebooks = self._rows.shape[1]
         out = np.stack([self._rows[start + q : end + q, q] for q in range(num_codebooks)], axis=1)
-        out[(out >= self.codebook_size - 2) | (out < 0)] = 0
+        out[(out >= boc_id(self.codebook_size)) | (out < 0)] = 0
         return out

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NewRequestData:
-    """Sent once, the first time a request is scheduled (or after preemption)."""
+    """Sent once, the first time a request is scheduled (nothing is ever preempted)."""
 
     request_id: str
     slot: int  # persistent per-request row in the runner's state, 0..max_num_seqs-1
@@ -43,7 +43,7 @@ class StepPlan:
     step_id: int
     new_requests: tuple[NewRequestData, ...]
     chunks: tuple[ScheduledChunk, ...]  # decodes first, then prefill chunks (FCFS)
-    released_slots: tuple[int, ...]  # finished/aborted/preempted since the last plan
+    released_slots: tuple[int, ...]  # finished/aborted since the last plan
 
 
 @dataclass(frozen=True)

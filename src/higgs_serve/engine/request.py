@@ -20,7 +20,6 @@ Worst case: at most `max_frames` frames, then the EOC row and the 7-row ramp, so
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,15 +39,6 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "finished_length"  # reached max_frames + TAIL_ROWS rows without done
     FINISHED_ABORTED = "finished_aborted"  # client abort or disconnect
 
-    @property
-    def is_finished(self) -> bool:
-        return self in _FINISHED
-
-
-_FINISHED = frozenset(
-    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
-)
-
 
 @dataclass(eq=False)
 class Request:
@@ -64,7 +54,6 @@ class Request:
     placeholder_start: int = 0
     num_placeholders: int = 0
     placeholder_rows: tuple | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # advanced when a chunk is scheduled
@@ -117,7 +106,3 @@ class Request:
     def num_tokens(self) -> int:
         """Positions whose input is known: the prompt plus every sampled row (in flight too)."""
         return self.num_prompt_tokens + self.num_rows + self.num_pending_rows
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status in _FINISHED

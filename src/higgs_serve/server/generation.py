@@ -63,10 +63,9 @@ class Generation:
             self.finish_reason = chunk.finish_reason
 
     async def collect(self) -> np.ndarray:
-        """All audio: [n] float32."""
+        """All audio: [n] float32. `chunks` always yields at least the final chunk."""
         pieces = [chunk.audio async for chunk in self.chunks()]
-        return np.concatenate(pieces).astype(np.float32, copy=False) if pieces else \
-            np.zeros(0, np.float32)
+        return np.concatenate(pieces).astype(np.float32, copy=False)
 
     def close(self, outcome: str | None = None) -> None:
         """Finish the bookkeeping once: abort if unfinished, free the slot, record metrics.

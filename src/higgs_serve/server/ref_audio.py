@@ -84,5 +84,7 @@ async def _fetch_allowed(url: str, allowed_domains: tuple[str, ...], max_bytes: 
                             param=PARAM)
                 return bytes(data)
         except httpx.HTTPError as error:
-            raise InvalidRequestError(f"ref_audio URL could not be fetched: {error}",
-                                      param=PARAM) from error
+            # the error's class only: its text can carry resolver/socket details of this host
+            raise InvalidRequestError(
+                f"ref_audio URL could not be fetched ({type(error).__name__})", param=PARAM
+            ) from error

@@ -55,7 +55,7 @@ class SpeechRequestBody(BaseModel):
     top_k: int | None = Field(default=None, ge=0, description="0 disables top-k.")
     ref_audio: str | None = Field(
         default=None, description="Reference clip for cloning: base64 or a data: URI (an "
-        "https URL only if its host is on the server's allow-list).")
+        "http(s) URL only if its host is on the server's allow-list).")
     ref_text: str | None = Field(default=None, description="Transcript of ref_audio.")
 
     @field_validator("input")

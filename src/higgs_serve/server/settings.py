@@ -22,7 +22,7 @@ class ServerSettings:
     max_queue: int = 64
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
     voices_dir: Path = field(default_factory=lambda: DEFAULT_VOICES_DIR)
-    # Hosts whose https URLs may be fetched for `ref_audio`; empty = URLs are refused.
+    # Hosts whose http(s) URLs may be fetched for `ref_audio`; empty = URLs are refused.
     allowed_ref_audio_domains: tuple[str, ...] = ()
     max_ref_audio_bytes: int = DEFAULT_MAX_REF_AUDIO_BYTES
     # Seconds uvicorn lets in-flight requests finish on shutdown before they are aborted.

@@ -9,12 +9,9 @@ naming the field, so a streaming response never opens for a request that cannot 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
 
 from higgs_serve.audio.formats import STREAMABLE_FORMATS, check_format
 from higgs_serve.engine.speech import ReferenceAudio, SpeechRequest
@@ -24,6 +21,7 @@ from higgs_serve.server.errors import ApiError
 from higgs_serve.server.ref_audio import ref_audio_bytes
 from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.state import ServerState
+from higgs_serve.voices.reference_encoder import reference_audio
 from higgs_serve.voices.registry import normalise_reference
 
 Mode = Literal["file", "audio", "sse"]
@@ -110,7 +108,7 @@ async def _reference(body: SpeechRequestBody, state: ServerState) -> ReferenceAu
             normalise_reference, data, state.engine.sample_rate_hz, "ref_audio")
         encoder = _encoder(state, "ref_audio")
         codes = await asyncio.to_thread(encoder, audio)
-        return _reference_audio(codes, body.ref_text)
+        return reference_audio(codes, body.ref_text)
     if body.voice == "default":
         return None
     return await _registered_voice(body.voice, state)
@@ -130,7 +128,7 @@ async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
         audio = state.voices.load_audio(name)
         codes = await asyncio.to_thread(encoder, audio)
         state.voices.store_codes(name, codes)
-    return _reference_audio(codes, voice.ref_text)
+    return reference_audio(codes, voice.ref_text)
 
 
 def _encoder(state: ServerState, param: str):
@@ -139,12 +137,6 @@ def _encoder(state: ServerState, param: str):
             "voice cloning is not enabled on this server (no reference encoder is loaded); "
             "use voice 'default'", param=param)
     return state.reference_encoder
-
-
-def _reference_audio(codes: np.ndarray, ref_text: str | None) -> ReferenceAudio:
-    codes = np.ascontiguousarray(codes, dtype=np.int64)  # [T, 8]
-    content_key = hashlib.sha256(codes.tobytes()).hexdigest()
-    return ReferenceAudio(codes=codes, ref_text=ref_text, content_key=content_key)
 
 
 def _count_tokens(text: str, state: ServerState) -> int:

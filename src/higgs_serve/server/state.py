@@ -85,6 +85,10 @@ class ServerState:
             return True
         return self.engine_started and not self.engine.alive
 
+    def engine_ready(self) -> bool:
+        """Warm-up finished and the engine is alive: speech requests may be admitted."""
+        return not self.engine_dead() and self.engine_started and self.engine.ready
+
 
 def server_state(request: Request) -> ServerState:
     return request.app.state.server

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from higgs_serve.audio.formats import decode_audio_bytes as _decode_file
 from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
 from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
 from higgs_serve.engine.speech import ReferenceAudio
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.voices.registry import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS
+from higgs_serve.voices.registry import (
+    MAX_REFERENCE_SECONDS,
+    MIN_REFERENCE_SECONDS,
+    decode_reference,
+)
 
 PARAM = "ref_audio"
 
@@ -127,17 +130,7 @@ class ReferenceEncoder:
 
         Raises InvalidRequestError naming `param` when the bytes are not readable audio.
         """
-        if not data:
-            raise InvalidRequestError(f"{param} is empty", param=param)
-        try:
-            samples, rate = _decode_file(data)
-        except InvalidRequestError as error:
-            raise InvalidRequestError(
-                f"{param} is not readable audio (wav, flac, ogg or mp3 expected): {error}", param=param
-            ) from error
-        if samples.size == 0:
-            raise InvalidRequestError(f"{param} contains no audio samples", param=param)
-        return samples, rate
+        return decode_reference(data, param)
 
     def check_duration(self, num_samples: int, sample_rate: int, param: str = PARAM) -> None:
         seconds = num_samples / sample_rate

@@ -7,7 +7,8 @@ Layout, one folder per voice so a voice is added or removed with a single rename
     <directory>/<name>/codes.npy    [T, 8] int64 codec codes, written once the voice is first encoded
 
 Uploads are decoded and resampled once, at registration, so a bad file fails the upload and not
-a later speech request.
+a later speech request. Codes are read from disk at most once per voice and then served from
+memory, so a speech request with a registered voice touches no file.
 """
 
 from __future__ import annotations
@@ -56,15 +57,31 @@ def check_voice_name(name: str) -> None:
         raise InvalidRequestError(f"voice name {name!r} is reserved", param="name")
 
 
+def decode_reference(audio_bytes: bytes, param: str) -> tuple[np.ndarray, int]:
+    """Reference file bytes (wav, flac, ogg, mp3) -> ([n] float32 mono, sample rate in Hz).
+
+    The one decode of a reference clip (uploads, `ref_audio`, the CLI's files). Errors are
+    InvalidRequestError naming `param`.
+    """
+    if not audio_bytes:
+        raise InvalidRequestError(f"{param} is empty", param=param)
+    try:
+        audio, rate_hz = decode_audio_bytes(audio_bytes)
+    except InvalidRequestError as error:
+        raise InvalidRequestError(
+            f"{param} is not readable audio (wav, flac, ogg or mp3 expected): {error}", param=param
+        ) from error
+    if audio.size == 0:
+        raise InvalidRequestError(f"{param} contains no audio samples", param=param)
+    return audio, rate_hz
+
+
 def normalise_reference(audio_bytes: bytes, sample_rate_hz: int, param: str) -> np.ndarray:
     """Reference file bytes -> [n] float32 mono at `sample_rate_hz`, with the duration checked.
 
     Errors are InvalidRequestError naming `param` (the upload field or `ref_audio`).
     """
-    try:
-        audio, rate_hz = decode_audio_bytes(audio_bytes)
-    except InvalidRequestError as error:
-        raise InvalidRequestError(str(error), param=param) from error
+    audio, rate_hz = decode_reference(audio_bytes, param)
     if rate_hz != sample_rate_hz:
         audio = soxr.resample(audio, rate_hz, sample_rate_hz).astype(np.float32)
     duration_s = audio.shape[0] / sample_rate_hz
@@ -84,6 +101,7 @@ class VoiceRegistry:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._voices: dict[str, Voice] = self._scan()
+        self._codes: dict[str, np.ndarray] = {}  # name -> [T, 8] int64, loaded once
 
     def _scan(self) -> dict[str, Voice]:
         voices = {}
@@ -128,6 +146,7 @@ class VoiceRegistry:
         with self._lock:
             if self._voices.pop(name, None) is None:
                 return False
+            self._codes.pop(name, None)
             shutil.rmtree(self.directory / name)
             return True
 
@@ -137,17 +156,34 @@ class VoiceRegistry:
         return audio
 
     def cached_codes(self, name: str) -> np.ndarray | None:
-        """[T, 8] int64 codes saved by store_codes, or None if the voice was never encoded."""
+        """[T, 8] int64 codes saved by store_codes (shared: do not modify), or None if never
+        encoded."""
+        with self._lock:
+            codes = self._codes.get(name)
+        if codes is not None:
+            return codes
         path = self._folder(name) / "codes.npy"
-        return np.load(path) if path.exists() else None
+        if not path.exists():
+            return None
+        return self._remember(name, np.load(path))
 
     def store_codes(self, name: str, codes: np.ndarray) -> None:
-        """Cache the encoded reference (codes: [T, 8] int64) beside the audio."""
+        """Cache the encoded reference (codes: [T, 8] int64) beside the audio and in memory."""
         folder = self._folder(name)
         staging = folder / ".codes.npy.tmp"
+        codes = np.array(codes, dtype=np.int64)  # our own copy: the caller may reuse its array
         with open(staging, "wb") as handle:
-            np.save(handle, np.asarray(codes, dtype=np.int64))
+            np.save(handle, codes)
         os.replace(staging, folder / "codes.npy")
+        self._remember(name, codes)
+
+    def _remember(self, name: str, codes: np.ndarray) -> np.ndarray:
+        # Shared by every request using this voice; nothing downstream writes to it (left
+        # writable because torch.as_tensor warns on read-only numpy arrays).
+        with self._lock:
+            if name in self._voices:  # not deleted meanwhile
+                self._codes[name] = codes
+        return codes
 
     def _folder(self, name: str) -> Path:
         if self.get(name) is None:

@@ -122,12 +122,8 @@ class FullDecodeGraphs:
         self.graphs[n].replay()
 
 
-def log_capture(kind: str, sizes: tuple[int, ...], seconds: float, pool_bytes: int) -> None:
-    logger.info("captured %s CUDA graphs for batch sizes %s in %.2f s (pool %.1f MiB)",
-                kind, list(sizes), seconds, pool_bytes / 2**20)
-
-
 def timed_capture(kind: str, sizes: tuple[int, ...], fn: Callable[[], None], device: torch.device) -> dict:
+    """Run the capture `fn`, log and return its wall time and the memory its graph pool took."""
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_reserved(device)
     t0 = time.perf_counter()
@@ -135,5 +131,6 @@ def timed_capture(kind: str, sizes: tuple[int, ...], fn: Callable[[], None], dev
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     pool = torch.cuda.memory_reserved(device) - before
-    log_capture(kind, sizes, seconds, pool)
+    logger.info("captured %s CUDA graphs for batch sizes %s in %.2f s (pool %.1f MiB)",
+                kind, list(sizes), seconds, pool / 2**20)
     return {"kind": kind, "sizes": list(sizes), "capture_s": seconds, "pool_bytes": pool}

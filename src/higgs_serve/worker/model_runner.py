@@ -3,7 +3,8 @@
 The runner owns the device: the talker weights, the paged KV cache, the per-slot audio state and
 the preallocated input buffers. It never decides policy: which requests run, how many tokens each
 gets and which blocks they use all come from the plan. Per step it does one host→device copy of
-the packed inputs and one device→host copy of the sampled rows and done flags.
+each packed input area (int64 fields, int32 attention fields; plus the reference rows of clone
+prompts in their prefill), and one device→host copy of the sampled rows and done flags.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 class _SlotPrompt:
     """Host copy of what a slot's prompt needs: token ids and, for clones, the reference rows."""
 
-    request_id: str
     token_ids: np.ndarray  # [P] int64
     ref_rows: np.ndarray | None  # [R, 8] int64 delayed reference rows for the placeholder span
     ref_start: int
@@ -61,7 +61,6 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.dtype = dtype
-        self.max_num_seqs = max_num_seqs
         self.num_codebooks = talker.audio_cfg.num_codebooks
         # One extra block past the scheduler's pool: padded graph rows write their K/V there.
         self.scratch_block = kv.num_blocks
@@ -96,7 +95,6 @@ class ModelRunner:
         if new.placeholder_rows is not None:
             ref_rows = np.asarray(new.placeholder_rows, dtype=np.int64).reshape(-1, self.num_codebooks)
         self._prompts[new.slot] = _SlotPrompt(
-            request_id=new.request_id,
             token_ids=np.asarray(new.prompt_token_ids, dtype=np.int64),
             ref_rows=ref_rows,
             ref_start=new.placeholder_start,
@@ -172,16 +170,15 @@ class ModelRunner:
             end = start + count
             positions = np.arange(start, end, dtype=np.int64)
             pos[n : n + count] = positions
+            refi[n : n + count] = -1
             if start >= p_len:
                 # decode: the input is the slot's previous delayed row (count is always 1)
                 tok[n : n + count] = 0
                 src[n : n + count] = chunk.slot
-                refi[n : n + count] = -1
                 has_audio = True
             else:
                 tok[n : n + count] = prompt.token_ids[start:end]
                 src[n : n + count] = -1
-                refi[n : n + count] = -1
                 has_text = True
                 if prompt.ref_rows is not None:
                     lo = max(start, prompt.ref_start)

@@ -35,7 +35,7 @@ async def ready(request: Request) -> JSONResponse:
     state = server_state(request)
     if state.engine_dead():
         return JSONResponse({"status": "dead"}, status_code=503)
-    if not (state.engine_started and state.engine.ready):
+    if not state.engine_ready():
         return JSONResponse({"status": "starting"}, status_code=503)
     return JSONResponse({"status": "ready"})
 

@@ -1,7 +1,9 @@
 """POST /v1/audio/speech: one encoded file, raw chunked pcm/wav, or SSE events.
 
-Order of work: validate the body (schema, then speech_plan), admit (bounded in-flight count, 429
-past it), submit and wait for the first chunk; only then does a response start. After that point
+Order of work: validate the body's schema, refuse at once if the engine is dead or warming up
+(before any reference clip is fetched, decoded or encoded), build the plan (speech_plan), admit
+(bounded in-flight count, 429 past it), submit and wait for the first chunk; only then does a
+response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
 engine request through `Generation.close`.
@@ -21,7 +23,12 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.audio.time_stretch import time_stretch
-from higgs_serve.errors import EngineOverloadedError, HiggsServeError, InvalidRequestError
+from higgs_serve.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    HiggsServeError,
+    InvalidRequestError,
+)
 from higgs_serve.server import sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
@@ -44,17 +51,16 @@ _AUDIO_CONTENT[sse.MEDIA_TYPE] = {"schema": {"type": "string"}}
 async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
+    _check_engine(state)
     try:
         plan = await build_plan(body, state)
     except (ApiError, InvalidRequestError):
         state.metrics.count("invalid")
         raise
-    _check_engine(state)
     if not state.gate.try_acquire():
         state.metrics.count("rejected")
-        raise ApiError(429, f"the server is at capacity ({state.gate.capacity} requests in "
-                       "flight); retry later", type="overloaded_error", code="queue_full",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
+                                    "in flight); retry later")  # 429 + Retry-After (errors.py)
     generation = Generation(state, plan, arrived_s)
     try:
         if await _unless_disconnected(generation.start(), request) is _CLIENT_GONE:
@@ -83,9 +89,8 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
 
 def _check_engine(state: ServerState) -> None:
     if state.engine_dead():
-        raise ApiError(503, "the engine has stopped; the server must be restarted",
-                       type="server_error", code="engine_dead")
-    if not (state.engine_started and state.engine.ready):
+        raise EngineDeadError()  # 503 engine_dead (errors.py)
+    if not state.engine_ready():
         raise ApiError(503, "the engine is still warming up; retry shortly",
                        type="server_error", code="not_ready",
                        headers={"Retry-After": str(RETRY_AFTER_S)})

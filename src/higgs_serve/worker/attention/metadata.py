@@ -9,10 +9,11 @@ contents change). Conventions:
   position `seq_lens[b] − q_len_b` and each query token sees context [0, its position];
 - token t of request b lives in page `block_tables[b, t // block_size]`, offset
   `t % block_size`;
-- `slot_mapping[i]` is the cache slot written by new token i; a negative slot means "padding,
-  write nothing" (CUDA-graph batches padded to a captured size). Padded requests have
-  `seq_lens = 0` and no query tokens of their own in mixed batches, or one dummy token with a
-  negative slot in padded pure-decode batches.
+- `slot_mapping[i]` is the cache slot written by new token i; the backends skip a negative
+  slot ("padding, write nothing") and give a request with `seq_lens = 0` zero output. (The
+  model runner pads its CUDA-graph decode batches differently: each padded request has one
+  dummy token that writes to and reads only a scratch block past the scheduler's pool, with
+  `seq_lens = 1`; see `ModelRunner._fill_decode_padding`.)
 """
 
 from __future__ import annotations

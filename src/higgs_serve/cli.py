@@ -46,21 +46,37 @@ def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
         cli.setdefault("0", {})["devices"] = "cpu"
         cli.setdefault("1", {})["devices"] = "cpu"
 
-    def load(overrides: dict):
-        return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=args.stage_overrides,
+    def load(overrides: dict, stage_overrides=args.stage_overrides):
+        return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=stage_overrides,
                                   cli_overrides=overrides or None, device_count=torch.cuda.device_count())
 
-    deploy = load(cli)
     max_num_seqs = getattr(args, "max_num_seqs", None)
     if max_num_seqs is None:
-        return deploy
-    # --max-num-seqs also trims the profile's capture sizes to what a batch can reach
-    sizes = [s for s in deploy.stage0.compilation_config.cudagraph_capture_sizes if s < max_num_seqs]
+        return load(cli)
+    # --max-num-seqs also fits what the YAML sized for its own max_num_seqs (capture sizes, token
+    # budget) to the new bound, unless --stage-overrides sets those keys itself.
+    given = _stage0_keys(args.stage_overrides)
+    profile = load(cli, stage_overrides=None).stage0
     stage0 = cli.setdefault("0", {})
     stage0["max_num_seqs"] = max_num_seqs
-    stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes + [max_num_seqs]}
-    stage0["max_num_batched_tokens"] = max(max_num_seqs, deploy.stage0.max_num_batched_tokens)
+    if "cudagraph_capture_sizes" not in given.get("compilation_config", {}):
+        sizes = [s for s in profile.compilation_config.cudagraph_capture_sizes if s < max_num_seqs]
+        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes + [max_num_seqs]}
+    if "max_num_batched_tokens" not in given:
+        stage0["max_num_batched_tokens"] = max(max_num_seqs, profile.max_num_batched_tokens)
     return load(cli)
+
+
+def _stage0_keys(stage_overrides: str | None) -> dict:
+    """Stage 0's part of --stage-overrides (malformed JSON is reported by the config loader)."""
+    if not stage_overrides:
+        return {}
+    try:
+        parsed = json.loads(stage_overrides)
+    except json.JSONDecodeError:
+        return {}
+    stage0 = parsed.get("0", {}) if isinstance(parsed, dict) else {}
+    return stage0 if isinstance(stage0, dict) else {}
 
 
 def _runtime_options(args: argparse.Namespace, **extra):

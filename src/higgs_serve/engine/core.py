@@ -20,7 +20,7 @@ import numpy as np
 from higgs_serve.codec.chunker import Window, WindowParams
 from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
 from higgs_serve.engine.output_stream import OutputStream
-from higgs_serve.engine.request import Request
+from higgs_serve.engine.request import TAIL_ROWS, Request
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
@@ -279,7 +279,8 @@ class EngineCore:
                 num_placeholders=clone.num_placeholders,
                 placeholder_rows=tuple(map(tuple, ref_rows.tolist())),
             )
-        room = self.max_model_len - len(prompt) - MIN_FRAMES
+        # the EOC row and the ramp follow the last frame (the scheduler's worst-case context)
+        room = self.max_model_len - len(prompt) - TAIL_ROWS
         max_frames = min(sampling.max_new_tokens, text_frame_cap(text_tokens), max(room, 1))
         min_frames = min(max(MIN_FRAMES, sampling.min_new_tokens), max_frames)
         request = Request(

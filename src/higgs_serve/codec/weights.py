@@ -43,12 +43,7 @@ def expected_codec_tensors(cfg: CodecConfig) -> dict[str, Shape]:
 
 def expected_decoder_tensors(cfg: CodecConfig) -> dict[str, Shape]:
     """Tensors `CodecDecoder` uses: codebooks, project_out, fc2, acoustic_decoder."""
-    out: dict[str, Shape] = {}
-    for q in range(cfg.num_quantizers):
-        p = f"quantizer.quantizers.{q}."
-        out[p + "codebook.embed"] = (cfg.codebook_size, cfg.codebook_dim)
-        out[p + "project_out.weight"] = (cfg.hidden_size, cfg.codebook_dim)
-        out[p + "project_out.bias"] = (cfg.hidden_size,)
+    out = _quantizers(cfg, with_project_in=False)
     out["fc2.weight"] = (cfg.latent_dim, cfg.hidden_size)
     out["fc2.bias"] = (cfg.latent_dim,)
     out.update(_acoustic_decoder(cfg))
@@ -57,19 +52,26 @@ def expected_decoder_tensors(cfg: CodecConfig) -> dict[str, Shape]:
 
 def expected_encoder_tensors(cfg: CodecConfig) -> dict[str, Shape]:
     """Tensors `CodecEncoder` uses: HuBERT, semantic encoder, DAC encoder, fc and the full RVQ."""
-    out: dict[str, Shape] = {}
-    for q in range(cfg.num_quantizers):
-        p = f"quantizer.quantizers.{q}."
-        out[p + "codebook.embed"] = (cfg.codebook_size, cfg.codebook_dim)
-        out[p + "project_in.weight"] = (cfg.codebook_dim, cfg.hidden_size)
-        out[p + "project_in.bias"] = (cfg.codebook_dim,)
-        out[p + "project_out.weight"] = (cfg.hidden_size, cfg.codebook_dim)
-        out[p + "project_out.bias"] = (cfg.hidden_size,)
+    out = _quantizers(cfg, with_project_in=True)
     out["fc.weight"] = (cfg.hidden_size, cfg.hidden_size)
     out["fc.bias"] = (cfg.hidden_size,)
     out.update(_acoustic_encoder(cfg))
     out.update(_semantic_encoder(cfg))
     out.update(_hubert(cfg))
+    return out
+
+
+def _quantizers(cfg: CodecConfig, with_project_in: bool) -> dict[str, Shape]:
+    """The RVQ layers: codebooks and project_out decode; encoding also needs project_in."""
+    out: dict[str, Shape] = {}
+    for q in range(cfg.num_quantizers):
+        p = f"quantizer.quantizers.{q}."
+        out[p + "codebook.embed"] = (cfg.codebook_size, cfg.codebook_dim)
+        if with_project_in:
+            out[p + "project_in.weight"] = (cfg.codebook_dim, cfg.hidden_size)
+            out[p + "project_in.bias"] = (cfg.codebook_dim,)
+        out[p + "project_out.weight"] = (cfg.hidden_size, cfg.codebook_dim)
+        out[p + "project_out.bias"] = (cfg.hidden_size,)
     return out
 
 

@@ -68,6 +68,11 @@ class InputBuffers:
         self._seq_lens_off = max_seqs + 1
         self._bt_off = 2 * max_seqs + 1
 
+    @property
+    def current(self) -> int:
+        """Which of the two host buffers the step being staged uses (0 or 1)."""
+        return self._current
+
     def flip(self) -> None:
         """Stage the next step into the other host buffer."""
         self._current ^= 1

@@ -83,7 +83,6 @@ class ModelRunner:
         # two host copies: step N's result lands in one while step N+1 is staged (lookahead)
         self._out_hosts = [torch.zeros(out_shape, dtype=torch.int64, pin_memory=device.type == "cuda")
                            for _ in range(2)]
-        self._launches = 0
         self._mlp_graphs: MLPGraphs | None = None
         self._full_graphs: FullDecodeGraphs | None = None
         self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
@@ -112,8 +111,7 @@ class ModelRunner:
         schedule and launch the next plan before `collect`ing this one. Device work is stream
         ordered, so the next step sees this step's audio state and KV writes."""
         self.buffers.flip()
-        out_host = self._out_hosts[self._launches % 2]
-        self._launches += 1
+        out_host = self._out_hosts[self.buffers.current]  # double-buffered in step with the inputs
         for slot in plan.released_slots:
             self._prompts.pop(slot, None)
         for new in plan.new_requests:

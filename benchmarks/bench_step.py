@@ -51,8 +51,10 @@ from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E4
 
 logger = logging.getLogger("bench_step")
 
-PATHS = ("eager", "mlp_graphs", "full_graph")
-_EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH}
+PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
+_EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
+                  "piecewise": StepMode.PIECEWISE}
+PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
 
@@ -105,15 +107,22 @@ class BenchShape:
     max_num_batched_tokens: int
     max_model_len: int
 
+    mixed_tokens: int = 0  # prompt tokens of the one prefill chunk in a timed mixed step
+
     @property
     def max_batch(self) -> int:
         return self.batches[-1]
 
+    @property
+    def num_slots(self) -> int:
+        """The decode slots, plus one for the mixed steps' prefill request."""
+        return self.max_batch + (1 if self.mixed_tokens else 0)
+
     def blocks_per_request(self) -> int:
-        return -(-(self.contexts[-1] + 1) // self.block_size)
+        return -(-(max(self.contexts[-1] + 1, self.mixed_tokens)) // self.block_size)
 
 
-def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device) -> GraphPolicy:
+def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device, max_tokens: int) -> GraphPolicy:
     if path == "eager":
         return GraphPolicy.eager()
     if device.type != "cuda":
@@ -122,15 +131,18 @@ def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device) 
         return GraphPolicy(full_decode=False, mlp=True, capture_sizes=batches)
     if path == "full_graph":
         return GraphPolicy(full_decode=True, mlp=False, capture_sizes=batches)
+    if path == "piecewise":
+        tokens = tuple(t for t in PIECEWISE_TOKENS if batches[-1] < t <= max_tokens)
+        return GraphPolicy(full_decode=False, mlp=False, capture_sizes=(), piecewise_sizes=batches + tokens)
     raise SystemExit(f"bench_step: unknown path {path!r}; expected one of {PATHS}")
 
 
 def build_runner(loaded: LoadedModel, policy: GraphPolicy, shape: BenchShape) -> ModelRunner:
     """A runner whose KV pool holds max batch × (max context + 1) tokens."""
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
-    kv = KVCacheSpec(num_blocks=shape.max_batch * shape.blocks_per_request(), block_size=shape.block_size)
+    kv = KVCacheSpec(num_blocks=shape.num_slots * shape.blocks_per_request(), block_size=shape.block_size)
     return ModelRunner(
-        talker=loaded.talker, backend=backend, kv=kv, max_num_seqs=shape.max_batch,
+        talker=loaded.talker, backend=backend, kv=kv, max_num_seqs=shape.num_slots,
         max_num_batched_tokens=shape.max_num_batched_tokens, max_model_len=shape.max_model_len,
         device=loaded.device, dtype=loaded.dtype, graphs=policy,
     )
@@ -145,7 +157,7 @@ class PlanMaker:
         self.step_id = 0
         self.generation = 0  # request ids change per context, so no id is reused
         per = shape.blocks_per_request()
-        self.blocks = [tuple(range(i * per, (i + 1) * per)) for i in range(shape.max_batch)]
+        self.blocks = [tuple(range(i * per, (i + 1) * per)) for i in range(shape.num_slots)]
 
     def _next_id(self) -> int:
         self.step_id += 1
@@ -162,13 +174,9 @@ class PlanMaker:
         up to max_num_batched_tokens per plan; the last chunk of each samples its first row."""
         self.generation += 1
         rng = np.random.default_rng(context)
-        new = []
-        for slot in range(self.shape.max_batch):
-            prompt = tuple(int(t) for t in rng.integers(0, self.vocab_size, size=context))
-            sampling = SamplingParams(seed=1000 + slot, max_new_tokens=_NEVER, min_new_tokens=_NEVER)
-            new.append(NewRequestData(request_id=self.request_id(slot), slot=slot, prompt_token_ids=prompt,
-                                      placeholder_rows=None, placeholder_start=0, sampling=sampling,
-                                      max_frames=_NEVER, min_frames=_NEVER))
+        new = [self._new_request(slot, rng, context) for slot in range(self.shape.max_batch)]
+        if self.shape.mixed_tokens:  # the mixed steps' request: prefilled by those steps themselves
+            new.append(self._new_request(self.shape.max_batch, rng, self.shape.mixed_tokens))
         budget = self.shape.max_num_batched_tokens
         plans: list[StepPlan] = []
         chunks: list[ScheduledChunk] = []
@@ -195,6 +203,21 @@ class PlanMaker:
         flush()
         return plans
 
+    def _new_request(self, slot: int, rng: np.random.Generator, length: int) -> NewRequestData:
+        prompt = tuple(int(t) for t in rng.integers(0, self.vocab_size, size=length))
+        sampling = SamplingParams(seed=1000 + slot, max_new_tokens=_NEVER, min_new_tokens=_NEVER)
+        return NewRequestData(request_id=self.request_id(slot), slot=slot, prompt_token_ids=prompt,
+                              placeholder_rows=None, placeholder_start=0, sampling=sampling,
+                              max_frames=_NEVER, min_frames=_NEVER)
+
+    def mixed_plan(self, batch: int, context: int) -> StepPlan:
+        """`batch` decodes (as in decode_plan) plus the whole `mixed_tokens` prompt of the extra
+        slot as one prefill chunk (re-run each time: same positions, same pages)."""
+        slot, count = self.shape.max_batch, self.shape.mixed_tokens
+        prefill = ScheduledChunk(self.request_id(slot), slot, 0, count, self.block_ids(slot, count), samples=True)
+        decode = self.decode_plan(batch, context)
+        return StepPlan(step_id=decode.step_id, new_requests=(), chunks=decode.chunks + (prefill,), released_slots=())
+
     def decode_plan(self, batch: int, context: int) -> StepPlan:
         """One decode step for slots 0..batch-1, each at position `context` (reads context + 1)."""
         chunks = tuple(ScheduledChunk(self.request_id(slot), slot, context, 1,
@@ -209,19 +232,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_decode(runner: ModelRunner, plans: PlanMaker, batch: int, context: int, iters: int,
-                warmup: int) -> list[float]:
-    """Wall seconds of `iters` decode steps (after `warmup` untimed ones)."""
+def time_steps(runner: ModelRunner, make_plan, batch: int, context: int, iters: int,
+               warmup: int) -> list[float]:
+    """Wall seconds of `iters` steps of `make_plan(batch, context)` (after `warmup` untimed ones)."""
     for _ in range(warmup):
-        runner.execute(plans.decode_plan(batch, context))
+        runner.execute(make_plan(batch, context))
     _sync(runner.device)
     times = []
     for _ in range(iters):
-        plan = plans.decode_plan(batch, context)
+        plan = make_plan(batch, context)
         t0 = time.perf_counter()
         result = runner.execute(plan)  # ends with the D2H copy + stream synchronize
         times.append(time.perf_counter() - t0)
-        if len(result.rows) != batch or result.finished:
+        if len(result.rows) != len(plan.chunks) or result.finished:
             raise RuntimeError(f"decode step at batch {batch}, context {context} returned "
                                f"{len(result.rows)} rows, finished={result.finished}")
     return times
@@ -245,13 +268,34 @@ def time_graph_replay(runner: ModelRunner, batch: int, iters: int) -> float | No
     return start.elapsed_time(end) / 1e3 / iters
 
 
+def time_one(runner: ModelRunner, path: str, kind: str, make_plan, batch: int, context: int, args,
+             floor_of) -> dict:
+    """One row: `kind` steps ("decode": B decodes; "mixed": B decodes + one prefill chunk)."""
+    modes_before = dict(runner.step_modes)
+    times = time_steps(runner, make_plan, batch, context, args.iters, args.warmup)
+    used = {m.value for m in StepMode if runner.step_modes[m] > modes_before[m]}
+    gpu_s = time_graph_replay(runner, batch, args.iters) if path == "full_graph" and kind == "decode" else None
+    med = percentile(times, 50)
+    floor = floor_of(batch, context)
+    logger.info("%s %s B=%d L=%d: %.2f ms (floor %.2f ms) as %s", path, kind, batch, context, med * 1e3,
+                floor * 1e3, sorted(used))
+    return {
+        "path": path, "step": kind, "batch": batch, "context": context,
+        "step_ms_median": med * 1e3, "step_ms_p90": percentile(times, 90) * 1e3,
+        "step_ms_min": min(times) * 1e3,
+        "gpu_ms": None if gpu_s is None else gpu_s * 1e3,
+        "floor_ms": floor * 1e3, "ratio": med / floor,
+        "frames_per_s": batch / med, "modes": sorted(used), "iters": len(times),
+    }
+
+
 def run_path(loaded: LoadedModel, path: str, shape: BenchShape, args, floor_of) -> tuple[list[dict], dict]:
     """All (context, batch) rows of one graph path, on a fresh runner."""
-    policy = graph_policy_for(path, shape.batches, loaded.device)
+    policy = graph_policy_for(path, shape.batches, loaded.device, shape.max_num_batched_tokens)
     t0 = time.perf_counter()
     runner = build_runner(loaded, policy, shape)
     capture = runner.capture_graphs()
-    info = {"path": path, "capture_sizes": list(policy.capture_sizes), "build_and_capture_s": time.perf_counter() - t0,
+    info = {"path": path, "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
             "capture": capture, "kv_blocks": runner.kv.num_blocks}
     logger.info("%s: runner built and graphs captured in %.1f s", path, info["build_and_capture_s"])
     plans = PlanMaker(shape, loaded.spec.text.vocab_size)
@@ -265,24 +309,10 @@ def run_path(loaded: LoadedModel, path: str, shape: BenchShape, args, floor_of) 
         _sync(loaded.device)
         prefill_s += time.perf_counter() - t1
         released = tuple(range(shape.max_batch))
-        for batch in shape.batches:
-            modes_before = dict(runner.step_modes)
-            times = time_decode(runner, plans, batch, context, args.iters, args.warmup)
-            used = {m.value for m in StepMode if runner.step_modes[m] > modes_before[m]}
-            gpu_s = time_graph_replay(runner, batch, args.iters) if path == "full_graph" else None
-            med = percentile(times, 50)
-            floor = floor_of(batch, context)
-            rows.append({
-                "path": path, "batch": batch, "context": context,
-                "step_ms_median": med * 1e3, "step_ms_p90": percentile(times, 90) * 1e3,
-                "step_ms_min": min(times) * 1e3,
-                "gpu_ms": None if gpu_s is None else gpu_s * 1e3,
-                "floor_ms": floor * 1e3, "ratio": med / floor,
-                "frames_per_s": batch / med, "modes": sorted(used), "iters": len(times),
-            })
-            logger.info("%s B=%d L=%d: %.2f ms (floor %.2f ms)", path, batch, context, med * 1e3, floor * 1e3)
-            if _EXPECTED_MODE[path].value not in used:
-                logger.warning("%s B=%d: steps ran as %s, not %s", path, batch, sorted(used), _EXPECTED_MODE[path].value)
+        kinds = [("decode", plans.decode_plan)] + ([("mixed", plans.mixed_plan)] if shape.mixed_tokens else [])
+        for kind, make_plan in kinds:
+            for batch in shape.batches:
+                rows.append(time_one(runner, path, kind, make_plan, batch, context, args, floor_of))
     info["prefill_s"] = prefill_s
     info["step_modes"] = {m.value: n for m, n in runner.step_modes.items()}
     del runner, plans
@@ -304,6 +334,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, nargs="+", default=[128, 1024, 4096])
     p.add_argument("--iters", type=int, default=50, help="timed decode steps per (path, batch, context)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
+    p.add_argument("--mixed-tokens", type=int, default=0,
+                   help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096, help="prefill chunk budget per step")
     p.add_argument("--max-model-len", type=int, default=8192,
@@ -329,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.paths or (list(PATHS) if device.type == "cuda" else ["eager"])
     shape = BenchShape(batches=tuple(sorted(set(args.batch))), contexts=tuple(sorted(set(args.context))),
                        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_model_len)
-    if shape.max_batch > args.max_num_batched_tokens:
-        raise SystemExit("bench_step: the largest --batch exceeds --max-num-batched-tokens")
+                       max_model_len=args.max_model_len, mixed_tokens=args.mixed_tokens)
+    if shape.max_batch + shape.mixed_tokens > args.max_num_batched_tokens:
+        raise SystemExit("bench_step: the largest --batch (+ --mixed-tokens) exceeds --max-num-batched-tokens")
     t0 = time.perf_counter()
     loaded = load_model(args.model, RuntimeOptions(load_format=args.load_format, device=args.device, dtype=args.dtype))
     load_s = time.perf_counter() - t0
@@ -359,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": int(copy_gib * (1 << 30)),
         "weight_bytes_per_step": weight_bytes, "kv_bytes_per_token": kv_per_token,
         "settings": {"batches": list(shape.batches), "contexts": list(shape.contexts), "iters": args.iters,
-                     "warmup": args.warmup, "block_size": shape.block_size,
+                     "warmup": args.warmup, "block_size": shape.block_size, "mixed_tokens": shape.mixed_tokens,
                      "max_num_batched_tokens": shape.max_num_batched_tokens, "max_model_len": shape.max_model_len},
         "runners": runners,
         "rows": rows,
@@ -373,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.out, result)
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step)\n")
-    print(markdown_table(rows, [("path", "path"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
+    print(markdown_table(rows, [("path", "path"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
                                 ("step_ms_p90", "p90"), ("gpu_ms", "GPU-only ms"), ("floor_ms", "floor ms"),
                                 ("ratio", "p50/floor"), ("frames_per_s", "frames/s")]))
     return 0

@@ -60,8 +60,11 @@ def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
     stage0 = cli.setdefault("0", {})
     stage0["max_num_seqs"] = max_num_seqs
     if "cudagraph_capture_sizes" not in given.get("compilation_config", {}):
-        sizes = [s for s in profile.compilation_config.cudagraph_capture_sizes if s < max_num_seqs]
-        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes + [max_num_seqs]}
+        compilation = profile.compilation_config
+        sizes = [s for s in compilation.cudagraph_capture_sizes if s < max_num_seqs] + [max_num_seqs]
+        if compilation.cudagraph_mode.piecewise:  # the token counts above the batch sizes stay
+            sizes += [s for s in compilation.cudagraph_capture_sizes if s > max(max_num_seqs, profile.max_num_seqs)]
+        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     if "max_num_batched_tokens" not in given:
         stage0["max_num_batched_tokens"] = max(max_num_seqs, profile.max_num_batched_tokens)
     return load(cli)

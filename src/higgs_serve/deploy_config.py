@@ -27,8 +27,15 @@ Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
     graph, captured at start-up (never lazily on live traffic) for `cudagraph_capture_sizes`.
   * FULL_DECODE_GRAPH (`enforce_eager: false`, `cudagraph_mode: FULL_DECODE_ONLY`, the default
     when not eager): a decode-only step replays one whole-step CUDA graph; MLP graphs are off.
+  * PIECEWISE_GRAPHS (`enforce_eager: true`, `cudagraph_mode: PIECEWISE`, an option beyond the
+    two profiles): attention kernels run eagerly, everything else of a step (prefill, mixed or
+    decode) replays per padded token count; `cudagraph_capture_sizes` are token counts and may
+    exceed max_num_seqs (up to max_num_batched_tokens).
+  * FULL_DECODE_AND_PIECEWISE (`enforce_eager: false`, `cudagraph_mode: FULL_AND_PIECEWISE`):
+    decode-only steps replay the full decode graph, every other step the piecewise graphs.
   * EAGER (`cudagraph_mode: NONE`, or no CUDA device): no graphs.
-The two graph paths exclude each other; a config asking for both is an error, never a choice.
+The full decode graph and the local MLP graphs exclude each other; a config asking for both is
+an error, never a choice. (The mode names are vLLM's; PIECEWISE is vLLM's piecewise graph.)
 
 This module is pure Python (no torch): the caller passes `device_count` and `cuda_available`.
 """
@@ -74,6 +81,12 @@ class CudaGraphMode(enum.Enum):
     NONE = "NONE"  # no CUDA graphs at all
     LOCAL_MLP = "LOCAL_MLP"  # per-layer post-attention norm + MLP graphs (needs enforce_eager)
     FULL_DECODE_ONLY = "FULL_DECODE_ONLY"  # whole decode step as one graph (needs not eager)
+    PIECEWISE = "PIECEWISE"  # every step but its attention kernels, per token count (eager attention)
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"  # full decode graph + piecewise for other steps
+
+    @property
+    def piecewise(self) -> bool:
+        return self in (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
 
 
 class GraphPath(enum.Enum):
@@ -82,6 +95,8 @@ class GraphPath(enum.Enum):
     EAGER = "EAGER"
     MLP_GRAPHS = "MLP_GRAPHS"
     FULL_DECODE_GRAPH = "FULL_DECODE_GRAPH"
+    PIECEWISE_GRAPHS = "PIECEWISE_GRAPHS"
+    FULL_DECODE_AND_PIECEWISE = "FULL_DECODE_AND_PIECEWISE"
 
 
 @dataclass(frozen=True)
@@ -104,7 +119,8 @@ class CompilationConfig:
     cudagraph_mode: CudaGraphMode = CudaGraphMode.LOCAL_MLP
     # Batch sizes captured at start-up, ascending, each <= max_num_seqs. A batch is padded up to
     # the next size; a batch above the largest runs eagerly. Default: 1, 2, 4, 8, then every 8,
-    # then max_num_seqs itself.
+    # then max_num_seqs itself. Piecewise modes: token counts (<= max_num_batched_tokens); the
+    # default adds 96, 128, 192, 256, 384, 512 above max_num_seqs for prefill and mixed steps.
     cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture
 
@@ -207,6 +223,18 @@ def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple
             f"enforce_eager: true, cudagraph_mode: LOCAL_MLP: attention runs eagerly; each "
             f"decoder layer's post-attention RMSNorm + MLP replays a CUDA graph captured at "
             f"start-up for batch sizes {sizes}")
+    if mode is CudaGraphMode.PIECEWISE:
+        return GraphPath.PIECEWISE_GRAPHS, (
+            f"enforce_eager: true, cudagraph_mode: PIECEWISE: the attention kernels run eagerly; "
+            f"the rest of every step (prefill, mixed, decode) replays CUDA graphs captured at "
+            f"start-up for token counts {sizes}")
+    if mode is CudaGraphMode.FULL_AND_PIECEWISE:
+        decode = [s for s in sizes if s <= stage0.max_num_seqs]
+        return GraphPath.FULL_DECODE_AND_PIECEWISE, (
+            f"enforce_eager: false, cudagraph_mode: FULL_AND_PIECEWISE: each decode-only step "
+            f"replays one whole-step CUDA graph (batch sizes {decode}); prefill and mixed steps "
+            f"replay piecewise graphs, attention eager (token counts {sizes}); the local MLP "
+            f"graphs are off")
     return GraphPath.FULL_DECODE_GRAPH, (
         f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
         f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "
@@ -366,7 +394,7 @@ def _build_talker(stage: _Section) -> TalkerStageConfig:
         kv_block_size=kv_block_size,
         num_gpu_blocks=stage.integer("num_gpu_blocks", None, 1, optional=True),
         default_sampling_params=_build_sampling(stage.section("default_sampling_params")),
-        compilation_config=_build_compilation(stage, enforce_eager, max_num_seqs),
+        compilation_config=_build_compilation(stage, enforce_eager, max_num_seqs, max_num_batched_tokens),
     )
     stage.finish()
     return config
@@ -404,8 +432,8 @@ def _build_sampling(section: _Section) -> DefaultSamplingParams:
     return config
 
 
-def _build_compilation(stage: _Section, enforce_eager: bool,
-                       max_num_seqs: int) -> CompilationConfig:
+def _build_compilation(stage: _Section, enforce_eager: bool, max_num_seqs: int,
+                       max_num_batched_tokens: int) -> CompilationConfig:
     section = stage.section("compilation_config")
     mode_name = section.choice("cudagraph_mode", None, tuple(m.value for m in CudaGraphMode))
     if mode_name is None:  # not given: the graph path that matches enforce_eager
@@ -413,7 +441,11 @@ def _build_compilation(stage: _Section, enforce_eager: bool,
     else:
         mode = CudaGraphMode(mode_name)
     _check_one_graph_path(stage, section, enforce_eager, mode)
-    sizes = _capture_sizes(section, mode, max_num_seqs, stage.key("max_num_seqs"))
+    if mode.piecewise:
+        limit, limit_key = max_num_batched_tokens, stage.key("max_num_batched_tokens")
+    else:
+        limit, limit_key = max_num_seqs, stage.key("max_num_seqs")
+    sizes = _capture_sizes(section, mode, max_num_seqs, limit, limit_key)
     config = CompilationConfig(
         cudagraph_mode=mode,
         cudagraph_capture_sizes=sizes,
@@ -427,10 +459,15 @@ def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: boo
                           mode: CudaGraphMode) -> None:
     mode_key, eager_key = section.key("cudagraph_mode"), stage.key("enforce_eager")
     eager = _key_text(eager_key)
-    if enforce_eager and mode is CudaGraphMode.FULL_DECODE_ONLY:
-        problem = (f"FULL_DECODE_ONLY (the whole-step decode graph) with {eager}: true (the "
+    full = (CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
+    if enforce_eager and mode in full:
+        problem = (f"{mode.value} (the whole-step decode graph) with {eager}: true (the "
                    f"local MLP graph path) asks for both graph paths, which exclude each other: "
                    f"set enforce_eager: false for the full decode graph, or drop cudagraph_mode")
+    elif not enforce_eager and mode is CudaGraphMode.PIECEWISE:
+        problem = (f"PIECEWISE (eager attention kernels) with {eager}: false (the whole-step "
+                   f"decode graph path): set enforce_eager: true, or cudagraph_mode: "
+                   f"FULL_AND_PIECEWISE for the full decode graph plus piecewise graphs")
     elif not enforce_eager and mode is CudaGraphMode.LOCAL_MLP:
         problem = (f"LOCAL_MLP (the local MLP graphs) with {eager}: false (the whole-step decode "
                    f"graph path) asks for both graph paths, which exclude each other: set "
@@ -440,23 +477,26 @@ def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: boo
     raise stage.ctx.error([mode_key, eager_key], problem)
 
 
-def _capture_sizes(section: _Section, mode: CudaGraphMode, max_num_seqs: int,
-                   max_num_seqs_key: KeyPath) -> tuple[int, ...]:
+def _capture_sizes(section: _Section, mode: CudaGraphMode, max_num_seqs: int, limit: int,
+                   limit_key: KeyPath) -> tuple[int, ...]:
+    """Ascending sizes, each <= `limit` (max_num_seqs, or the token budget in piecewise modes)."""
     name = "cudagraph_capture_sizes"
     value = section.raw(name, None)
     if value is None:
-        return _default_capture_sizes(max_num_seqs)
+        return _default_capture_sizes(max_num_seqs, limit if mode.piecewise else max_num_seqs)
     if not isinstance(value, list):
         raise section.error(name, f"expected a list of batch sizes, got {type(value).__name__}")
     for size in value:
         problem = frame_count_problem(size, 1)  # a positive integer
         if problem is not None:
             raise section.error(name, f"batch size {problem}")
-        if size > max_num_seqs:
+        if size > limit:
+            limit_name = limit_key[-1]
             raise section.ctx.error(
-                [section.key(name), max_num_seqs_key],
-                f"{size} is above max_num_seqs {max_num_seqs}: no batch can be that large; "
-                f"drop it or raise max_num_seqs")
+                [section.key(name), limit_key],
+                f"{size} is above {limit_name} {limit}: no "
+                f"{'step' if mode.piecewise else 'batch'} can be that large; drop it or raise "
+                f"{limit_name}")
     if len(set(value)) != len(value):
         raise section.error(name, f"{value} lists a size twice")
     if not value and mode is not CudaGraphMode.NONE:
@@ -465,9 +505,16 @@ def _capture_sizes(section: _Section, mode: CudaGraphMode, max_num_seqs: int,
     return tuple(sorted(value))
 
 
-def _default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+PIECEWISE_TOKEN_SIZES = (96, 128, 192, 256, 384, 512)
+
+
+def _default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...]:
+    """Decode batch sizes up to max_num_seqs; piecewise modes (max_tokens > max_num_seqs) add
+    token counts for prefill and mixed steps."""
     sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}
-    return tuple(sorted(s for s in sizes if s <= max_num_seqs))
+    sizes = {s for s in sizes if s <= max_num_seqs}
+    sizes |= {s for s in PIECEWISE_TOKEN_SIZES if max_num_seqs < s <= max_tokens}
+    return tuple(sorted(sizes))
 
 
 def _build_codec(stage: _Section) -> CodecStageConfig:

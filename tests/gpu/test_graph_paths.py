@@ -1,4 +1,5 @@
-"""On CUDA: the three Stage 0 paths (eager, MLP graphs, full decode graph) give identical rows.
+"""On CUDA: the Stage 0 paths (eager, MLP graphs, full decode graph, piecewise graphs alone and
+under the full decode graph) give identical rows.
 
 Greedy (temperature 0) and seeded sampling, a mixed set of requests of different lengths that
 arrive while others run, so graph steps, padded batches and eager prefill/mixed steps all occur.
@@ -37,7 +38,14 @@ PATHS = {
                                                            "cudagraph_capture_sizes": [1, 2, 4, 8]}},
     "full": {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY",
                                                              "cudagraph_capture_sizes": [1, 2, 4, 8]}},
+    "piecewise": {"enforce_eager": True, "compilation_config": {"cudagraph_mode": "PIECEWISE",
+                                                                 "cudagraph_capture_sizes": [1, 2, 4, 8, 24, 64]}},
+    "full_and_piecewise": {"enforce_eager": False,
+                           "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE",
+                                                  "cudagraph_capture_sizes": [1, 2, 4, 8, 24, 64]}},
 }
+EXPECTED_MODES = {"mlp": [StepMode.MLP_GRAPHS], "full": [StepMode.FULL_GRAPH], "piecewise": [StepMode.PIECEWISE],
+                  "full_and_piecewise": [StepMode.FULL_GRAPH, StepMode.PIECEWISE]}
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +92,12 @@ def test_graph_paths_match_eager(loaded, temperature):
                 assert runner.capture_info, "graphs must be captured at start-up"
                 assert runner.step_modes[StepMode.EAGER] == 0  # nothing ran before the first request
             rows[path] = _run(engine, _requests(temperature))
-            if path == "mlp":
-                assert runner.step_modes[StepMode.MLP_GRAPHS] > 0
-            if path == "full":
-                assert runner.step_modes[StepMode.FULL_GRAPH] > 0
+            for mode in EXPECTED_MODES.get(path, []):
+                assert runner.step_modes[mode] > 0, (path, runner.step_modes)
+            if path.endswith("piecewise"):
+                assert runner.step_modes[StepMode.EAGER] == 0, runner.step_modes  # every step had a graph
         finally:
             engine.close()
-    for path in ("mlp", "full"):
+    for path in EXPECTED_MODES:
         for rid, expected in rows["eager"].items():
             np.testing.assert_array_equal(rows[path][rid], expected, err_msg=f"{path} path, request {rid}")

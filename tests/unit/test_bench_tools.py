@@ -96,7 +96,7 @@ def step_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
     rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto", "--device", "cpu",
                           "--batch", "1", "2", "--context", "8", "20", "--iters", "2", "--warmup", "1",
                           "--max-num-batched-tokens", "32", "--max-model-len", "64", "--copy-gib", "0.001",
-                          "--out", str(out), "--log-level", "WARNING"])
+                          "--mixed-tokens", "6", "--out", str(out), "--log-level", "WARNING"])
     assert rc == 0
     return out
 
@@ -104,8 +104,8 @@ def step_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
 def test_bench_step_runs_eager_on_cpu(step_json: Path):
     data = json.loads(step_json.read_text())
     rows = data["rows"]
-    assert [(r["path"], r["context"], r["batch"]) for r in rows] == [
-        ("eager", 8, 1), ("eager", 8, 2), ("eager", 20, 1), ("eager", 20, 2)]
+    assert [(r["path"], r["step"], r["context"], r["batch"]) for r in rows] == [
+        ("eager", step, context, batch) for context in (8, 20) for step in ("decode", "mixed") for batch in (1, 2)]
     for r in rows:
         assert r["modes"] == ["eager"] and r["iters"] == 2
         assert r["step_ms_median"] > 0 and r["floor_ms"] > 0
@@ -132,13 +132,15 @@ def test_bench_step_all_graph_paths_on_cuda(tiny_model_dir: Path, tmp_path: Path
     rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto", "--device", "cuda",
                           "--batch", "1", "2", "4", "--context", "8", "40", "--iters", "3", "--warmup", "1",
                           "--max-num-batched-tokens", "64", "--max-model-len", "128", "--copy-gib", "0.05",
-                          "--out", str(out), "--log-level", "WARNING"])
+                          "--mixed-tokens", "10", "--out", str(out), "--log-level", "WARNING"])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert {r["path"] for r in rows} == {"eager", "mlp_graphs", "full_graph"} and len(rows) == 18
+    assert {r["path"] for r in rows} == {"eager", "mlp_graphs", "full_graph", "piecewise"} and len(rows) == 48
     for r in rows:
-        assert r["modes"] == [r["path"]]  # every timed step took the path under test
-        assert (r["gpu_ms"] is not None) == (r["path"] == "full_graph")
+        # decode steps take the path under test; mixed steps only the piecewise graphs serve
+        expected = r["path"] if r["step"] == "decode" or r["path"] == "piecewise" else "eager"
+        assert r["modes"] == [expected], r
+        assert (r["gpu_ms"] is not None) == (r["path"] == "full_graph" and r["step"] == "decode")
 
 
 # ------------------------------------------------------------------------------ real server

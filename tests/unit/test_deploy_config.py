@@ -130,6 +130,10 @@ def test_to_dict_is_json_and_names_graph_paths():
      GraphPath.EAGER, "NONE"),
     ({}, False, GraphPath.EAGER, "CUDA is not available"),
     ({"devices": "cpu"}, True, GraphPath.EAGER, "cpu"),
+    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, True, GraphPath.PIECEWISE_GRAPHS, "PIECEWISE"),
+    ({"enforce_eager": False, "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}, True,
+     GraphPath.FULL_DECODE_AND_PIECEWISE, "FULL_AND_PIECEWISE"),
+    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, False, GraphPath.EAGER, "CUDA is not available"),
 ])
 def test_graph_path_resolution(tmp_path, stage0, cuda, expected, reason_part):
     path = write(tmp_path, "g.yaml", {"stages": [{"stage_id": 0, **stage0}]})
@@ -234,8 +238,14 @@ STAGE0_ERRORS = [
      "stages[0].default_sampling_params.max_tokens", "below the minimum 1"),
     ({"default_sampling_params": {"repetition_penalty": 1.1}},
      "stages[0].default_sampling_params.repetition_penalty", "unknown key"),
-    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+    ({"compilation_config": {"cudagraph_mode": "FULL"}},
      "stages[0].compilation_config.cudagraph_mode", "not one of NONE, LOCAL_MLP"),
+    ({"enforce_eager": False, "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+     "stages[0].compilation_config.cudagraph_mode", "set enforce_eager: true, or cudagraph_mode: "
+                                                    "FULL_AND_PIECEWISE"),
+    ({"max_num_batched_tokens": 256, "compilation_config": {"cudagraph_mode": "PIECEWISE",
+                                                            "cudagraph_capture_sizes": [1, 64, 512]}},
+     "stages[0].compilation_config.cudagraph_capture_sizes", "512 is above max_num_batched_tokens 256"),
     ({"max_num_seqs": 16, "compilation_config": {"cudagraph_capture_sizes": [1, 8, 32]}},
      "stages[0].compilation_config.cudagraph_capture_sizes", "32 is above max_num_seqs 16"),
     ({"compilation_config": {"cudagraph_capture_sizes": [0, 1]}},
@@ -298,12 +308,40 @@ def test_top_level_validation_errors_name_key_and_file(tmp_path, doc, key, probl
      "FULL_DECODE_ONLY"),
     ({"enforce_eager": False, "compilation_config": {"cudagraph_mode": "LOCAL_MLP"}},
      "LOCAL_MLP"),
+    ({"enforce_eager": True, "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}},
+     "FULL_AND_PIECEWISE"),
 ])
 def test_asking_for_both_graph_paths_is_an_error(tmp_path, stage0, culprit):
     path = write(tmp_path, "both.yaml", {"stages": [{"stage_id": 0, **stage0}]})
     _expect_error(path, "stages[0].compilation_config.cudagraph_mode", "both graph paths")
     with pytest.raises(ConfigError, match=rf"{culprit}.*stages\[0\]\.enforce_eager"):
         load_deploy_config(str(path))
+
+
+def test_piecewise_modes_default_to_token_counts_above_the_batch_sizes(tmp_path):
+    stage0 = {"enforce_eager": False, "max_num_seqs": 16, "max_num_batched_tokens": 300,
+              "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}
+    config = load_deploy_config(str(write(tmp_path, "p.yaml", {"stages": [{"stage_id": 0, **stage0}]})))
+    assert config.stage0.compilation_config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 96, 128, 192, 256)
+
+
+def test_piecewise_graph_policy_splits_decode_sizes_from_token_counts(tmp_path):
+    import torch
+
+    from higgs_serve.engine.builder import graph_policy
+    from higgs_serve.worker.cuda_graphs import StepMode
+
+    stage0 = {"enforce_eager": False, "max_num_seqs": 8,
+              "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE",
+                                     "cudagraph_capture_sizes": [1, 4, 8, 64, 256]}}
+    config = load_deploy_config(str(write(tmp_path, "p.yaml", {"stages": [{"stage_id": 0, **stage0}]})))
+    policy = graph_policy(config, torch.device("cuda"))
+    assert policy.full_decode and not policy.mlp
+    assert policy.capture_sizes == (1, 4, 8) and policy.piecewise_sizes == (1, 4, 8, 64, 256)
+    assert policy.dispatch(3, True) == (StepMode.FULL_GRAPH, 4)
+    assert policy.dispatch(3, False) == (StepMode.PIECEWISE, 4)  # mixed: piecewise
+    assert policy.dispatch(70, False) == (StepMode.PIECEWISE, 256)
+    assert policy.dispatch(257, False) == (StepMode.EAGER, 257)
 
 
 def test_both_graph_paths_via_override_names_both_sources():

@@ -86,14 +86,20 @@ class Qwen3Layer(nn.Module):
         self.gate_up_proj = weight(2 * cfg.intermediate_size, d)
         self.down_proj = weight(d, cfg.intermediate_size)
 
+    def pre_attention(self, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of h [N, D]: rope(norm(q)), rope(norm(k)), v, each [N, heads, Dh]."""
+        qkv = F.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
+        return self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
+                                     self.num_heads, self.num_kv_heads, self.head_dim)
+
     def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
         """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D]."""
-        n = h.shape[0]
-        qkv = F.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
-        q, k, v = self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
-                                        self.num_heads, self.num_kv_heads, self.head_dim)
-        out = attention(self.layer_idx, q, k, v)  # [N, Hq, Dh]
-        return self.ops.linear_residual(out.reshape(n, self.q_size), self.o_proj, h)
+        q, k, v = self.pre_attention(h, cos, sin)
+        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h)
+
+    def o_proj_residual(self, out: Tensor, h: Tensor) -> Tensor:
+        """h + o_proj(out) for the attention output out [N, Hq, Dh]."""
+        return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h)
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""

@@ -5,8 +5,11 @@ Two mutually exclusive paths (SPEC §2.1, seed/deploy_profiles.md):
   RMSNorm + SwiGLU MLP replays a graph captured per padded batch size.
 - Full decode graph (low latency): the whole decode step, audio-embedding feedback, backbone,
   audio head and the delay/sampling state machine, replays as one graph per padded batch size.
-Everything is captured at start-up, largest size first, into one shared memory pool. Prefill and
-mixed steps, and decode batches above the largest size, run eagerly.
+And, as an explicit option beyond the two profiles, piecewise graphs (`worker/piecewise.py`):
+the whole step but its attention kernels, per padded token count, for any mix of prefill and
+decode; alone, or under the full decode graph for the steps it cannot serve.
+Everything is captured at start-up, largest size first, into one shared memory pool. Steps no
+graph serves (mixed steps without piecewise graphs, batches above the largest size) run eagerly.
 """
 
 from __future__ import annotations
@@ -28,38 +31,44 @@ class StepMode(enum.Enum):
     EAGER = "eager"
     MLP_GRAPHS = "mlp_graphs"  # eager step, layer MLPs replayed
     FULL_GRAPH = "full_graph"  # whole decode step replayed
+    PIECEWISE = "piecewise"  # everything but the attention kernels replayed
 
 
 @dataclass(frozen=True)
 class GraphPolicy:
-    """Which graphs exist. `capture_sizes` ascending; empty means no graphs at all."""
+    """Which graphs exist. `capture_sizes`: decode batch sizes of the full decode graph or the
+    MLP graphs; `piecewise_sizes`: token counts of the piecewise graphs; both ascending."""
 
     full_decode: bool
     mlp: bool
     capture_sizes: tuple[int, ...]
     num_warmups: int = 1
+    piecewise_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.full_decode and self.mlp:
             raise ValueError("the full decode graph and the MLP graphs are mutually exclusive")
+        if self.mlp and self.piecewise_sizes:
+            raise ValueError("the MLP graphs and the piecewise graphs are mutually exclusive")
 
     @classmethod
     def eager(cls) -> GraphPolicy:
         return cls(full_decode=False, mlp=False, capture_sizes=())
 
     def dispatch(self, num_tokens: int, is_pure_decode: bool) -> tuple[StepMode, int]:
-        """(mode, padded batch size) for a step; only pure decode steps use graphs."""
-        if not is_pure_decode or not self.capture_sizes or num_tokens > self.capture_sizes[-1]:
-            return StepMode.EAGER, num_tokens
-        padded = self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
-        if self.full_decode:
-            return StepMode.FULL_GRAPH, padded
-        if self.mlp:
-            return StepMode.MLP_GRAPHS, padded
+        """(mode, padded size) for a step: a decode-only step takes the full decode graph or the
+        MLP graphs when they serve its size, any step the piecewise graphs when they do."""
+        sizes = self.capture_sizes
+        if is_pure_decode and sizes and num_tokens <= sizes[-1] and (self.full_decode or self.mlp):
+            padded = sizes[bisect.bisect_left(sizes, num_tokens)]
+            return (StepMode.FULL_GRAPH if self.full_decode else StepMode.MLP_GRAPHS), padded
+        pieces = self.piecewise_sizes
+        if pieces and num_tokens <= pieces[-1]:
+            return StepMode.PIECEWISE, pieces[bisect.bisect_left(pieces, num_tokens)]
         return StepMode.EAGER, num_tokens
 
 
-def _capture(fn: Callable[[], None], pool, num_warmups: int, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+def capture_one(fn: Callable[[], None], pool, stream: torch.cuda.Stream, num_warmups: int = 0) -> torch.cuda.CUDAGraph:
     """Warm `fn` up eagerly on a side stream, then capture it into `pool`."""
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -96,7 +105,7 @@ class MLPGraphs:
             for layer in self.layers:
                 def body(layer=layer, inp=inp, out=out) -> None:
                     out.copy_(layer.mlp_residual(inp))
-                per_layer.append(_capture(body, pool, num_warmups, stream))
+                per_layer.append(capture_one(body, pool, stream, num_warmups))
             self.graphs[n] = per_layer
 
     def __call__(self, layer_idx: int, h: Tensor) -> Tensor:
@@ -116,7 +125,7 @@ class FullDecodeGraphs:
 
     def capture(self, body: Callable[[int], None], pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
         for n in sorted(self.sizes, reverse=True):
-            self.graphs[n] = _capture(lambda n=n: body(n), pool, num_warmups, stream)
+            self.graphs[n] = capture_one(lambda n=n: body(n), pool, stream, num_warmups)
 
     def replay(self, n: int) -> None:
         self.graphs[n].replay()

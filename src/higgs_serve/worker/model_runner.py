@@ -22,6 +22,7 @@ from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
 from higgs_serve.worker.cuda_graphs import FullDecodeGraphs, GraphPolicy, MLPGraphs, StepMode, timed_capture
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
+from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,17 @@ class ModelRunner:
             device=device,
         )
         max_blocks = -(-max_model_len // kv.block_size)
-        self.buffers = InputBuffers(max_num_batched_tokens, max_num_seqs, max_blocks, device)
+        max_tokens = max(max_num_batched_tokens, max(self.graphs.piecewise_sizes, default=0))
+        self.max_num_seqs = max_num_seqs
+        self.buffers = InputBuffers(max_tokens, max_num_seqs, max_blocks, device)
+        # reference rows of clone prompts in this step's prefill, indexed by ref_row_index
+        self._ref_dev = torch.zeros(max_tokens, self.num_codebooks, dtype=torch.int64, device=device)
+        self._piece_io: PieceIO | None = None
+        if self.graphs.piecewise_sizes:
+            text = talker.text_cfg
+            shape = (max_tokens, text.num_heads, text.head_dim)
+            self._piece_io = PieceIO(q=torch.zeros(shape, dtype=dtype, device=device),
+                                     o=torch.zeros(shape, dtype=dtype, device=device))
         self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size)
         self._prompts: dict[int, _SlotPrompt] = {}
         # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step
@@ -85,6 +96,7 @@ class ModelRunner:
                            for _ in range(2)]
         self._mlp_graphs: MLPGraphs | None = None
         self._full_graphs: FullDecodeGraphs | None = None
+        self._piecewise: PiecewiseGraphs | None = None
         self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
         self.capture_info: list[dict] = []
 
@@ -126,18 +138,18 @@ class ModelRunner:
             self._fill_decode_padding(staged.num_tokens, padded)
             self.buffers.upload(padded)
             self._full_graphs.replay(padded)
+        elif mode is StepMode.PIECEWISE:
+            self._run_piecewise(plan, staged, padded)
         else:
             self.buffers.upload(len(plan.chunks))
+            self._upload_ref_rows(staged)
             inputs = self.buffers.views(staged.num_tokens, len(plan.chunks), len(staged.sample_ids),
                                         staged.has_audio, staged.has_text)
-            ref_rows = None
-            if staged.ref_parts:
-                ref_rows = torch.from_numpy(np.concatenate(staged.ref_parts)).to(self.device, non_blocking=True)
             mlp = None
             if mode is StepMode.MLP_GRAPHS:
                 self._mlp_graphs.padded = padded
                 mlp = self._mlp_graphs
-            hidden = self._forward(inputs, ref_rows, mlp)
+            hidden = self._forward(inputs, mlp)
             self._sample_eager(inputs, hidden)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
@@ -199,6 +211,47 @@ class ModelRunner:
                 sample_ids.append(chunk.request_id)
         return _Staged(n, has_audio, has_text, ref_parts, sample_ids)
 
+    def _upload_ref_rows(self, staged: _Staged) -> None:
+        if staged.ref_parts:
+            rows = torch.from_numpy(np.concatenate(staged.ref_parts))
+            self._ref_dev[: rows.shape[0]].copy_(rows.to(self.device, non_blocking=True))
+
+    def _run_piecewise(self, plan: StepPlan, staged: _Staged, padded: int) -> None:
+        """Replay the piecewise graphs of `padded` tokens, attention eager in between."""
+        num_seqs, samples = len(plan.chunks), self._piecewise_samples(padded)
+        self._fill_token_padding(staged.num_tokens, padded, len(staged.sample_ids), samples)
+        self.buffers.upload(num_seqs)
+        self._upload_ref_rows(staged)
+        n = staged.num_tokens
+        inputs = self.buffers.views(n, num_seqs, len(staged.sample_ids), staged.has_audio, staged.has_text)
+        attention = self._attention(inputs, *self._host_maxima(num_seqs))
+        q, o = self._piece_io.q[:n], self._piece_io.o[:n]
+
+        def attend(layer_idx: int) -> None:
+            attention.attend(layer_idx, q, out=o)
+
+        if self._piecewise is not None:
+            self._piecewise.replay(padded, attend)
+        else:  # not captured (no CUDA): the same pieces, run directly
+            run_pieces(self._pieces(padded), attend)
+
+    def _piecewise_samples(self, padded_tokens: int) -> int:
+        """Sampled rows of a piecewise step of `padded_tokens` tokens (at most one per request)."""
+        return min(padded_tokens, self.max_num_seqs)
+
+    def _fill_token_padding(self, num_tokens: int, padded: int, num_samples: int, padded_samples: int) -> None:
+        """Token rows [num_tokens, padded) belong to no request and write no K/V; sampled rows
+        [num_samples, padded_samples) read token 0 and step the always-done pad slot."""
+        buf = self.buffers
+        pad = slice(num_tokens, padded)
+        buf.host("token_ids")[pad] = 0
+        buf.host("positions")[pad] = 0
+        buf.host("audio_src_slot")[pad] = -1
+        buf.host("slot_mapping")[pad] = -1
+        buf.host("ref_row_index")[pad] = -1
+        buf.host("sample_token_index")[num_samples:padded_samples] = 0
+        buf.host("sample_slots")[num_samples:padded_samples] = self.audio_state.pad_slot
+
     def _fill_decode_padding(self, start: int, padded: int) -> None:
         """Rows [start, padded) of a padded decode batch: the always-done pad slot, K/V written
         to the scratch block, one context token, so they cost a little work and touch nothing real."""
@@ -220,7 +273,7 @@ class ModelRunner:
         bt[pad] = 0
         bt[pad, 0] = self.scratch_block
 
-    def _embed(self, inputs: StepInputs, ref_rows: torch.Tensor | None) -> torch.Tensor:
+    def _embed(self, inputs: StepInputs) -> torch.Tensor:
         talker = self.talker
         if not inputs.has_text_inputs:
             return talker.embed_audio(self.audio_state.input_rows(inputs.audio_src_slot))
@@ -229,9 +282,8 @@ class ModelRunner:
             return embeds
         # audio inputs replace (never add to) the token embedding
         rows = self.audio_state.input_rows(inputs.audio_src_slot.clamp(min=0))
-        if ref_rows is not None:
-            use_ref = (inputs.ref_row_index >= 0).unsqueeze(1)
-            rows = torch.where(use_ref, ref_rows[inputs.ref_row_index.clamp(min=0)], rows)
+        use_ref = (inputs.ref_row_index >= 0).unsqueeze(1)
+        rows = torch.where(use_ref, self._ref_dev[inputs.ref_row_index.clamp(min=0)], rows)
         is_audio = ((inputs.audio_src_slot >= 0) | (inputs.ref_row_index >= 0)).unsqueeze(1)
         return torch.where(is_audio, talker.embed_audio(rows), embeds)
 
@@ -246,13 +298,14 @@ class ModelRunner:
         )
         return self.backend.bind(meta, self.kv_caches)
 
-    def _forward(self, inputs: StepInputs, ref_rows: torch.Tensor | None, mlp=None) -> torch.Tensor:
-        # host maxima come from the staged host copies (no device sync)
-        qsl = self.buffers.host_query_start_loc()[: inputs.num_seqs + 1]
-        max_query_len = int(np.max(np.diff(qsl)))
-        max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max())
-        attention = self._attention(inputs, max_query_len, max_seq_len)
-        return self.talker(self._embed(inputs, ref_rows), inputs.positions, attention, mlp)
+    def _host_maxima(self, num_seqs: int) -> tuple[int, int]:
+        """(max query length, max context) from the staged host copies (no device sync)."""
+        qsl = self.buffers.host_query_start_loc()[: num_seqs + 1]
+        return int(np.max(np.diff(qsl))), int(self.buffers.host_seq_lens()[:num_seqs].max())
+
+    def _forward(self, inputs: StepInputs, mlp=None) -> torch.Tensor:
+        attention = self._attention(inputs, *self._host_maxima(inputs.num_seqs))
+        return self.talker(self._embed(inputs), inputs.positions, attention, mlp)
 
     def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
         s = inputs.num_samples
@@ -301,18 +354,31 @@ class ModelRunner:
         hidden = self.talker(embeds, inputs.positions, attention)
         self._sample_into_out(inputs.sample_slots, self.talker.audio_logits(hidden), n)
 
+    def _pieces(self, n: int) -> list:
+        """The step of n (padded) tokens as piecewise-graph pieces, on the static buffers."""
+        samples = self._piecewise_samples(n)
+        inputs = self.buffers.views(n, self.max_num_seqs, samples, True, True)
+        writer = self._attention(inputs, max_query_len=0, max_seq_len=0)  # pieces only write K/V
+
+        def finish(hidden: torch.Tensor) -> None:
+            logits = self.talker.audio_logits(hidden[inputs.sample_token_index])
+            self._sample_into_out(inputs.sample_slots, logits, samples)
+
+        return build_pieces(self.talker.backbone, lambda: self._embed(inputs), inputs.positions,
+                            writer.write, self._piece_io, finish)
+
     @torch.inference_mode()
     def capture_graphs(self) -> list[dict]:
         """Capture every graph of the policy now, at start-up (never lazily on live traffic)."""
         policy = self.graphs
-        if not policy.capture_sizes or self.device.type != "cuda":
+        if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
             return []
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         sizes = policy.capture_sizes
-        # static inputs: every row a padding row (pad slot, scratch block)
-        self._fill_decode_padding(0, sizes[-1])
-        self.buffers.upload(sizes[-1])
+        if sizes:  # static inputs: every row a padding row (pad slot, scratch block)
+            self._fill_decode_padding(0, sizes[-1])
+            self.buffers.upload(sizes[-1])
         if policy.mlp:
             text = self.talker.text_cfg
             self._mlp_graphs = MLPGraphs(self.talker.backbone.layers, text.hidden_size, sizes, self.dtype, self.device)
@@ -322,6 +388,15 @@ class ModelRunner:
             self._full_graphs = FullDecodeGraphs(sizes)
             info = timed_capture("full decode", sizes,
                                  lambda: self._full_graphs.capture(self._decode_body, pool, policy.num_warmups, stream),
+                                 self.device)
+            self.capture_info.append(info)
+        if policy.piecewise_sizes:
+            self._piecewise = PiecewiseGraphs(policy.piecewise_sizes)
+            largest = policy.piecewise_sizes[-1]
+            self._fill_token_padding(0, largest, 0, self._piecewise_samples(largest))
+            self.buffers.upload(0)
+            info = timed_capture("piecewise", policy.piecewise_sizes,
+                                 lambda: self._piecewise.capture(self._pieces, pool, max(1, policy.num_warmups), stream),
                                  self.device)
             self.capture_info.append(info)
         return self.capture_info

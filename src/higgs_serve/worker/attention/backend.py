@@ -26,6 +26,12 @@ KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, Hk
 class Attention(Protocol):
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
+    # The two halves of __call__, for the piecewise graph path: the write is captured inside a
+    # graph piece, the attention runs eagerly between two pieces. Neither checks shapes.
+    def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None: ...
+
+    def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor: ...
+
 
 class AttentionBackend:
     """Base: KV-cache allocation and argument checks shared by the backends."""

@@ -74,8 +74,20 @@ class TorchBoundAttention:
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.kv_caches[layer_idx]
         check_qkv(q, k, v, k_cache, v_cache)
+        self.write(layer_idx, k, v)
+        return self.attend(layer_idx, q)
+
+    def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        k_cache, v_cache = self.kv_caches[layer_idx]
         write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, self.meta)
+
+    def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor:
+        k_cache, v_cache = self.kv_caches[layer_idx]
+        result = paged_attention(q, k_cache, v_cache, self.meta)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
 
 
 class TorchPagedAttention(AttentionBackend):

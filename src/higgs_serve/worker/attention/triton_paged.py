@@ -251,12 +251,14 @@ class DecodeWorkspace:
         self.lse = torch.empty(num_requests, num_splits, num_heads, dtype=torch.float32, device=device)
 
 
-def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, work: DecodeWorkspace) -> Tensor:
-    """q [B, Hq, Dh] (row b = request b) -> o [B, Hq, Dh]."""
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, work: DecodeWorkspace,
+                 out: Tensor | None = None) -> Tensor:
+    """q [B, Hq, Dh] (row b = request b) -> o [B, Hq, Dh] (into `out` when given)."""
     num_requests, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
     splits = work.num_splits
     # One split: the kernel writes the final output itself ([B, 1, Hq, Dh] view of o).
     partial = work.partial if splits > 1 else out.unsqueeze(1)
@@ -286,10 +288,13 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
     return out
 
 
-def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
-    """Any batch (prefill chunks and decodes): q [N, Hq, Dh] -> o [N, Hq, Dh]."""
+def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
+                  out: Tensor | None = None) -> Tensor:
+    """Any batch (prefill chunks and decodes): q [N, Hq, Dh] -> o [N, Hq, Dh]. Rows that belong
+    to no request keep what `out` held (zeros when it is not given)."""
     num_tokens, num_heads, head_dim = q.shape
-    out = torch.zeros_like(q)  # rows of requests without keys stay 0
+    if out is None:
+        out = torch.zeros_like(q)
     if num_tokens == 0 or meta.max_query_len == 0:
         return out
     block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
@@ -342,10 +347,20 @@ class TritonBoundAttention:
         k_cache, v_cache = self.kv_caches[layer_idx]
         check_qkv(q, k, v, k_cache, v_cache)
         _check_triton_inputs(q, k, v, k_cache, self.meta)
+        self.write(layer_idx, k, v)
+        return self.attend(layer_idx, q)
+
+    def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        """Scatter this step's k/v into layer `layer_idx`'s pages (graph-capturable)."""
+        k_cache, v_cache = self.kv_caches[layer_idx]
         write_kv_triton(k, v, k_cache, v_cache, self.meta.slot_mapping)
+
+    def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor:
+        """Attention over the pages already written (the piecewise path runs this eagerly)."""
+        k_cache, v_cache = self.kv_caches[layer_idx]
         if self.meta.is_pure_decode:
-            return paged_decode(q, k_cache, v_cache, self.meta, self._workspace(q, k_cache.shape[2]))
-        return paged_prefill(q, k_cache, v_cache, self.meta)
+            return paged_decode(q, k_cache, v_cache, self.meta, self._workspace(q, k_cache.shape[2]), out)
+        return paged_prefill(q, k_cache, v_cache, self.meta, out)
 
 
 class TritonPagedAttention(AttentionBackend):

@@ -109,6 +109,28 @@ def test_prefill_matches_reference(dtype, geometry, starts, q_lens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("geometry,starts,q_lens", [
+    (GEOMETRY_4B, [1000, 33, 2047, 0, 512], [1, 1, 1, 130, 64]),
+    (GEOMETRY_TINY, [40, 0], [1, 70]),
+], ids=["4b", "tiny"])
+def test_mixed_step_with_leading_decodes_matches_reference(dtype, geometry, starts, q_lens):
+    """num_decodes > 0: the decode kernel serves the leading one-token requests, the prefill
+    kernel the chunks after them; `attend` with `out` writes into the given buffer."""
+    meta, caches, qkv = make_step(2, starts, q_lens, dtype=dtype, **geometry)
+    meta.num_decodes = q_lens.index(max(q_lens)) if geometry is GEOMETRY_TINY else 3
+    expected, written = reference(meta, caches, qkv)
+    attention = get_backend("triton").bind(meta, caches)
+    for layer, (q, k, v) in enumerate(qkv):
+        attention.write(layer, k, v)
+        out = torch.full_like(q, float("nan"))
+        got = attention.attend(layer, q, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(out.float(), expected[layer].float(), **TOL[dtype],
+                                   msg=lambda m: f"layer {layer}: {m}")
+        assert torch.equal(caches[layer][0], written[layer][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_cuda_graph_capture_and_replay(dtype):
     """Capture once at batch 4, replay with new contexts (and one padded slot) in the same buffers."""
     geometry = GEOMETRY_4B

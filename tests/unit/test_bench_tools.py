@@ -131,7 +131,7 @@ def test_bench_step_all_graph_paths_on_cuda(tiny_model_dir: Path, tmp_path: Path
     out = tmp_path / "step.json"
     rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto", "--device", "cuda",
                           "--batch", "1", "2", "4", "--context", "8", "40", "--iters", "3", "--warmup", "1",
-                          "--max-num-batched-tokens", "64", "--max-model-len", "128", "--copy-gib", "0.05",
+                          "--max-num-batched-tokens", "96", "--max-model-len", "128", "--copy-gib", "0.05",
                           "--mixed-tokens", "10", "--out", str(out), "--log-level", "WARNING"])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]

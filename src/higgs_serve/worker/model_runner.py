@@ -149,7 +149,7 @@ class ModelRunner:
             if mode is StepMode.MLP_GRAPHS:
                 self._mlp_graphs.padded = padded
                 mlp = self._mlp_graphs
-            hidden = self._forward(inputs, mlp)
+            hidden = self._forward(inputs, staged.num_decodes, mlp)
             self._sample_eager(inputs, hidden)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
@@ -173,7 +173,11 @@ class ModelRunner:
         has_audio = has_text = False
         sample_ids: list[str] = []
         qsl[0] = 0
-        for i, chunk in enumerate(plan.chunks):
+        # Single-token chunks (decodes) first: then row b is request b's only token for every
+        # b < num_decodes, and a mixed step runs the decode attention kernel on those rows.
+        chunks = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        num_decodes = sum(1 for c in chunks if c.num_tokens == 1)
+        for i, chunk in enumerate(chunks):
             prompt = self._prompts[chunk.slot]
             p_len = len(prompt.token_ids)
             start, count = chunk.start_pos, chunk.num_tokens
@@ -209,7 +213,7 @@ class ModelRunner:
                 s_tok[len(sample_ids)] = n - 1
                 s_slot[len(sample_ids)] = chunk.slot
                 sample_ids.append(chunk.request_id)
-        return _Staged(n, has_audio, has_text, ref_parts, sample_ids)
+        return _Staged(n, has_audio, has_text, ref_parts, sample_ids, num_decodes)
 
     def _upload_ref_rows(self, staged: _Staged) -> None:
         if staged.ref_parts:
@@ -224,7 +228,7 @@ class ModelRunner:
         self._upload_ref_rows(staged)
         n = staged.num_tokens
         inputs = self.buffers.views(n, num_seqs, len(staged.sample_ids), staged.has_audio, staged.has_text)
-        attention = self._attention(inputs, *self._host_maxima(num_seqs))
+        attention = self._attention(inputs, *self._host_maxima(num_seqs), staged.num_decodes)
         q, o = self._piece_io.q[:n], self._piece_io.o[:n]
 
         def attend(layer_idx: int) -> None:
@@ -287,7 +291,7 @@ class ModelRunner:
         is_audio = ((inputs.audio_src_slot >= 0) | (inputs.ref_row_index >= 0)).unsqueeze(1)
         return torch.where(is_audio, talker.embed_audio(rows), embeds)
 
-    def _attention(self, inputs: StepInputs, max_query_len: int, max_seq_len: int):
+    def _attention(self, inputs: StepInputs, max_query_len: int, max_seq_len: int, num_decodes: int = 0):
         meta = AttentionMetadata(
             query_start_loc=inputs.query_start_loc,
             seq_lens=inputs.seq_lens,
@@ -295,6 +299,7 @@ class ModelRunner:
             slot_mapping=inputs.slot_mapping,
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            num_decodes=num_decodes,
         )
         return self.backend.bind(meta, self.kv_caches)
 
@@ -303,8 +308,8 @@ class ModelRunner:
         qsl = self.buffers.host_query_start_loc()[: num_seqs + 1]
         return int(np.max(np.diff(qsl))), int(self.buffers.host_seq_lens()[:num_seqs].max())
 
-    def _forward(self, inputs: StepInputs, mlp=None) -> torch.Tensor:
-        attention = self._attention(inputs, *self._host_maxima(inputs.num_seqs))
+    def _forward(self, inputs: StepInputs, num_decodes: int, mlp=None) -> torch.Tensor:
+        attention = self._attention(inputs, *self._host_maxima(inputs.num_seqs), num_decodes)
         return self.talker(self._embed(inputs), inputs.positions, attention, mlp)
 
     def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
@@ -419,3 +424,4 @@ class _Staged:
     has_text: bool
     ref_parts: list[np.ndarray]
     sample_ids: list[str]
+    num_decodes: int  # leading single-token requests

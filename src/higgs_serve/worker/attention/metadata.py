@@ -33,6 +33,9 @@ class AttentionMetadata:
     slot_mapping: Tensor  # [N] int64, cache slot (block_id * block_size + offset) of each new token
     max_query_len: int
     max_seq_len: int
+    # The first num_decodes requests have one query token each, in rows 0..num_decodes-1 (the
+    # runner stages decodes first): a backend may give them its decode kernel in a mixed step.
+    num_decodes: int = 0
 
     @property
     def num_requests(self) -> int:
@@ -41,6 +44,18 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
+
+    def requests(self, lo: int, hi: int | None = None) -> AttentionMetadata:
+        """The metadata of requests [lo, hi) alone (their rows stay where they are in q)."""
+        hi = self.num_requests if hi is None else hi
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[lo : hi + 1],
+            seq_lens=self.seq_lens[lo:hi],
+            block_tables=self.block_tables[lo:hi],
+            slot_mapping=self.slot_mapping,
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+        )
 
     @property
     def is_pure_decode(self) -> bool:

@@ -334,6 +334,7 @@ class TritonBoundAttention:
         self.kv_caches = kv_caches
         self.num_sms = num_sms
         self._work: DecodeWorkspace | None = None
+        self._split: tuple[AttentionMetadata, AttentionMetadata] | None = None  # mixed: decodes, chunks
 
     def _workspace(self, q: Tensor, num_kv_heads: int) -> DecodeWorkspace:
         num_requests, num_heads, head_dim = q.shape
@@ -358,9 +359,23 @@ class TritonBoundAttention:
     def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor:
         """Attention over the pages already written (the piecewise path runs this eagerly)."""
         k_cache, v_cache = self.kv_caches[layer_idx]
-        if self.meta.is_pure_decode:
-            return paged_decode(q, k_cache, v_cache, self.meta, self._workspace(q, k_cache.shape[2]), out)
-        return paged_prefill(q, k_cache, v_cache, self.meta, out)
+        meta = self.meta
+        if meta.is_pure_decode:
+            return paged_decode(q, k_cache, v_cache, meta, self._workspace(q, k_cache.shape[2]), out)
+        d = meta.num_decodes
+        if d == 0:
+            return paged_prefill(q, k_cache, v_cache, meta, out)
+        # A mixed step: the decode kernel for its leading one-token requests (the prefill kernel
+        # would stream each one's whole context through a mostly empty query tile), the prefill
+        # kernel for the chunks after them.
+        if out is None:
+            out = torch.zeros_like(q)
+        if self._split is None:
+            self._split = (meta.requests(0, d), meta.requests(d))
+        decodes, chunks = self._split
+        paged_decode(q[:d], k_cache, v_cache, decodes, self._workspace(q[:d], k_cache.shape[2]), out[:d])
+        paged_prefill(q, k_cache, v_cache, chunks, out)
+        return out
 
 
 class TritonPagedAttention(AttentionBackend):

@@ -200,3 +200,31 @@ def test_decode_cuda_graph_capture_and_replay(dtype):
             assert torch.equal(caches[layer][0], k_ref) and torch.equal(caches[layer][1], v_ref)
             for b in set(range(batch)) - set(real):
                 assert torch.equal(out[layer][b], torch.zeros(hq, dh, dtype=dtype, device="cuda"))
+
+
+def _compiled_variants(kernel) -> int:
+    """How many compiled variants a Triton kernel holds (the cache layout moved across versions)."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:
+        return sum(len(entry[0]) for entry in caches.values())
+    return sum(len(entry) for entry in kernel.cache.values())
+
+
+def test_warm_up_compiles_every_decode_batch_size_in_advance():
+    from higgs_serve.worker.attention import triton_paged as tp
+
+    geometry = dict(GEOMETRY_4B)
+    block_size = geometry.pop("block_size")
+    num_blocks = 80
+    shape = (num_blocks, block_size, geometry["hkv"], geometry["dh"])
+    k_cache = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tp.warm_up_decode(k_cache, v_cache, geometry["hq"], 64, num_blocks - 1, sms, block_table_width=1)
+    before = [_compiled_variants(k) for k in (tp._decode_kernel, tp._decode_reduce_kernel)]
+    for b in range(1, 65):
+        meta, caches, qkv = make_step(b, [3] * b, [1] * b, dtype=torch.bfloat16, block_size=block_size,
+                                      num_layers=1, **geometry)
+        get_backend("triton").bind(meta, caches)(0, *qkv[0])
+    after = [_compiled_variants(k) for k in (tp._decode_kernel, tp._decode_reduce_kernel)]
+    assert after == before, "a batch size compiled a decode kernel after the warm-up"

@@ -374,7 +374,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_graphs(self) -> list[dict]:
-        """Capture every graph of the policy now, at start-up (never lazily on live traffic)."""
+        """Compile the attention kernels for every batch size and capture every graph of the
+        policy now, at start-up (never lazily on live traffic)."""
+        self.backend.warm_up(self.kv_caches, self.talker.text_cfg.num_heads, self.max_num_seqs, self.scratch_block,
+                             self.buffers.max_blocks)
         policy = self.graphs
         if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
             return []

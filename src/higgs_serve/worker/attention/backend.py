@@ -59,6 +59,11 @@ class AttentionBackend:
     def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Attention:
         raise NotImplementedError(f"{type(self).__name__} must implement bind")
 
+    def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
+                block_table_width: int) -> None:
+        """Compile whatever a batch size up to `max_requests` would otherwise compile on live
+        traffic (only `scratch_block` of the caches may be touched). Nothing by default."""
+
 
 def softmax_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)

@@ -8,7 +8,10 @@ Three kernels, one concept each:
   the KV head, so every K/V page is read once per step, and walks one contiguous slice of the
   context. At batch 1 there are only Hkv = 8 (request, KV head) pairs, far fewer than the
   H200's 132 SMs, so the context is split NUM_SPLITS ways and a second kernel merges the
-  partial softmaxes by their log-sum-exp. NUM_SPLITS depends only on the batch size (never on
+  partial softmaxes by their log-sum-exp. The split count is a runtime argument the kernels
+  never specialize on (a new batch size must not compile a kernel on live traffic; the merge
+  kernel's power-of-two padding is compiled for every value at start-up by `warm_up_decode`).
+  It depends only on the batch size (never on
   the context length): each program reads its slice bounds from `seq_lens` on the device, so
   the launch is CUDA-graph capturable and one capture serves every context length.
 - `_prefill_kernel`: any mix of prefill chunks and decodes. A program owns (query block,
@@ -71,16 +74,16 @@ if triton is not None:
         tl.store(k_dst, k, mask=mask)
         tl.store(v_dst, v, mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(
         Q, K_cache, V_cache, O_part, LSE_part, block_tables, seq_lens, qk_scale,
         stride_qn, stride_qh,
         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
         stride_bt,
         stride_ob, stride_os, stride_oh,
-        stride_lb, stride_ls,
+        stride_lb, stride_ls, num_splits,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
         req = tl.program_id(0)
@@ -88,7 +91,7 @@ if triton is not None:
         split = tl.program_id(2)
         ctx_len = tl.load(seq_lens + req)
         # This split's slice [n_start, n_end) of the context, in whole BLOCK_N tiles.
-        tiles_per_split = tl.cdiv(tl.cdiv(ctx_len, BLOCK_N), NUM_SPLITS)
+        tiles_per_split = tl.cdiv(tl.cdiv(ctx_len, BLOCK_N), num_splits)
         n_start = split * tiles_per_split * BLOCK_N
         n_end = tl.minimum(ctx_len, n_start + tiles_per_split * BLOCK_N)
 
@@ -126,19 +129,19 @@ if triton is not None:
         tl.store(o_ptrs, out.to(O_part.dtype.element_ty), mask=g_mask[:, None])
         tl.store(LSE_part + req * stride_lb + split * stride_ls + heads, lse, mask=g_mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_splits"])
     def _decode_reduce_kernel(
         O_part, LSE_part, O,
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_on, stride_oh,
-        NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     ):
         req = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
-        s_mask = offs_s < NUM_SPLITS
+        s_mask = offs_s < num_splits
         lse = tl.load(LSE_part + req * stride_lb + offs_s * stride_ls + head, mask=s_mask, other=float("-inf"))
         m = tl.max(lse, 0)
         m = tl.where(m == float("-inf"), 0.0, m)  # no keys at all (padded request): weights 0
@@ -270,9 +273,9 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2),
-        work.lse.stride(0), work.lse.stride(1),
+        work.lse.stride(0), work.lse.stride(1), splits,
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, _next_pow2(group)),
-        HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N, NUM_SPLITS=splits,
+        HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N,
         DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
     )
@@ -281,11 +284,35 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
             work.partial, work.lse, out,
             work.partial.stride(0), work.partial.stride(1), work.partial.stride(2),
             work.lse.stride(0), work.lse.stride(1),
-            out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, SPLITS_PAD=_next_pow2(splits), HEAD_DIM=head_dim,
+            out.stride(0), out.stride(1), splits,
+            SPLITS_PAD=_next_pow2(splits), HEAD_DIM=head_dim,
             num_warps=4,
         )
     return out
+
+
+def warm_up_decode(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_requests: int, scratch_block: int,
+                   num_sms: int, block_table_width: int) -> list[int]:
+    """Compile the decode kernels for every batch size up to `max_requests` now: one launch per
+    distinct merge-kernel padding, each request one token of `scratch_block` (read only), block
+    tables as wide as the caller's (Triton specializes on that stride). Returns the sizes run."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    by_pad: dict[int, int] = {}
+    for b in range(1, max_requests + 1):
+        by_pad.setdefault(_next_pow2(decode_num_splits(b, num_kv_heads, num_sms)), b)
+    device = k_cache.device
+    for b in by_pad.values():
+        meta = AttentionMetadata(
+            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(b, dtype=torch.int32, device=device),
+            block_tables=torch.full((b, block_table_width), scratch_block, dtype=torch.int32, device=device),
+            slot_mapping=torch.full((b,), -1, dtype=torch.int64, device=device),
+            max_query_len=1, max_seq_len=1,
+        )
+        q = torch.zeros(b, num_heads, head_dim, dtype=k_cache.dtype, device=device)
+        splits = decode_num_splits(b, num_kv_heads, num_sms)
+        paged_decode(q, k_cache, v_cache, meta, DecodeWorkspace(b, num_heads, head_dim, splits, device))
+    return sorted(by_pad.values())
 
 
 def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
@@ -391,6 +418,12 @@ class TritonPagedAttention(AttentionBackend):
         if index not in self._num_sms:
             self._num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
         return self._num_sms[index]
+
+    def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
+                block_table_width: int) -> None:
+        k_cache, v_cache = kv_caches[0]  # every layer's cache has the same shape and dtype
+        warm_up_decode(k_cache, v_cache, num_heads, max_requests, scratch_block, self._sm_count(k_cache.device),
+                       block_table_width)
 
     def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> TritonBoundAttention:
         device = kv_caches[0][0].device

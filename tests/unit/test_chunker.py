@@ -144,3 +144,12 @@ def test_params_validation_and_from_config():
         initial_codec_chunk_frames=2,
     )
     assert WindowParams.from_config(config) == WindowParams(20, 10, 3, 2)
+
+
+def test_streaming_window_lengths_are_the_first_chunk_ramp_and_steady_state():
+    from higgs_serve.codec.chunker import streaming_window_lengths
+
+    # SPEC §1.9 defaults: first window I + H, then min(L, I) + C + H, then L + C + H
+    assert streaming_window_lengths(WindowParams()) == (5, 30, 54)
+    assert streaming_window_lengths(WindowParams(initial_chunk_frames=0)) == (29, 54)
+    assert streaming_window_lengths(WindowParams(left_context_frames=0, right_holdback_frames=0)) == (1, 25)

@@ -20,6 +20,7 @@ from higgs_serve.errors import ConfigError
 MODEL_TYPE = "higgs_multimodal_qwen3"
 HIGH = "higgs_multimodal_qwen3_high_throughput.yaml"
 LOW = "higgs_multimodal_qwen3_low_latency.yaml"
+FULL_AND_PIECEWISE = "higgs_multimodal_qwen3_full_and_piecewise.yaml"
 
 
 def write(tmp_path: Path, name: str, doc) -> Path:
@@ -38,7 +39,20 @@ def without_sources(config) -> dict:
 
 
 def test_shipped_profiles_are_listed():
-    assert list_shipped_profiles() == [f"{MODEL_TYPE}.yaml", HIGH, LOW]
+    assert list_shipped_profiles() == [f"{MODEL_TYPE}.yaml", FULL_AND_PIECEWISE, HIGH, LOW]
+
+
+def test_full_and_piecewise_profile_is_low_latency_with_64_seqs_and_piecewise_graphs():
+    config = load_deploy_config(FULL_AND_PIECEWISE, MODEL_TYPE)
+    low = load_deploy_config(LOW, MODEL_TYPE)
+    s0 = config.stage0
+    assert s0.max_num_seqs == 64 and not s0.enforce_eager
+    assert s0.compilation_config.cudagraph_mode is CudaGraphMode.FULL_AND_PIECEWISE
+    assert max(s0.compilation_config.cudagraph_capture_sizes) == 512
+    assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.FULL_DECODE_AND_PIECEWISE
+    # everything else is the low-latency profile's
+    assert s0.default_sampling_params == low.stage0.default_sampling_params
+    assert config.stage1 == low.stage1 and config.streaming == low.streaming
 
 
 def test_discovery_by_model_type_finds_the_default_profile():

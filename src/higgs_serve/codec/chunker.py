@@ -88,6 +88,21 @@ class Window:
         return self.trim_back_frames * SAMPLES_PER_FRAME
 
 
+def streaming_window_lengths(params: WindowParams, windows: int = 4) -> tuple[int, ...]:
+    """Frame counts of the first `windows` non-final windows of a stream that gains one frame
+    at a time (first chunk, the ramp of left context, steady state): the codec shapes almost
+    every streaming call has, worth compiling before traffic arrives."""
+    chunker = StreamChunker(params)
+    lengths: list[int] = []
+    available = 0
+    while len(lengths) < windows:
+        available += 1
+        window = chunker.push(available, finished=False)
+        if window is not None:
+            lengths.append(window.num_frames)
+    return tuple(sorted(set(lengths)))
+
+
 class StreamChunker:
     """Per-request window state: `emitted` frames already handed to the audio stream."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -145,6 +146,22 @@ class CodecRunner:
         spf = self.samples_per_frame
         end = len(wave) - job.trim_back_frames * spf
         return wave[job.trim_front_frames * spf : end]
+
+    def warm_up(self, window_lengths: tuple[int, ...], num_codebooks: int) -> float:
+        """Decode silence once for every batch size up to max_batch_windows and each window
+        length, before traffic: a convolution's first call at a new shape builds its cuDNN plan
+        (tens of ms for the whole decoder), which would otherwise stall live streams. Returns
+        the seconds it took (0 off CUDA, where there is no such cost)."""
+        if self.device.type != "cuda":
+            return 0.0
+        t0 = time.perf_counter()
+        for length in window_lengths:
+            for batch in range(1, self.max_batch_windows + 1):
+                self.decode_batch(np.zeros((batch, length, num_codebooks), dtype=np.int64))
+        seconds = time.perf_counter() - t0
+        logger.info("codec warmed up for window lengths %s x batch 1-%d in %.2f s", list(window_lengths),
+                    self.max_batch_windows, seconds)
+        return seconds
 
     @torch.inference_mode()
     def decode_batch(self, frames: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from higgs_serve.codec.chunker import WindowParams
+from higgs_serve.codec.chunker import WindowParams, streaming_window_lengths
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import CodecDecoder
 from higgs_serve.codec.encoder import CodecEncoder
@@ -199,6 +199,8 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_batch_windows=deploy.stage1.max_batch_windows if codec_device.type == "cuda" else 1,
         samples_per_frame=loaded.spec.codec.hop_length,
     )
+    window = WindowParams.from_config(deploy.streaming)
+    codec.warm_up(streaming_window_lengths(window), loaded.spec.audio.num_codebooks)
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,
         max_num_batched_tokens=s0.max_num_batched_tokens,
@@ -212,7 +214,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         runner=runner,
         codec=codec,
         prompts=loaded.prompts,
-        window=WindowParams.from_config(deploy.streaming),
+        window=window,
         async_chunk=deploy.async_chunk,
         max_model_len=s0.max_model_len,
         max_waiting=options.max_waiting,

@@ -156,64 +156,92 @@ class ModelRunner:
     def _stage(self, plan: StepPlan) -> _Staged:
         """Fill the host staging buffers for the plan's chunks (no device work)."""
         buf = self.buffers
-        tok = buf.host("token_ids")
-        pos = buf.host("positions")
-        src = buf.host("audio_src_slot")
-        smap = buf.host("slot_mapping")
-        refi = buf.host("ref_row_index")
-        s_tok = buf.host("sample_token_index")
-        s_slot = buf.host("sample_slots")
-        qsl = buf.host_query_start_loc()
-        seq_lens = buf.host_seq_lens()
-        bt = buf.host_block_tables()
-        block_size = self.kv.block_size
-        ref_parts: list[np.ndarray] = []
-        num_ref = 0
-        n = 0
-        has_audio = has_text = False
-        sample_ids: list[str] = []
-        qsl[0] = 0
-        # Single-token chunks (decodes) first: then row b is request b's only token for every
-        # b < num_decodes, and a mixed step runs the decode attention kernel on those rows.
-        chunks = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        # Single-token chunks first, plain decodes leading: then row b is request b's only token
+        # for every b < num_decodes (a mixed step runs the decode attention kernel on those), and
+        # the decodes, most of every step, are staged in a few vectorized writes.
+        prompt_lens = {c.slot: len(self._prompts[c.slot].token_ids) for c in plan.chunks}
+        chunks = sorted(plan.chunks, key=lambda c: (c.num_tokens != 1, c.start_pos < prompt_lens[c.slot]))
         num_decodes = sum(1 for c in chunks if c.num_tokens == 1)
+        plain = 0
+        while plain < len(chunks) and chunks[plain].num_tokens == 1 and chunks[plain].samples \
+                and chunks[plain].start_pos >= prompt_lens[chunks[plain].slot]:
+            plain += 1
+        buf.host_query_start_loc()[0] = 0
+        sample_ids = [c.request_id for c in chunks[:plain]]
+        self._stage_decodes(chunks[:plain])
+        staged = _Staged(plain, plain > 0, False, [], sample_ids, num_decodes)
+        for i in range(plain, len(chunks)):
+            self._stage_chunk(i, chunks[i], staged)
+        return staged
+
+    def _stage_decodes(self, chunks: list) -> None:
+        """Rows 0..len-1: one decode token per chunk, each sampling a row."""
+        if not chunks:
+            return
+        buf = self.buffers
+        d = len(chunks)
+        block_size = self.kv.block_size
+        starts = np.fromiter((c.start_pos for c in chunks), dtype=np.int64, count=d)
+        slots = np.fromiter((c.slot for c in chunks), dtype=np.int64, count=d)
+        pages = np.fromiter((c.block_ids[c.start_pos // block_size] for c in chunks), dtype=np.int64, count=d)
+        rows = np.arange(d, dtype=np.int64)
+        buf.host("positions")[:d] = starts
+        buf.host("token_ids")[:d] = 0
+        buf.host("audio_src_slot")[:d] = slots  # the input is the slot's previous delayed row
+        buf.host("ref_row_index")[:d] = -1
+        buf.host("slot_mapping")[:d] = pages * block_size + starts % block_size
+        buf.host("sample_token_index")[:d] = rows
+        buf.host("sample_slots")[:d] = slots
+        buf.host_seq_lens()[:d] = starts + 1
+        buf.host_query_start_loc()[1 : d + 1] = rows + 1
+        bt = buf.host_block_tables()
         for i, chunk in enumerate(chunks):
-            prompt = self._prompts[chunk.slot]
-            p_len = len(prompt.token_ids)
-            start, count = chunk.start_pos, chunk.num_tokens
-            end = start + count
-            positions = np.arange(start, end, dtype=np.int64)
-            pos[n : n + count] = positions
-            refi[n : n + count] = -1
-            if start >= p_len:
-                # decode: the input is the slot's previous delayed row (count is always 1)
-                tok[n : n + count] = 0
-                src[n : n + count] = chunk.slot
-                has_audio = True
-            else:
-                tok[n : n + count] = prompt.token_ids[start:end]
-                src[n : n + count] = -1
-                has_text = True
-                if prompt.ref_rows is not None:
-                    lo = max(start, prompt.ref_start)
-                    hi = min(end, prompt.ref_start + len(prompt.ref_rows))
-                    if lo < hi:
-                        refi[n + lo - start : n + hi - start] = np.arange(num_ref, num_ref + hi - lo)
-                        ref_parts.append(prompt.ref_rows[lo - prompt.ref_start : hi - prompt.ref_start])
-                        num_ref += hi - lo
-                        has_audio = True
-            blocks = np.asarray(chunk.block_ids, dtype=np.int64)
-            smap[n : n + count] = blocks[positions // block_size] * block_size + positions % block_size
-            bt[i, : len(blocks)] = blocks
-            bt[i, len(blocks) :] = 0
-            seq_lens[i] = end
-            n += count
-            qsl[i + 1] = n
-            if chunk.samples:
-                s_tok[len(sample_ids)] = n - 1
-                s_slot[len(sample_ids)] = chunk.slot
-                sample_ids.append(chunk.request_id)
-        return _Staged(n, has_audio, has_text, ref_parts, sample_ids, num_decodes)
+            k = len(chunk.block_ids)
+            bt[i, :k] = chunk.block_ids
+            bt[i, k:] = 0
+
+    def _stage_chunk(self, i: int, chunk, staged: _Staged) -> None:
+        """Request row i: a prompt chunk (or a lone decode that does not sample), tokens from
+        row staged.num_tokens on; updates `staged` in place."""
+        buf = self.buffers
+        prompt = self._prompts[chunk.slot]
+        n = staged.num_tokens
+        start, count = chunk.start_pos, chunk.num_tokens
+        end = start + count
+        positions = np.arange(start, end, dtype=np.int64)
+        buf.host("positions")[n : n + count] = positions
+        refi = buf.host("ref_row_index")
+        refi[n : n + count] = -1
+        if start >= len(prompt.token_ids):
+            buf.host("token_ids")[n : n + count] = 0
+            buf.host("audio_src_slot")[n : n + count] = chunk.slot
+            staged.has_audio = True
+        else:
+            buf.host("token_ids")[n : n + count] = prompt.token_ids[start:end]
+            buf.host("audio_src_slot")[n : n + count] = -1
+            staged.has_text = True
+            if prompt.ref_rows is not None:
+                lo = max(start, prompt.ref_start)
+                hi = min(end, prompt.ref_start + len(prompt.ref_rows))
+                if lo < hi:
+                    num_ref = sum(len(part) for part in staged.ref_parts)
+                    refi[n + lo - start : n + hi - start] = np.arange(num_ref, num_ref + hi - lo)
+                    staged.ref_parts.append(prompt.ref_rows[lo - prompt.ref_start : hi - prompt.ref_start])
+                    staged.has_audio = True
+        block_size = self.kv.block_size
+        blocks = np.asarray(chunk.block_ids, dtype=np.int64)
+        buf.host("slot_mapping")[n : n + count] = blocks[positions // block_size] * block_size + positions % block_size
+        bt = buf.host_block_tables()
+        bt[i, : len(blocks)] = blocks
+        bt[i, len(blocks) :] = 0
+        buf.host_seq_lens()[i] = end
+        staged.num_tokens = n + count
+        buf.host_query_start_loc()[i + 1] = n + count
+        if chunk.samples:
+            s = len(staged.sample_ids)
+            buf.host("sample_token_index")[s] = n + count - 1
+            buf.host("sample_slots")[s] = chunk.slot
+            staged.sample_ids.append(chunk.request_id)
 
     def _upload_ref_rows(self, staged: _Staged) -> None:
         if staged.ref_parts:

@@ -210,7 +210,10 @@ def _compiled_variants(kernel) -> int:
     return sum(len(entry) for entry in kernel.cache.values())
 
 
-def test_warm_up_compiles_every_decode_batch_size_in_advance():
+def test_warm_up_compiles_every_batch_shape_in_advance():
+    """After `warm_up_kernels`, no decode batch size and no mixed step (any number of leading
+    decodes: the prefill kernel takes them as an offset, not as a misaligned slice) compiles a
+    new kernel variant."""
     from higgs_serve.worker.attention import triton_paged as tp
 
     geometry = dict(GEOMETRY_4B)
@@ -220,11 +223,14 @@ def test_warm_up_compiles_every_decode_batch_size_in_advance():
     k_cache = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
     v_cache = torch.zeros_like(k_cache)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tp.warm_up_decode(k_cache, v_cache, geometry["hq"], 64, num_blocks - 1, sms, block_table_width=1)
-    before = [_compiled_variants(k) for k in (tp._decode_kernel, tp._decode_reduce_kernel)]
-    for b in range(1, 65):
-        meta, caches, qkv = make_step(b, [3] * b, [1] * b, dtype=torch.bfloat16, block_size=block_size,
+    tp.warm_up_kernels(k_cache, v_cache, geometry["hq"], 64, num_blocks - 1, sms, block_table_width=1)
+    kernels = (tp._decode_kernel, tp._decode_reduce_kernel, tp._prefill_kernel)
+    before = [_compiled_variants(k) for k in kernels]
+    steps = [[1] * b for b in range(1, 65)] + [[1] * d + [7] for d in range(0, 9)]
+    for i, q_lens in enumerate(steps):
+        meta, caches, qkv = make_step(i, [3] * len(q_lens), q_lens, dtype=torch.bfloat16, block_size=block_size,
                                       num_layers=1, **geometry)
+        meta.num_decodes = q_lens.count(1)
         get_backend("triton").bind(meta, caches)(0, *qkv[0])
-    after = [_compiled_variants(k) for k in (tp._decode_kernel, tp._decode_reduce_kernel)]
-    assert after == before, "a batch size compiled a decode kernel after the warm-up"
+    after = [_compiled_variants(k) for k in kernels]
+    assert after == before, "a batch shape compiled an attention kernel after the warm-up"

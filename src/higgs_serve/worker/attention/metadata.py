@@ -45,13 +45,12 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
 
-    def requests(self, lo: int, hi: int | None = None) -> AttentionMetadata:
-        """The metadata of requests [lo, hi) alone (their rows stay where they are in q)."""
-        hi = self.num_requests if hi is None else hi
+    def leading(self, n: int) -> AttentionMetadata:
+        """The metadata of the first n requests alone (views that start where these do)."""
         return AttentionMetadata(
-            query_start_loc=self.query_start_loc[lo : hi + 1],
-            seq_lens=self.seq_lens[lo:hi],
-            block_tables=self.block_tables[lo:hi],
+            query_start_loc=self.query_start_loc[: n + 1],
+            seq_lens=self.seq_lens[:n],
+            block_tables=self.block_tables[:n],
             slot_mapping=self.slot_mapping,
             max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,

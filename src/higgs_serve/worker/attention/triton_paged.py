@@ -10,7 +10,7 @@ Three kernels, one concept each:
   H200's 132 SMs, so the context is split NUM_SPLITS ways and a second kernel merges the
   partial softmaxes by their log-sum-exp. The split count is a runtime argument the kernels
   never specialize on (a new batch size must not compile a kernel on live traffic; the merge
-  kernel's power-of-two padding is compiled for every value at start-up by `warm_up_decode`).
+  kernel's power-of-two padding is compiled for every value at start-up by `warm_up_kernels`).
   It depends only on the batch size (never on
   the context length): each program reads its slice bounds from `seq_lens` on the device, so
   the launch is CUDA-graph capturable and one capture serves every context length.
@@ -155,17 +155,17 @@ if triton is not None:
         out = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
         tl.store(O + req * stride_on + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["first_request"])
     def _prefill_kernel(
         Q, K_cache, V_cache, O, block_tables, query_start_loc, seq_lens, qk_scale,
         stride_qn, stride_qh, stride_on, stride_oh,
         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-        stride_bt,
+        stride_bt, first_request,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         m_block = tl.program_id(0)
-        req = tl.program_id(1)
+        req = first_request + tl.program_id(1)
         head = tl.program_id(2)
         q_start = tl.load(query_start_loc + req)
         q_len = tl.load(query_start_loc + req + 1) - q_start
@@ -291,11 +291,12 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
     return out
 
 
-def warm_up_decode(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_requests: int, scratch_block: int,
-                   num_sms: int, block_table_width: int) -> list[int]:
-    """Compile the decode kernels for every batch size up to `max_requests` now: one launch per
-    distinct merge-kernel padding, each request one token of `scratch_block` (read only), block
-    tables as wide as the caller's (Triton specializes on that stride). Returns the sizes run."""
+def warm_up_kernels(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_requests: int, scratch_block: int,
+                    num_sms: int, block_table_width: int) -> list[int]:
+    """Compile the attention kernels for every batch size up to `max_requests` now: the prefill
+    kernel once, the decode kernels once per distinct merge-kernel padding; each request one or
+    two tokens of `scratch_block` (read only), block tables as wide as the caller's (Triton
+    specializes on that stride). Returns the decode batch sizes run."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     by_pad: dict[int, int] = {}
     for b in range(1, max_requests + 1):
@@ -312,27 +313,35 @@ def warm_up_decode(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_request
         q = torch.zeros(b, num_heads, head_dim, dtype=k_cache.dtype, device=device)
         splits = decode_num_splits(b, num_kv_heads, num_sms)
         paged_decode(q, k_cache, v_cache, meta, DecodeWorkspace(b, num_heads, head_dim, splits, device))
+        if b == 1:  # the same request as a two-token prompt chunk: the prefill kernel
+            meta.query_start_loc[1] = 2
+            meta.seq_lens[0] = 2
+            meta.max_query_len = meta.max_seq_len = 2
+            paged_prefill(torch.zeros(2, num_heads, head_dim, dtype=k_cache.dtype, device=device),
+                          k_cache, v_cache, meta)
     return sorted(by_pad.values())
 
 
 def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
-                  out: Tensor | None = None) -> Tensor:
-    """Any batch (prefill chunks and decodes): q [N, Hq, Dh] -> o [N, Hq, Dh]. Rows that belong
-    to no request keep what `out` held (zeros when it is not given)."""
+                  out: Tensor | None = None, first_request: int = 0) -> Tensor:
+    """Any batch (prefill chunks and decodes): q [N, Hq, Dh] -> o [N, Hq, Dh] for requests
+    first_request.. (an offset, not a sliced tensor: Triton specializes on pointer alignment, so
+    slices would compile new variants on live traffic). Rows that belong to no request it runs
+    keep what `out` held (zeros when it is not given)."""
     num_tokens, num_heads, head_dim = q.shape
     if out is None:
         out = torch.zeros_like(q)
     if num_tokens == 0 or meta.max_query_len == 0:
         return out
     block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
-    grid = (triton.cdiv(meta.max_query_len, block), meta.num_requests, num_heads)
+    grid = (triton.cdiv(meta.max_query_len, block), meta.num_requests - first_request, num_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, meta.block_tables, meta.query_start_loc, meta.seq_lens,
         softmax_scale(head_dim) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        meta.block_tables.stride(0),
+        meta.block_tables.stride(0), first_request,
         BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_M=block, BLOCK_N=block, DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
@@ -361,7 +370,7 @@ class TritonBoundAttention:
         self.kv_caches = kv_caches
         self.num_sms = num_sms
         self._work: DecodeWorkspace | None = None
-        self._split: tuple[AttentionMetadata, AttentionMetadata] | None = None  # mixed: decodes, chunks
+        self._decodes: AttentionMetadata | None = None  # a mixed step's leading decodes
 
     def _workspace(self, q: Tensor, num_kv_heads: int) -> DecodeWorkspace:
         num_requests, num_heads, head_dim = q.shape
@@ -397,11 +406,10 @@ class TritonBoundAttention:
         # kernel for the chunks after them.
         if out is None:
             out = torch.zeros_like(q)
-        if self._split is None:
-            self._split = (meta.requests(0, d), meta.requests(d))
-        decodes, chunks = self._split
-        paged_decode(q[:d], k_cache, v_cache, decodes, self._workspace(q[:d], k_cache.shape[2]), out[:d])
-        paged_prefill(q, k_cache, v_cache, chunks, out)
+        if self._decodes is None:
+            self._decodes = meta.leading(d)
+        paged_decode(q[:d], k_cache, v_cache, self._decodes, self._workspace(q[:d], k_cache.shape[2]), out[:d])
+        paged_prefill(q, k_cache, v_cache, meta, out, first_request=d)
         return out
 
 
@@ -422,8 +430,8 @@ class TritonPagedAttention(AttentionBackend):
     def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
                 block_table_width: int) -> None:
         k_cache, v_cache = kv_caches[0]  # every layer's cache has the same shape and dtype
-        warm_up_decode(k_cache, v_cache, num_heads, max_requests, scratch_block, self._sm_count(k_cache.device),
-                       block_table_width)
+        warm_up_kernels(k_cache, v_cache, num_heads, max_requests, scratch_block, self._sm_count(k_cache.device),
+                        block_table_width)
 
     def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> TritonBoundAttention:
         device = kv_caches[0][0].device

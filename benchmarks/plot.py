@@ -2,8 +2,9 @@
 
 - serving.png: TTFA p50 and audio s/s versus concurrency, one line per bench_serving file
   (e.g. the low-latency and high-throughput profiles).
-- step.png: Stage 0 decode step time (median) versus batch, one panel per context length, one
-  line per graph path, with the bandwidth floor dashed.
+- step.png: Stage 0 step time (median) versus batch, one panel per context length, one line per
+  graph path and step kind (decode solid; mixed = decodes + one prefill chunk, dotted), with the
+  bandwidth floor dashed.
 
 Usage: python benchmarks/plot.py --serving ll.json ht.json --step step.json --out-dir plots/
 """
@@ -21,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on the GPU machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-_PATH_STYLE = {"eager": "tab:red", "mlp_graphs": "tab:blue", "full_graph": "tab:green"}
+_PATH_STYLE = {"eager": "tab:red", "mlp_graphs": "tab:blue", "full_graph": "tab:green", "piecewise": "tab:purple"}
 
 
 def _load(path: str | Path, tool: str) -> dict:
@@ -78,26 +79,29 @@ def plot_serving(files: list[str], out: Path) -> Path:
 
 def plot_step(file: str, out: Path) -> Path:
     data = _load(file, "bench_step")
+    for row in data["rows"]:
+        row["line"] = (row["path"], row.get("step", "decode"))  # files before mixed steps: decode only
     by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
-        for path, prow in _group_by(rows, "path").items():
+        for (path, kind), prow in _group_by(rows, "line").items():
             prow.sort(key=lambda r: r["batch"])
             ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow], marker="o",
-                    color=_PATH_STYLE.get(path), label=path)
+                    color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-",
+                    label=path if kind == "decode" else f"{path}, mixed")
         floor = {r["batch"]: r["floor_ms"] for r in rows}
         batches = sorted(floor)
         ax.plot(batches, [floor[b] for b in batches], "k--", label="bandwidth floor")
         _log2_concurrency_axis(ax, batches)
         ax.set_xlabel("batch")
-        ax.set_ylabel("decode step (ms, median)")
+        ax.set_ylabel("step (ms, median)")
         ax.set_yscale("log")  # eager vs graph vs floor span more than 10x
         ax.set_title(f"context {context}")
         ax.legend(fontsize=8)
     name = data["device"].get("cuda_name") or data["device"].get("torch_device")
-    fig.suptitle(f"Stage 0 decode step, {name}, copy bandwidth {data['copy_bandwidth_gbps']:.0f} GB/s")
+    fig.suptitle(f"Stage 0 step, {name}, copy bandwidth {data['copy_bandwidth_gbps']:.0f} GB/s")
     return _save(fig, out / "step.png")
 
 

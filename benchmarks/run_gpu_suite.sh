@@ -5,10 +5,12 @@
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
 #   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
 #   step        bench_step: eager, MLP graphs, full decode graph,       est. 3-5 min
+#               piecewise (pass --mixed-tokens 64 in STEP_ARGS for mixed steps too),
 #               B = 1..64, L = 128/1024/4096, 50 steps each
-#   serving     serving_ll then serving_ht                              est. 4-7 min
+#   serving     serving_ll, serving_ht, serving_fp                      est. 3-5 min
 #   serving_ll  bench_serving, low-latency profile, c = 1..64           est. 2-3 min (limit 255 s)
 #   serving_ht  bench_serving, high-throughput profile, c = 1..64       est. 2-4 min (limit 255 s)
+#   serving_fp  bench_serving, full_and_piecewise profile, c = 1..64    est. 1-2 min (limit 255 s)
 #   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
 # A device call is limited to 10 min (keep a margin: <= 9): e.g. `tests step`, then
 # `serving plots` (or `serving_ll` and `serving_ht plots` in separate calls if serving runs long).
@@ -26,7 +28,7 @@
 #    its JSON after every level, so a cut-short run still returns what it measured.
 #
 # Output in $OUT (at most 8 files come back): gpu_suite.log (everything, appended), step.json,
-# serving_ll.json, serving_ht.json, serving.png, step.png.
+# serving_ll.json, serving_ht.json, serving_fp.json, serving.png, step.png.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,11 +107,12 @@ serving_profile() {
 
 stage_serving_ll() { serving_profile serving_ll higgs_multimodal_qwen3_low_latency 255; }
 stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_throughput 255; }
-stage_serving() { stage_serving_ll; stage_serving_ht; }
+stage_serving_fp() { serving_profile serving_fp higgs_multimodal_qwen3_full_and_piecewise 255; }
+stage_serving() { stage_serving_ll; stage_serving_ht; stage_serving_fp; }
 
 stage_plots() {
   local serving=()
-  for f in "$OUT"/serving_ll.json "$OUT"/serving_ht.json; do [ -f "$f" ] && serving+=("$f"); done
+  for f in "$OUT"/serving_ll.json "$OUT"/serving_ht.json "$OUT"/serving_fp.json; do [ -f "$f" ] && serving+=("$f"); done
   local args=()
   [ ${#serving[@]} -gt 0 ] && args+=(--serving "${serving[@]}")
   [ -f "$OUT/step.json" ] && args+=(--step "$OUT/step.json")
@@ -121,13 +124,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|serving|serving_ll|serving_ht|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, plots)" >&2; exit 2 ;;
+    tests|step|serving|serving_ll|serving_ht|serving_fp|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, plots)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,8 +1,8 @@
 """Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
 
 Finding the YAML, its `base_config` chain, `--stage-overrides`, CLI flags and their precedence
-live in `deploy_layers`; this module turns the merged result into typed, validated objects. A key
-left out of every layer takes the dataclass default below.
+live in `deploy_layers`; this module turns the merged result into typed, validated objects (read
+with `deploy_reader`). A key left out of every layer takes the dataclass default below.
 
 YAML shape (names follow vllm-omni's deploy YAML):
 
@@ -53,9 +53,9 @@ from higgs_serve.deploy_layers import (
     collect_layers,
     merge_layers,
 )
+from higgs_serve.deploy_reader import ReadContext, Section, key_text
 # Re-exported: callers and tests import these from here, the config's public module.
 from higgs_serve.deploy_layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
-from higgs_serve.errors import ConfigError
 from higgs_serve.sampling_params import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -257,95 +257,12 @@ def load_deploy_config(
     """
     path, layers = collect_layers(deploy_config, model_type, stage_overrides, cli_overrides)
     merged, origins = merge_layers(layers)
-    ctx = _Context(origins, f"{path} (default value)", device_count)
+    ctx = ReadContext(origins, f"{path} (default value)", device_count)
     return _build(merged, ctx, str(path), tuple(source for source, _ in layers))
 
 
-# ---------------------------------------------------------------- typed reading and validation
-
-
-def _key_text(path: KeyPath) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-class _Context:
-    def __init__(self, origins: dict[KeyPath, str], default_origin: str, device_count: int | None):
-        self.origins = origins
-        self.default_origin = default_origin
-        self.device_count = device_count
-
-    def error(self, paths: list[KeyPath], problem: str) -> ConfigError:
-        """An error naming the source(s) that set `paths`, then the first key path."""
-        sources = dict.fromkeys(self.origins.get(p, self.default_origin) for p in paths)
-        return ConfigError(f"{' and '.join(sources)}: {_key_text(paths[0])}: {problem}")
-
-
-class _Section:
-    """One mapping of the merged document. Reads mark keys as known; `finish` rejects the rest."""
-
-    def __init__(self, data: Any, path: KeyPath, ctx: _Context):
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ctx.error([path], f"expected a mapping, got {type(data).__name__} {data!r}")
-        self.data, self.path, self.ctx = data, path, ctx
-        self.known: list = []
-
-    def key(self, name: Any) -> KeyPath:
-        return (*self.path, name)
-
-    def error(self, name: Any, problem: str) -> ConfigError:
-        return self.ctx.error([self.key(name)], problem)
-
-    def raw(self, name: Any, default: Any) -> Any:
-        self.known.append(name)
-        return self.data.get(name, default)
-
-    def section(self, name: Any) -> _Section:
-        return _Section(self.raw(name, None), self.key(name), self.ctx)
-
-    def checked(self, name: str, default: Any, problem_of) -> Any:
-        value = self.raw(name, default)
-        problem = problem_of(value)
-        if problem is not None:
-            raise self.error(name, problem)
-        return value
-
-    def integer(self, name: str, default: int | None, minimum: int, maximum: int | None = None,
-                optional: bool = False) -> int | None:
-        def problem_of(value: Any) -> str | None:
-            if value is None and optional:
-                return None
-            problem = frame_count_problem(value, minimum)  # int, not bool, >= minimum
-            if problem is None and maximum is not None and value > maximum:
-                problem = f"{value!r} is above the maximum {maximum}"
-            return problem
-        return self.checked(name, default, problem_of)
-
-    def boolean(self, name: str, default: bool) -> bool:
-        return self.checked(name, default, lambda v: None if isinstance(v, bool) else
-                            f"expected true or false, got {type(v).__name__} {v!r}")
-
-    def choice(self, name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
-        """One of `choices`; null only where the default is null (meaning "automatic")."""
-        def problem_of(value: Any) -> str | None:
-            if value in choices or (value is None and default is None):
-                return None
-            return f"{value!r} is not one of {', '.join(choices)}"
-        return self.checked(name, default, problem_of)
-
-    def finish(self) -> None:
-        unknown = [k for k in self.data if k not in self.known]
-        if unknown:
-            known = ", ".join(str(k) for k in self.known)
-            raise self.error(unknown[0], f"unknown key (known keys here: {known})")
-
-
-def _build(doc: dict, ctx: _Context, source: str, layers: tuple[str, ...]) -> DeployConfig:
-    root = _Section(doc, (), ctx)
+def _build(doc: dict, ctx: ReadContext, source: str, layers: tuple[str, ...]) -> DeployConfig:
+    root = Section(doc, (), ctx)
     async_chunk = root.boolean("async_chunk", True)
     streaming = _build_streaming(root.section("connectors"))
     stages = root.section("stages")
@@ -357,7 +274,7 @@ def _build(doc: dict, ctx: _Context, source: str, layers: tuple[str, ...]) -> De
                         streaming=streaming, layers=layers)
 
 
-def _build_streaming(connectors: _Section) -> StreamingWindowConfig:
+def _build_streaming(connectors: Section) -> StreamingWindowConfig:
     connector = connectors.section(CONNECTOR_NAME)
     extra = connector.section("extra")
     config = StreamingWindowConfig(
@@ -371,7 +288,7 @@ def _build_streaming(connectors: _Section) -> StreamingWindowConfig:
     return config
 
 
-def _build_talker(stage: _Section) -> TalkerStageConfig:
+def _build_talker(stage: Section) -> TalkerStageConfig:
     max_num_seqs = stage.integer("max_num_seqs", 16, 1)
     enforce_eager = stage.boolean("enforce_eager", True)
     max_num_batched_tokens = stage.integer("max_num_batched_tokens", 4096, 1)
@@ -406,7 +323,7 @@ def _fraction_problem(value: Any) -> str | None:
     return None if 0 < value <= 1 else f"{value!r} is outside (0, 1]"
 
 
-def _devices(stage: _Section) -> str:
+def _devices(stage: Section) -> str:
     value = stage.raw("devices", "0")
     if not isinstance(value, str) or not (value == "cpu" or value.isdigit()):
         hint = " (quote it: \"0\")" if isinstance(value, int) else ""
@@ -420,7 +337,7 @@ def _devices(stage: _Section) -> str:
     return value
 
 
-def _build_sampling(section: _Section) -> DefaultSamplingParams:
+def _build_sampling(section: Section) -> DefaultSamplingParams:
     config = DefaultSamplingParams(
         temperature=section.checked("temperature", DEFAULT_TEMPERATURE, temperature_problem),
         top_p=section.checked("top_p", DEFAULT_TOP_P, top_p_problem),
@@ -432,7 +349,7 @@ def _build_sampling(section: _Section) -> DefaultSamplingParams:
     return config
 
 
-def _build_compilation(stage: _Section, enforce_eager: bool, max_num_seqs: int,
+def _build_compilation(stage: Section, enforce_eager: bool, max_num_seqs: int,
                        max_num_batched_tokens: int) -> CompilationConfig:
     section = stage.section("compilation_config")
     mode_name = section.choice("cudagraph_mode", None, tuple(m.value for m in CudaGraphMode))
@@ -455,10 +372,10 @@ def _build_compilation(stage: _Section, enforce_eager: bool, max_num_seqs: int,
     return config
 
 
-def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: bool,
+def _check_one_graph_path(stage: Section, section: Section, enforce_eager: bool,
                           mode: CudaGraphMode) -> None:
     mode_key, eager_key = section.key("cudagraph_mode"), stage.key("enforce_eager")
-    eager = _key_text(eager_key)
+    eager = key_text(eager_key)
     full = (CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
     if enforce_eager and mode in full:
         problem = (f"{mode.value} (the whole-step decode graph) with {eager}: true (the "
@@ -477,7 +394,7 @@ def _check_one_graph_path(stage: _Section, section: _Section, enforce_eager: boo
     raise stage.ctx.error([mode_key, eager_key], problem)
 
 
-def _capture_sizes(section: _Section, mode: CudaGraphMode, max_num_seqs: int, limit: int,
+def _capture_sizes(section: Section, mode: CudaGraphMode, max_num_seqs: int, limit: int,
                    limit_key: KeyPath) -> tuple[int, ...]:
     """Ascending sizes, each <= `limit` (max_num_seqs, or the token budget in piecewise modes)."""
     name = "cudagraph_capture_sizes"
@@ -517,7 +434,7 @@ def _default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...
     return tuple(sorted(sizes))
 
 
-def _build_codec(stage: _Section) -> CodecStageConfig:
+def _build_codec(stage: Section) -> CodecStageConfig:
     if stage.boolean("enforce_eager", True) is not True:
         raise stage.error("enforce_eager", "Stage 1 (codec) has no graph mode yet: it must be "
                                            "true")

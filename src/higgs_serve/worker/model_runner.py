@@ -23,17 +23,9 @@ from higgs_serve.worker.audio_state import AudioState
 from higgs_serve.worker.cuda_graphs import FullDecodeGraphs, GraphPolicy, MLPGraphs, StepMode, timed_capture
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces
+from higgs_serve.worker.step_staging import Staged, StepStager
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _SlotPrompt:
-    """Host copy of what a slot's prompt needs: token ids and, for clones, the reference rows."""
-
-    token_ids: np.ndarray  # [P] int64
-    ref_rows: np.ndarray | None  # [R, 8] int64 delayed reference rows for the placeholder span
-    ref_start: int
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,8 @@ class ModelRunner:
             self._piece_io = PieceIO(q=torch.zeros(shape, dtype=dtype, device=device),
                                      o=torch.zeros(shape, dtype=dtype, device=device))
         self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size)
-        self._prompts: dict[int, _SlotPrompt] = {}
+        self.stager = StepStager(self.buffers, kv.block_size, self.num_codebooks, self.audio_state.pad_slot,
+                                 self.scratch_block)
         # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step
         out_shape = (max_num_seqs, self.num_codebooks + 1)
         self._out_dev = torch.zeros(out_shape, dtype=torch.int64, device=device)
@@ -102,14 +95,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ per-request setup
     def _add_request(self, new: NewRequestData) -> None:
-        ref_rows = None
-        if new.placeholder_rows is not None:
-            ref_rows = np.asarray(new.placeholder_rows, dtype=np.int64).reshape(-1, self.num_codebooks)
-        self._prompts[new.slot] = _SlotPrompt(
-            token_ids=np.asarray(new.prompt_token_ids, dtype=np.int64),
-            ref_rows=ref_rows,
-            ref_start=new.placeholder_start,
-        )
+        self.stager.add(new)
         self.audio_state.add(new.slot, new.sampling, new.max_frames, new.min_frames)
 
     # ------------------------------------------------------------------ step
@@ -125,17 +111,17 @@ class ModelRunner:
         self.buffers.flip()
         out_host = self._out_hosts[self.buffers.current]  # double-buffered in step with the inputs
         for slot in plan.released_slots:
-            self._prompts.pop(slot, None)
+            self.stager.release(slot)
         for new in plan.new_requests:
             self._add_request(new)
         if not plan.chunks:
             return _Pending(plan.step_id, [], out_host, None)
-        staged = self._stage(plan)
+        staged = self.stager.stage(plan)
         pure_decode = not staged.has_text and staged.num_tokens == len(plan.chunks)
         mode, padded = self.graphs.dispatch(staged.num_tokens, pure_decode)
         self.step_modes[mode] += 1
         if mode is StepMode.FULL_GRAPH:
-            self._fill_decode_padding(staged.num_tokens, padded)
+            self.stager.fill_decode_padding(staged.num_tokens, padded)
             self.buffers.upload(padded)
             self._full_graphs.replay(padded)
         elif mode is StepMode.PIECEWISE:
@@ -153,105 +139,15 @@ class ModelRunner:
             self._sample_eager(inputs, hidden)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
-    def _stage(self, plan: StepPlan) -> _Staged:
-        """Fill the host staging buffers for the plan's chunks (no device work)."""
-        buf = self.buffers
-        # Single-token chunks first, plain decodes leading: then row b is request b's only token
-        # for every b < num_decodes (a mixed step runs the decode attention kernel on those), and
-        # the decodes, most of every step, are staged in a few vectorized writes.
-        prompt_lens = {c.slot: len(self._prompts[c.slot].token_ids) for c in plan.chunks}
-        chunks = sorted(plan.chunks, key=lambda c: (c.num_tokens != 1, c.start_pos < prompt_lens[c.slot]))
-        num_decodes = sum(1 for c in chunks if c.num_tokens == 1)
-        plain = 0
-        while plain < len(chunks) and chunks[plain].num_tokens == 1 and chunks[plain].samples \
-                and chunks[plain].start_pos >= prompt_lens[chunks[plain].slot]:
-            plain += 1
-        buf.host_query_start_loc()[0] = 0
-        sample_ids = [c.request_id for c in chunks[:plain]]
-        self._stage_decodes(chunks[:plain])
-        staged = _Staged(plain, plain > 0, False, [], sample_ids, num_decodes)
-        for i in range(plain, len(chunks)):
-            self._stage_chunk(i, chunks[i], staged)
-        return staged
-
-    def _stage_decodes(self, chunks: list) -> None:
-        """Rows 0..len-1: one decode token per chunk, each sampling a row."""
-        if not chunks:
-            return
-        buf = self.buffers
-        d = len(chunks)
-        block_size = self.kv.block_size
-        starts = np.fromiter((c.start_pos for c in chunks), dtype=np.int64, count=d)
-        slots = np.fromiter((c.slot for c in chunks), dtype=np.int64, count=d)
-        pages = np.fromiter((c.block_ids[c.start_pos // block_size] for c in chunks), dtype=np.int64, count=d)
-        rows = np.arange(d, dtype=np.int64)
-        buf.host("positions")[:d] = starts
-        buf.host("token_ids")[:d] = 0
-        buf.host("audio_src_slot")[:d] = slots  # the input is the slot's previous delayed row
-        buf.host("ref_row_index")[:d] = -1
-        buf.host("slot_mapping")[:d] = pages * block_size + starts % block_size
-        buf.host("sample_token_index")[:d] = rows
-        buf.host("sample_slots")[:d] = slots
-        buf.host_seq_lens()[:d] = starts + 1
-        buf.host_query_start_loc()[1 : d + 1] = rows + 1
-        bt = buf.host_block_tables()
-        for i, chunk in enumerate(chunks):
-            k = len(chunk.block_ids)
-            bt[i, :k] = chunk.block_ids
-            bt[i, k:] = 0
-
-    def _stage_chunk(self, i: int, chunk, staged: _Staged) -> None:
-        """Request row i: a prompt chunk (or a lone decode that does not sample), tokens from
-        row staged.num_tokens on; updates `staged` in place."""
-        buf = self.buffers
-        prompt = self._prompts[chunk.slot]
-        n = staged.num_tokens
-        start, count = chunk.start_pos, chunk.num_tokens
-        end = start + count
-        positions = np.arange(start, end, dtype=np.int64)
-        buf.host("positions")[n : n + count] = positions
-        refi = buf.host("ref_row_index")
-        refi[n : n + count] = -1
-        if start >= len(prompt.token_ids):
-            buf.host("token_ids")[n : n + count] = 0
-            buf.host("audio_src_slot")[n : n + count] = chunk.slot
-            staged.has_audio = True
-        else:
-            buf.host("token_ids")[n : n + count] = prompt.token_ids[start:end]
-            buf.host("audio_src_slot")[n : n + count] = -1
-            staged.has_text = True
-            if prompt.ref_rows is not None:
-                lo = max(start, prompt.ref_start)
-                hi = min(end, prompt.ref_start + len(prompt.ref_rows))
-                if lo < hi:
-                    num_ref = sum(len(part) for part in staged.ref_parts)
-                    refi[n + lo - start : n + hi - start] = np.arange(num_ref, num_ref + hi - lo)
-                    staged.ref_parts.append(prompt.ref_rows[lo - prompt.ref_start : hi - prompt.ref_start])
-                    staged.has_audio = True
-        block_size = self.kv.block_size
-        blocks = np.asarray(chunk.block_ids, dtype=np.int64)
-        buf.host("slot_mapping")[n : n + count] = blocks[positions // block_size] * block_size + positions % block_size
-        bt = buf.host_block_tables()
-        bt[i, : len(blocks)] = blocks
-        bt[i, len(blocks) :] = 0
-        buf.host_seq_lens()[i] = end
-        staged.num_tokens = n + count
-        buf.host_query_start_loc()[i + 1] = n + count
-        if chunk.samples:
-            s = len(staged.sample_ids)
-            buf.host("sample_token_index")[s] = n + count - 1
-            buf.host("sample_slots")[s] = chunk.slot
-            staged.sample_ids.append(chunk.request_id)
-
-    def _upload_ref_rows(self, staged: _Staged) -> None:
+    def _upload_ref_rows(self, staged: Staged) -> None:
         if staged.ref_parts:
             rows = torch.from_numpy(np.concatenate(staged.ref_parts))
             self._ref_dev[: rows.shape[0]].copy_(rows.to(self.device, non_blocking=True))
 
-    def _run_piecewise(self, plan: StepPlan, staged: _Staged, padded: int) -> None:
+    def _run_piecewise(self, plan: StepPlan, staged: Staged, padded: int) -> None:
         """Replay the piecewise graphs of `padded` tokens, attention eager in between."""
         num_seqs, samples = len(plan.chunks), self._piecewise_samples(padded)
-        self._fill_token_padding(staged.num_tokens, padded, len(staged.sample_ids), samples)
+        self.stager.fill_token_padding(staged.num_tokens, padded, len(staged.sample_ids), samples)
         self.buffers.upload(num_seqs)
         self._upload_ref_rows(staged)
         n = staged.num_tokens
@@ -270,40 +166,6 @@ class ModelRunner:
     def _piecewise_samples(self, padded_tokens: int) -> int:
         """Sampled rows of a piecewise step of `padded_tokens` tokens (at most one per request)."""
         return min(padded_tokens, self.max_num_seqs)
-
-    def _fill_token_padding(self, num_tokens: int, padded: int, num_samples: int, padded_samples: int) -> None:
-        """Token rows [num_tokens, padded) belong to no request and write no K/V; sampled rows
-        [num_samples, padded_samples) read token 0 and step the always-done pad slot."""
-        buf = self.buffers
-        pad = slice(num_tokens, padded)
-        buf.host("token_ids")[pad] = 0
-        buf.host("positions")[pad] = 0
-        buf.host("audio_src_slot")[pad] = -1
-        buf.host("slot_mapping")[pad] = -1
-        buf.host("ref_row_index")[pad] = -1
-        buf.host("sample_token_index")[num_samples:padded_samples] = 0
-        buf.host("sample_slots")[num_samples:padded_samples] = self.audio_state.pad_slot
-
-    def _fill_decode_padding(self, start: int, padded: int) -> None:
-        """Rows [start, padded) of a padded decode batch: the always-done pad slot, K/V written
-        to the scratch block, one context token, so they cost a little work and touch nothing real."""
-        if start >= padded:
-            return
-        buf = self.buffers
-        pad = slice(start, padded)
-        idx = np.arange(start, padded)
-        buf.host("token_ids")[pad] = 0
-        buf.host("positions")[pad] = 0
-        buf.host("audio_src_slot")[pad] = self.audio_state.pad_slot
-        buf.host("slot_mapping")[pad] = self.scratch_block * self.kv.block_size
-        buf.host("ref_row_index")[pad] = -1
-        buf.host("sample_token_index")[pad] = idx
-        buf.host("sample_slots")[pad] = self.audio_state.pad_slot
-        buf.host_query_start_loc()[start + 1 : padded + 1] = idx + 1
-        buf.host_seq_lens()[pad] = 1
-        bt = buf.host_block_tables()
-        bt[pad] = 0
-        bt[pad, 0] = self.scratch_block
 
     def _embed(self, inputs: StepInputs) -> torch.Tensor:
         talker = self.talker
@@ -413,7 +275,7 @@ class ModelRunner:
         stream = torch.cuda.Stream(self.device)
         sizes = policy.capture_sizes
         if sizes:  # static inputs: every row a padding row (pad slot, scratch block)
-            self._fill_decode_padding(0, sizes[-1])
+            self.stager.fill_decode_padding(0, sizes[-1])
             self.buffers.upload(sizes[-1])
         if policy.mlp:
             text = self.talker.text_cfg
@@ -429,7 +291,7 @@ class ModelRunner:
         if policy.piecewise_sizes:
             self._piecewise = PiecewiseGraphs(policy.piecewise_sizes)
             largest = policy.piecewise_sizes[-1]
-            self._fill_token_padding(0, largest, 0, self._piecewise_samples(largest))
+            self.stager.fill_token_padding(0, largest, 0, self._piecewise_samples(largest))
             self.buffers.upload(0)
             info = timed_capture("piecewise", policy.piecewise_sizes,
                                  lambda: self._piecewise.capture(self._pieces, pool, max(1, policy.num_warmups), stream),
@@ -446,13 +308,3 @@ class _Pending:
     sample_ids: list[str]
     out_host: torch.Tensor
     event: torch.cuda.Event | None
-
-
-@dataclass
-class _Staged:
-    num_tokens: int
-    has_audio: bool
-    has_text: bool
-    ref_parts: list[np.ndarray]
-    sample_ids: list[str]
-    num_decodes: int  # leading single-token requests

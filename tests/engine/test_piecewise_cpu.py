@@ -1,9 +1,10 @@
 """The piecewise step (split at the attention kernels, padded to a token count) gives the same
 rows as the plain eager step, on CPU where its pieces run without graphs.
 
-Requests of different lengths arrive in waves with a small token budget, so the piecewise path
-serves prefill chunks, mixed steps and decode batches, each padded up to a token count with rows
-that write no K/V and sampled rows that go to the pad slot. The GPU test
+Requests of different lengths (one a voice clone, whose reference rows enter through the static
+reference-row buffer) arrive in waves with a small token budget, so the piecewise path serves
+prefill chunks, mixed steps and decode batches, each padded up to a token count with rows that
+write no K/V and sampled rows that go to the pad slot. The GPU test
 (tests/gpu/test_graph_paths.py) replays the same pieces from captured graphs.
 """
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from higgs_serve.engine import builder
+from higgs_serve.engine.speech import SpeechRequest
+from higgs_serve.voices.reference_encoder import reference_audio
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode
 
 from engine_harness import TEXTS, ManualEngine, engine_deploy, sampling, speech
@@ -21,9 +24,13 @@ PIECEWISE = GraphPolicy(full_decode=False, mlp=False, capture_sizes=(), piecewis
 
 
 def _requests(prefix: str):
-    return [speech(f"{prefix}{i}", TEXTS[i % len(TEXTS)],
-                   sampling(temperature=0.0 if i % 2 else 0.8, seed=50 + i, frames=10 + 3 * i))
-            for i in range(6)]
+    requests = [speech(f"{prefix}{i}", TEXTS[i % len(TEXTS)],
+                       sampling(temperature=0.0 if i % 2 else 0.8, seed=50 + i, frames=10 + 3 * i))
+                for i in range(5)]
+    codes = np.random.default_rng(3).integers(0, 1024, size=(30, 8))  # any valid codes will do
+    requests.append(SpeechRequest(f"{prefix}5", TEXTS[2], sampling(temperature=0.8, seed=55, frames=20),
+                                  reference=reference_audio(codes)))
+    return requests
 
 
 def _run(engine: ManualEngine, prefix: str) -> dict[str, np.ndarray]:

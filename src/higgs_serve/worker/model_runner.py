@@ -127,32 +127,32 @@ class ModelRunner:
         elif mode is StepMode.PIECEWISE:
             self._run_piecewise(plan, staged, padded)
         else:
-            self.buffers.upload(len(plan.chunks))
-            self._upload_ref_rows(staged)
-            inputs = self.buffers.views(staged.num_tokens, len(plan.chunks), len(staged.sample_ids),
-                                        staged.has_audio, staged.has_text)
+            inputs = self._upload(staged, len(plan.chunks))
             mlp = None
             if mode is StepMode.MLP_GRAPHS:
                 self._mlp_graphs.padded = padded
                 mlp = self._mlp_graphs
-            hidden = self._forward(inputs, staged.num_decodes, mlp)
+            attention = self._step_attention(inputs, staged)
+            hidden = self.talker(self._embed(inputs), inputs.positions, attention, mlp)
             self._sample_eager(inputs, hidden)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
-    def _upload_ref_rows(self, staged: Staged) -> None:
+    def _upload(self, staged: Staged, num_seqs: int) -> StepInputs:
+        """Copy the staged step (and a clone prefill's reference rows) to the device; its views."""
+        self.buffers.upload(num_seqs)
         if staged.ref_parts:
             rows = torch.from_numpy(np.concatenate(staged.ref_parts))
             self._ref_dev[: rows.shape[0]].copy_(rows.to(self.device, non_blocking=True))
+        return self.buffers.views(staged.num_tokens, num_seqs, len(staged.sample_ids), staged.has_audio,
+                                  staged.has_text)
 
     def _run_piecewise(self, plan: StepPlan, staged: Staged, padded: int) -> None:
         """Replay the piecewise graphs of `padded` tokens, attention eager in between."""
-        num_seqs, samples = len(plan.chunks), self._piecewise_samples(padded)
+        samples = self._piecewise_samples(padded)
         self.stager.fill_token_padding(staged.num_tokens, padded, len(staged.sample_ids), samples)
-        self.buffers.upload(num_seqs)
-        self._upload_ref_rows(staged)
+        inputs = self._upload(staged, len(plan.chunks))
+        attention = self._step_attention(inputs, staged)
         n = staged.num_tokens
-        inputs = self.buffers.views(n, num_seqs, len(staged.sample_ids), staged.has_audio, staged.has_text)
-        attention = self._attention(inputs, *self._host_maxima(num_seqs), staged.num_decodes)
         q, o = self._piece_io.q[:n], self._piece_io.o[:n]
 
         def attend(layer_idx: int) -> None:
@@ -193,14 +193,11 @@ class ModelRunner:
         )
         return self.backend.bind(meta, self.kv_caches)
 
-    def _host_maxima(self, num_seqs: int) -> tuple[int, int]:
-        """(max query length, max context) from the staged host copies (no device sync)."""
-        qsl = self.buffers.host_query_start_loc()[: num_seqs + 1]
-        return int(np.max(np.diff(qsl))), int(self.buffers.host_seq_lens()[:num_seqs].max())
-
-    def _forward(self, inputs: StepInputs, num_decodes: int, mlp=None) -> torch.Tensor:
-        attention = self._attention(inputs, *self._host_maxima(inputs.num_seqs), num_decodes)
-        return self.talker(self._embed(inputs), inputs.positions, attention, mlp)
+    def _step_attention(self, inputs: StepInputs, staged: Staged):
+        """The step's attention, its host maxima read from the staged host copies (no sync)."""
+        qsl = self.buffers.host_query_start_loc()[: inputs.num_seqs + 1]
+        max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max())
+        return self._attention(inputs, int(np.max(np.diff(qsl))), max_seq_len, staged.num_decodes)
 
     def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
         s = inputs.num_samples

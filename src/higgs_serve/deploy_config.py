@@ -144,6 +144,12 @@ class TalkerStageConfig:
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
 
     @property
+    def decode_capture_sizes(self) -> tuple[int, ...]:
+        """The capture sizes a decode batch can take (piecewise modes also list token counts
+        above max_num_seqs, which only the piecewise graphs use)."""
+        return tuple(s for s in self.compilation_config.cudagraph_capture_sizes if s <= self.max_num_seqs)
+
+    @property
     def device(self) -> str:
         """A torch device string: "cpu" or "cuda:N"."""
         return _torch_device(self.devices)
@@ -229,12 +235,11 @@ def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple
             f"the rest of every step (prefill, mixed, decode) replays CUDA graphs captured at "
             f"start-up for token counts {sizes}")
     if mode is CudaGraphMode.FULL_AND_PIECEWISE:
-        decode = [s for s in sizes if s <= stage0.max_num_seqs]
         return GraphPath.FULL_DECODE_AND_PIECEWISE, (
             f"enforce_eager: false, cudagraph_mode: FULL_AND_PIECEWISE: each decode-only step "
-            f"replays one whole-step CUDA graph (batch sizes {decode}); prefill and mixed steps "
-            f"replay piecewise graphs, attention eager (token counts {sizes}); the local MLP "
-            f"graphs are off")
+            f"replays one whole-step CUDA graph (batch sizes {list(stage0.decode_capture_sizes)}); "
+            f"prefill and mixed steps replay piecewise graphs, attention eager (token counts "
+            f"{sizes}); the local MLP graphs are off")
     return GraphPath.FULL_DECODE_GRAPH, (
         f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
         f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "

@@ -161,16 +161,14 @@ def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
     if path is GraphPath.EAGER:
         return GraphPolicy.eager()
     compilation = deploy.stage0.compilation_config
-    sizes = tuple(sorted(compilation.cudagraph_capture_sizes))
-    full = path in (GraphPath.FULL_DECODE_GRAPH, GraphPath.FULL_DECODE_AND_PIECEWISE)
     piecewise = path in (GraphPath.PIECEWISE_GRAPHS, GraphPath.FULL_DECODE_AND_PIECEWISE)
     return GraphPolicy(
-        full_decode=full,
+        full_decode=path in (GraphPath.FULL_DECODE_GRAPH, GraphPath.FULL_DECODE_AND_PIECEWISE),
         mlp=path is GraphPath.MLP_GRAPHS,
-        # the full decode graph holds one row per request: only sizes up to max_num_seqs
-        capture_sizes=tuple(s for s in sizes if s <= deploy.stage0.max_num_seqs) if full or not piecewise else (),
+        # PIECEWISE alone has no decode-batch graphs; its sizes are all token counts
+        capture_sizes=() if path is GraphPath.PIECEWISE_GRAPHS else deploy.stage0.decode_capture_sizes,
         num_warmups=compilation.cudagraph_num_of_warmups,
-        piecewise_sizes=sizes if piecewise else (),
+        piecewise_sizes=compilation.cudagraph_capture_sizes if piecewise else (),
     )
 
 

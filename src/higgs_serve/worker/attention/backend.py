@@ -33,6 +33,31 @@ class Attention(Protocol):
     def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor: ...
 
 
+class BoundAttention:
+    """Base of a backend's per-step `Attention`: `__call__` checks the shapes, then `write`s and
+    `attend`s, which each backend implements (the piecewise path calls those two directly)."""
+
+    def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> None:
+        self.meta = meta
+        self.kv_caches = kv_caches
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k_cache, v_cache = self.kv_caches[layer_idx]
+        check_qkv(q, k, v, k_cache, v_cache)
+        self.check_inputs(q, k, v, k_cache)
+        self.write(layer_idx, k, v)
+        return self.attend(layer_idx, q)
+
+    def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor) -> None:
+        """Backend-specific input requirements beyond `check_qkv` (none by default)."""
+
+    def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement write")
+
+    def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement attend")
+
+
 class AttentionBackend:
     """Base: KV-cache allocation and argument checks shared by the backends."""
 

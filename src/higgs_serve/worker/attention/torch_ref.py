@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.worker.attention.backend import AttentionBackend, KVCache, check_qkv, softmax_scale
+from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache, softmax_scale
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
 
@@ -64,18 +64,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attention
     return out
 
 
-class TorchBoundAttention:
+class TorchBoundAttention(BoundAttention):
     """One step's `Attention` callable over the reference implementation."""
-
-    def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> None:
-        self.meta = meta
-        self.kv_caches = kv_caches
-
-    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        check_qkv(q, k, v, k_cache, v_cache)
-        self.write(layer_idx, k, v)
-        return self.attend(layer_idx, q)
 
     def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         k_cache, v_cache = self.kv_caches[layer_idx]

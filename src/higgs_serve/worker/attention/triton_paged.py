@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from higgs_serve.worker.attention.backend import AttentionBackend, KVCache, check_qkv, softmax_scale
+from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache, softmax_scale
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
 try:
@@ -362,12 +362,11 @@ def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, meta:
         raise ValueError(f"block_tables must be contiguous in its last dim, got strides {meta.block_tables.stride()}")
 
 
-class TritonBoundAttention:
+class TritonBoundAttention(BoundAttention):
     """One step's `Attention` callable on the Triton kernels (decode path graph-capturable)."""
 
     def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache], num_sms: int) -> None:
-        self.meta = meta
-        self.kv_caches = kv_caches
+        super().__init__(meta, kv_caches)
         self.num_sms = num_sms
         self._work: DecodeWorkspace | None = None
         self._decodes: AttentionMetadata | None = None  # a mixed step's leading decodes
@@ -380,12 +379,8 @@ class TritonBoundAttention:
             work = self._work = DecodeWorkspace(num_requests, num_heads, head_dim, splits, q.device)
         return work
 
-    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        check_qkv(q, k, v, k_cache, v_cache)
+    def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor) -> None:
         _check_triton_inputs(q, k, v, k_cache, self.meta)
-        self.write(layer_idx, k, v)
-        return self.attend(layer_idx, q)
 
     def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Scatter this step's k/v into layer `layer_idx`'s pages (graph-capturable)."""

@@ -122,7 +122,7 @@ class CompilationConfig:
     # then max_num_seqs itself. Piecewise modes: token counts (<= max_num_batched_tokens); the
     # default adds 96, 128, 192, 256, 384, 512 above max_num_seqs for prefill and mixed steps.
     cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture
+    cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture (piecewise: at least 1)
 
 
 @dataclass(frozen=True)

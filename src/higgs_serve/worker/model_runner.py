@@ -290,6 +290,8 @@ class ModelRunner:
             largest = policy.piecewise_sizes[-1]
             self.stager.fill_token_padding(0, largest, 0, self._piecewise_samples(largest))
             self.buffers.upload(0)
+            # at least one eager run of the whole chain: each piece's kernels must exist before any
+            # piece is captured (the deploy config documents this floor)
             info = timed_capture("piecewise", policy.piecewise_sizes,
                                  lambda: self._piecewise.capture(self._pieces, pool, max(1, policy.num_warmups), stream),
                                  self.device)

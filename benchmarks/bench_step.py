@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import logging
 import sys
 import time
@@ -44,6 +45,7 @@ from common import (command_line, device_description, git_commit, markdown_table
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, kv_bytes_per_block, load_model  # noqa: E402
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
@@ -54,6 +56,7 @@ logger = logging.getLogger("bench_step")
 PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
+GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -289,13 +292,15 @@ def time_one(runner: ModelRunner, path: str, kind: str, make_plan, batch: int, c
     }
 
 
-def run_path(loaded: LoadedModel, path: str, shape: BenchShape, args, floor_of) -> tuple[list[dict], dict]:
-    """All (context, batch) rows of one graph path, on a fresh runner."""
+def run_path(loaded: LoadedModel, path: str, gemm: str, shape: BenchShape, args, floor_of) -> tuple[list[dict], dict]:
+    """All (context, batch) rows of one graph path with one GEMM implementation, on a fresh runner."""
+    if loaded.device.type == "cuda":
+        loaded.talker.backbone.set_ops(GEMM_OPS[gemm])
     policy = graph_policy_for(path, shape.batches, loaded.device, shape.max_num_batched_tokens)
     t0 = time.perf_counter()
     runner = build_runner(loaded, policy, shape)
     capture = runner.capture_graphs()
-    info = {"path": path, "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
+    info = {"path": path, "gemm": gemm, "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
             "capture": capture, "kv_blocks": runner.kv.num_blocks}
     logger.info("%s: runner built and graphs captured in %.1f s", path, info["build_and_capture_s"])
     plans = PlanMaker(shape, loaded.spec.text.vocab_size)
@@ -312,7 +317,7 @@ def run_path(loaded: LoadedModel, path: str, shape: BenchShape, args, floor_of) 
         kinds = [("decode", plans.decode_plan)] + ([("mixed", plans.mixed_plan)] if shape.mixed_tokens else [])
         for kind, make_plan in kinds:
             for batch in shape.batches:
-                rows.append(time_one(runner, path, kind, make_plan, batch, context, args, floor_of))
+                rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of), "gemm": gemm})
     info["prefill_s"] = prefill_s
     info["step_modes"] = {m.value: n for m, n in runner.step_modes.items()}
     del runner, plans
@@ -334,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, nargs="+", default=[128, 1024, 4096])
     p.add_argument("--iters", type=int, default=50, help="timed decode steps per (path, batch, context)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
+    p.add_argument("--gemm", nargs="+", choices=sorted(GEMM_OPS), default=["skinny"],
+                   help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--block-size", type=int, default=16)
@@ -396,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         "runners": runners,
         "rows": rows,
     }
-    for path in paths:
-        path_rows, info = run_path(loaded, path, shape, args, floor_of)
+    for path, gemm in itertools.product(paths, args.gemm):
+        path_rows, info = run_path(loaded, path, gemm, shape, args, floor_of)
         rows += path_rows
         runners.append(info)
         result["finished_at"] = now_iso()
@@ -405,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.out, result)
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step)\n")
-    print(markdown_table(rows, [("path", "path"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
+    print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
                                 ("step_ms_p90", "p90"), ("gpu_ms", "GPU-only ms"), ("floor_ms", "floor ms"),
                                 ("ratio", "p50/floor"), ("frames_per_s", "frames/s")]))
     return 0

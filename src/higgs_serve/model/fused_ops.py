@@ -8,15 +8,23 @@ the activation dtype, then scale; RoPE products rounded before their sum), so th
 plain paths agree to the last bit on the same hardware in most elements and to one bf16 ulp
 elsewhere (transcendentals may differ by an ulp in fp32).
 
+The GEMMs go through the same object: on CUDA, a GEMM of at most 64 bfloat16/float16 rows (every
+decode step) runs the skinny kernel of skinny_gemm.py, larger ones cuBLAS. `CublasOps` keeps
+cuBLAS for all of them, as the baseline benchmarks compare against.
+
 `Ops` picks the implementation once, at construction: `TorchOps` (CPU, reference, tests) or
 `TritonOps` (CUDA). The model calls `ops.rms_norm(...)` and never asks which one it has.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
 
 try:
     import triton
@@ -52,6 +60,11 @@ class TorchOps:
     def silu_mul(gate_up: Tensor) -> Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        """x @ weightᵀ."""
+        return F.linear(x, weight)
 
     @staticmethod
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
@@ -163,9 +176,61 @@ class TritonOps(TorchOps):
         return out
 
     @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        cfg = _skinny_config(x, weight)
+        return F.linear(x, weight) if cfg is None else skinny_linear(x, weight, None, cfg)
+
+    @staticmethod
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         # one GEMM with the residual as its beta=1 input: one rounding instead of two
+        cfg = _skinny_config(x, weight)
+        if cfg is None:
+            return torch.addmm(residual, x, weight.t())
+        return skinny_linear(x, weight, residual, cfg)
+
+
+class CublasOps(TritonOps):
+    """TritonOps with every GEMM on cuBLAS: the baseline the skinny kernel is measured against."""
+
+    name = "triton-cublas"
+
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        return F.linear(x, weight)
+
+    @staticmethod
+    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         return torch.addmm(residual, x, weight.t())
+
+
+def warm_up_gemms(ops: type[TorchOps], weights: list[tuple[Tensor, bool]]) -> None:
+    """Run each (weight, has_residual) GEMM once for every row count the skinny kernel serves:
+    Triton compiles a variant per launch shape on first use, which must happen at start-up, not
+    on live traffic. A no-op for ops without the kernel."""
+    if ops is not TritonOps:
+        return
+    for weight, has_residual in weights:
+        n, k = weight.shape
+        for m in range(1, MAX_ROWS + 1):
+            x = torch.zeros(m, k, dtype=weight.dtype, device=weight.device)
+            if has_residual:
+                ops.linear_residual(x, weight, torch.zeros(m, n, dtype=weight.dtype, device=weight.device))
+            else:
+                ops.linear(x, weight)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _skinny_config(x: Tensor, weight: Tensor) -> SkinnyConfig | None:
+    """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS rows,
+    float32 (tl.dot would round to TF32 where cuBLAS does not), or layouts it does not take."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 or x.stride(1) != 1 \
+            or not weight.is_contiguous():
+        return None
+    return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
 
 
 def ops_for(device: torch.device | str) -> type[TorchOps]:

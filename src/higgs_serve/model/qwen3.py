@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from higgs_serve.model.fused_ops import TorchOps, ops_for
@@ -86,9 +85,13 @@ class Qwen3Layer(nn.Module):
         self.gate_up_proj = weight(2 * cfg.intermediate_size, d)
         self.down_proj = weight(d, cfg.intermediate_size)
 
+    def gemm_weights(self) -> list[tuple[Tensor, bool]]:
+        """(weight, has_residual) of the layer's four GEMMs, for kernel warm-up."""
+        return [(self.qkv_proj, False), (self.o_proj, True), (self.gate_up_proj, False), (self.down_proj, True)]
+
     def pre_attention(self, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v of h [N, D]: rope(norm(q)), rope(norm(k)), v, each [N, heads, Dh]."""
-        qkv = F.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
+        qkv = self.ops.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
         return self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
                                      self.num_heads, self.num_kv_heads, self.head_dim)
 
@@ -103,7 +106,7 @@ class Qwen3Layer(nn.Module):
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
-        gate_up = F.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
+        gate_up = self.ops.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
         return self.ops.linear_residual(self.ops.silu_mul(gate_up), self.down_proj, h)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:

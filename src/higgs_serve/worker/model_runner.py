@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from higgs_serve.engine.outputs import NewRequestData, StepPlan, StepResult
+from higgs_serve.model.fused_ops import warm_up_gemms
 from higgs_serve.model.talker import Talker
 from higgs_serve.worker.attention.backend import AttentionBackend
 from higgs_serve.worker.attention.metadata import AttentionMetadata
@@ -265,6 +266,8 @@ class ModelRunner:
         policy now, at start-up (never lazily on live traffic)."""
         self.backend.warm_up(self.kv_caches, self.talker.text_cfg.num_heads, self.max_num_seqs, self.scratch_block,
                              self.buffers.max_blocks)
+        layer = self.talker.backbone.layers[0]
+        warm_up_gemms(layer.ops, layer.gemm_weights())
         policy = self.graphs
         if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
             return []

@@ -1,0 +1,150 @@
+"""Decode-step GEMMs of the talker: cuBLAS (F.linear / addmm) against the skinny Triton kernel's
+launch shapes, per weight shape and row count, beside the copy bandwidth measured in the same run.
+
+Each timing is a CUDA graph of one GEMM per layer, each layer with its own weight (num_layers
+distinct copies, far larger than L2), so weights stream from HBM as they do in a real step; the
+time per GEMM is the graph's time / num_layers. Every skinny result is checked against a float32
+reference before it is timed.
+
+Usage (GPU): PYTHONPATH=src python3 benchmarks/bench_gemm.py --model /tmp/h4b --rows 1 32 64 --out gemm.json
+Prints the best launch shape per (N, K, rows) in the form of skinny_gemm.TUNED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step import measure_copy_bandwidth  # noqa: E402
+from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
+
+from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
+from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, skinny_linear  # noqa: E402
+
+logger = logging.getLogger("bench_gemm")
+
+
+def layer_shapes(model_dir: str) -> dict[str, tuple[int, int, bool]]:
+    """name -> (N, K, has_residual) of the four per-layer GEMMs."""
+    text = load_model_spec(model_dir).text
+    d, i = text.hidden_size, text.intermediate_size
+    return {"qkv": (text.q_size + 2 * text.kv_size, d, False), "o": (d, text.q_size, True),
+            "gate_up": (2 * i, d, False), "down": (d, i, True)}
+
+
+def candidates(n: int, k: int, rows: int) -> list[SkinnyConfig]:
+    out = []
+    for block_n, block_k, split, stages in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8, 16), (3, 5)):
+        if rows > 16 and block_n < 64:
+            continue
+        cfg = SkinnyConfig(block_n, block_k, split, num_warps=4, num_stages=stages)
+        programs = (n // block_n) * split
+        if cfg.fits(n, k) and 128 <= programs <= 1200:
+            out.append(cfg)
+    return out
+
+
+def time_graph(fn, layers: int, iters: int) -> float:
+    """Seconds per call of fn(layer) inside one captured graph of `layers` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for layer in range(layers):
+            fn(layer)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for layer in range(layers):
+            fn(layer)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    del graph
+    return start.elapsed_time(end) / 1e3 / (iters * layers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64])
+    p.add_argument("--shapes", nargs="+", default=None, help="subset of qkv o gate_up down")
+    p.add_argument("--layers", type=int, default=36, help="distinct weight copies per timing")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--max-configs", type=int, default=0, help="cap candidates per point (0 = all)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
+    device = torch.device("cuda")
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    bandwidth = measure_copy_bandwidth(device, 2 << 30)
+    shapes = layer_shapes(args.model)
+    rows_out: list[dict] = []
+    best: dict[str, dict] = {}
+    for name in args.shapes or list(shapes):
+        n, k, has_residual = shapes[name]
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * k ** -0.5 for _ in range(args.layers)]
+        floor_s = n * k * 2 / bandwidth
+        for m in args.rows:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            residual = torch.randn(m, n, device=device, dtype=torch.bfloat16) if has_residual else None
+            ref = x.float() @ weights[0].float().t() + (residual.float() if has_residual else 0)
+            if has_residual:
+                cublas = time_graph(lambda i: torch.addmm(residual, x, weights[i].t()), args.layers, args.iters)
+            else:
+                cublas = time_graph(lambda i: F.linear(x, weights[i]), args.layers, args.iters)
+            point = {"shape": name, "n": n, "k": k, "rows": m, "floor_us": floor_s * 1e6, "cublas_us": cublas * 1e6,
+                     "default": str(config_for(m, n, k, num_sms))}
+            results = []
+            cands = candidates(n, k, m)
+            if args.max_configs:
+                cands = cands[: args.max_configs]
+            for cfg in cands:
+                try:
+                    err = (skinny_linear(x, weights[0], residual, cfg).float() - ref).abs().max().item()
+                    t = time_graph(lambda i: skinny_linear(x, weights[i], residual, cfg), args.layers, args.iters)
+                except Exception as exc:  # a launch shape the compiler rejects (shared memory): skip it
+                    logger.info("%s M=%d %s failed: %s", name, m, cfg, str(exc).splitlines()[0][:120])
+                    continue
+                results.append({"config": cfg.__dict__, "us": t * 1e6, "max_err": err})
+            results.sort(key=lambda r: r["us"])
+            if results:
+                top = results[0]
+                point.update(best_us=top["us"], best_config=top["config"], best_err=top["max_err"],
+                             best_vs_cublas=cublas / top["us"], best_of_floor=floor_s / (top["us"] * 1e-6),
+                             cublas_of_floor=floor_s / cublas, top5=results[:5])
+                best[f"{name}:{m}"] = top["config"]
+            logger.info("%s N=%d K=%d M=%d: cublas %.1f us, best %s us %s (floor %.1f us)", name, n, k, m,
+                        cublas * 1e6, f"{point.get('best_us', 0):.1f}", point.get("best_config"), floor_s * 1e6)
+            rows_out.append(point)
+        del weights
+        torch.cuda.empty_cache()
+    result = {"tool": "bench_gemm", "command": command_line(), "git_commit": git_commit(),
+              "device": {**device_description(), "torch": torch.__version__,
+                         "cuda_name": torch.cuda.get_device_name(device)},
+              "finished_at": now_iso(), "copy_bandwidth_gbps": bandwidth / 1e9, "num_sms": num_sms,
+              "layers": args.layers, "rows": rows_out, "best": best}
+    if args.out:
+        write_json(args.out, result)
+    print(markdown_table(rows_out, [("shape", "GEMM"), ("rows", "M"), ("floor_us", "floor us"),
+                                    ("cublas_us", "cuBLAS us"), ("best_us", "skinny us"),
+                                    ("best_vs_cublas", "speed-up"), ("cublas_of_floor", "cuBLAS / floor"),
+                                    ("best_of_floor", "skinny / floor"), ("best_config", "launch shape")]))
+    print(json.dumps(best))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Skinny GEMM for decode steps: y = x @ Wᵀ (+ residual) for a few rows x [M, K] (M ≤ 64) and a
+large weight W [N, K].
+
+A decode step multiplies a handful of rows by 7.3 GB of weights: it is a weight read. For these
+shapes cuBLAS picks kernels that reach 50–80 % of copy bandwidth on an H200 (the o and down
+projections are the worst: 2560 output rows leave too few tiles to keep every SM streaming; see
+benchmarks/results/profile_step_h200.txt). This kernel swaps the operands, so W is the tall side of
+the MMA and the rows the narrow side, and splits K when N alone gives too few programs. Split
+partials go to a float32 workspace that one small kernel sums, adds the residual to and rounds
+once, as addmm does (float32 accumulation, one rounding of residual + product).
+
+`SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
+benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
+caller then uses cuBLAS). Rows of x never interact, and the config depends on M only through its
+bucket, so a row's result does not depend on the other rows of its bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int  # rows of W per program (the MMA's tall side)
+    block_k: int
+    split_k: int  # programs along K; > 1 adds the float32 workspace and a reduce kernel
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def fits(self, n: int, k: int) -> bool:
+        return n % self.block_n == 0 and k % (self.split_k * self.block_k) == 0
+
+
+def row_block(m: int) -> int:
+    """The MMA's narrow side for m rows: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << (m - 1).bit_length())
+
+
+# Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
+# per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
+TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {}
+
+
+def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
+    """A launch shape from first principles: 64-row W tiles, and K split (halving the K block
+    where K's factors run out) until there are two programs per SM, as the weight stream needs
+    many loads in flight on every SM."""
+    block_n, block_k, split = 64, 128, 1
+    if n % block_n or k % 32:
+        return None
+    while k % block_k:
+        block_k //= 2
+    while (n // block_n) * split < 2 * num_sms and split < 16:
+        if k % (2 * split * block_k) == 0:
+            split *= 2
+        elif block_k > 32:
+            block_k //= 2
+        else:
+            break
+    return SkinnyConfig(block_n, block_k, split)
+
+
+def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
+    """The config for m rows against W [n, k], or None where the kernel does not apply."""
+    if not 1 <= m <= MAX_ROWS:
+        return None
+    for max_m, cfg in TUNED.get((n, k), ()):
+        if m <= max_m and cfg.fits(n, k):
+            return cfg
+    return default_config(m, n, k, num_sms)
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _skinny_kernel(X, W, Y, R, WS, M, stride_x, stride_y, stride_r,
+                       N: tl.constexpr, K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        k_span: tl.constexpr = K // SPLIT_K
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
+        w_ptrs = W + offs_n[:, None] * K + offs_k[None, :]  # [BLOCK_N, BLOCK_K], W is contiguous
+        x_ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]  # [BLOCK_K, BLOCK_M]: xᵀ
+        row_ok = offs_m[None, :] < M
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for _ in range(k_span // BLOCK_K):
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+            acc = tl.dot(w, x, acc)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        if SPLIT_K == 1:
+            if HAS_RESIDUAL:
+                r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
+                acc += r.to(tl.float32)
+            tl.store(Y + offs_m[None, :] * stride_y + offs_n[:, None], acc.to(Y.dtype.element_ty), mask=row_ok)
+        else:  # partial sums: WS [SPLIT_K, BLOCK_M, N] float32
+            tl.store(WS + (pid_k * BLOCK_M + offs_m[None, :]) * N + offs_n[:, None], acc, mask=row_ok)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _split_reduce_kernel(WS, Y, R, M, stride_y, stride_r, N: tl.constexpr, SPLIT_K: tl.constexpr,
+                             HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(SPLIT_K):  # a fixed order: the sum does not depend on timing
+            acc += tl.load(WS + (s * BLOCK_M + row) * N + cols)
+        if HAS_RESIDUAL:
+            acc += tl.load(R + row * stride_r + cols).to(tl.float32)
+        tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))
+
+
+def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig) -> Tensor:
+    """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
+    x's rows must be contiguous and weight contiguous; cfg must fit (N, K)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = row_block(m)
+    has_residual = residual is not None
+    r = residual if has_residual else y
+    ws = y
+    if cfg.split_k > 1:
+        ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
+    _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
+        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
+        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.split_k > 1:
+        block = 512 if n % 512 == 0 else cfg.block_n
+        _split_reduce_kernel[(m, n // block)](ws, y, r, m, y.stride(0), r.stride(0), N=n, SPLIT_K=cfg.split_k,
+                                               HAS_RESIDUAL=has_residual, BLOCK_M=block_m, BLOCK=block,
+                                               num_warps=4)
+    return y

@@ -1,0 +1,92 @@
+"""The skinny decode GEMM on CUDA: equal to a float32 reference within bf16 rounding for every
+4B decode shape and row count the engine sends it, with and without the residual; a row's result
+does not depend on its bucket-mates; the engine's ops route exactly the decode GEMMs to it.
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from higgs_serve.model.fused_ops import CublasOps, TritonOps, _skinny_config
+from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, skinny_linear
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
+
+
+def _data(m: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+    return x, w, r
+
+
+def _assert_close_to_fp32(y: torch.Tensor, ref: torch.Tensor) -> None:
+    # one bf16 rounding of the result (2^-8 relative) plus float32 accumulation-order noise
+    err = (y.float() - ref).abs()
+    assert torch.all(err <= ref.abs() * 2 ** -7 + 1e-2), f"max err {err.max().item():.3e}"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES_4B))
+@pytest.mark.parametrize("m", [1, 5, 16, 31, 64])
+@pytest.mark.parametrize("residual", [False, True])
+def test_matches_fp32_reference(name, m, residual):
+    n, k = SHAPES_4B[name]
+    x, w, r = _data(m, n, k)
+    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    y = skinny_linear(x, w, r if residual else None, cfg)
+    ref = x.float() @ w.float().t() + (r.float() if residual else 0)
+    _assert_close_to_fp32(y, ref)
+
+
+@pytest.mark.parametrize("cfg", [SkinnyConfig(32, 256, 1), SkinnyConfig(64, 64, 16, num_stages=3),
+                                 SkinnyConfig(128, 128, 2, num_warps=8)])
+def test_other_launch_shapes_agree(cfg):
+    n, k = 2560, 4096
+    x, w, r = _data(9, n, k, seed=1)
+    _assert_close_to_fp32(skinny_linear(x, w, r, cfg), x.float() @ w.float().t() + r.float())
+
+
+def test_a_row_does_not_depend_on_its_bucket_mates():
+    n, k = SHAPES_4B["down"]
+    x, w, r = _data(16, n, k, seed=2)
+    cfg = config_for(16, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    together = skinny_linear(x, w, r, cfg)
+    for i in (0, 7, 15):
+        alone = skinny_linear(x[i:i + 1].contiguous(), w, r[i:i + 1].contiguous(), cfg)
+        assert torch.equal(alone[0], together[i])
+
+
+def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
+    n, k = SHAPES_4B["o"]
+    x, w, r = _data(64, n, k)
+    assert _skinny_config(x, w) is not None
+    assert _skinny_config(torch.cat([x, x]), w) is None  # 128 rows: a prefill chunk
+    assert _skinny_config(x.float(), w.float()) is None  # float32 stays exact on cuBLAS
+    skinny = TritonOps.linear_residual(x, w, r)
+    cublas = CublasOps.linear_residual(x, w, r)
+    ref = x.float() @ w.float().t() + r.float()
+    _assert_close_to_fp32(skinny, ref)
+    _assert_close_to_fp32(cublas, ref)
+    _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
+
+
+def test_capturable_in_a_cuda_graph():
+    n, k = SHAPES_4B["down"]
+    x, w, r = _data(4, n, k, seed=3)
+    cfg = config_for(4, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    eager = skinny_linear(x, w, r, cfg)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        skinny_linear(x, w, r, cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = skinny_linear(x, w, r, cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             if results:
                 top = results[0]
                 point.update(best_us=top["us"], best_config=top["config"], best_err=top["max_err"],
-                             best_vs_cublas=cublas / top["us"], best_of_floor=floor_s / (top["us"] * 1e-6),
+                             best_vs_cublas=cublas * 1e6 / top["us"], best_of_floor=floor_s / (top["us"] * 1e-6),
                              cublas_of_floor=floor_s / cublas, top5=results[:5])
                 best[f"{name}:{m}"] = top["config"]
             logger.info("%s N=%d K=%d M=%d: cublas %.1f us, best %s us %s (floor %.1f us)", name, n, k, m,

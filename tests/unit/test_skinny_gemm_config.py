@@ -17,7 +17,7 @@ def test_row_block_is_the_next_power_of_two_from_16(m, block):
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES_4B))
-@pytest.mark.parametrize("m", [1, 7, 16, 33, 64])
+@pytest.mark.parametrize("m", [1, 7, 16])
 def test_every_4b_decode_gemm_gets_a_fitting_config_with_enough_programs(name, m):
     n, k = SHAPES_4B[name]
     cfg = config_for(m, n, k, num_sms=132)
@@ -31,6 +31,13 @@ def test_no_config_past_max_rows_or_for_shapes_the_kernel_does_not_divide():
     assert config_for(1, 100, 4096, 132) is None  # N not a multiple of any block
     assert config_for(1, 2560, 100, 132) is None  # K not a multiple of the K block
     assert default_config(1, 32, 64, 132) is None  # N below one tile: cuBLAS
+
+
+@pytest.mark.parametrize("m", [1, 16, 33, 64])
+def test_the_first_principles_config_fits_every_4b_shape_at_any_row_count(m):
+    for n, k in SHAPES_4B.values():
+        cfg = default_config(m, n, k, num_sms=132)
+        assert cfg is not None and cfg.fits(n, k) and (n // cfg.block_n) * cfg.split_k >= 132
 
 
 def test_split_keeps_k_divisible():

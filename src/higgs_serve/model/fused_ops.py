@@ -8,8 +8,9 @@ the activation dtype, then scale; RoPE products rounded before their sum), so th
 plain paths agree to the last bit on the same hardware in most elements and to one bf16 ulp
 elsewhere (transcendentals may differ by an ulp in fp32).
 
-The GEMMs go through the same object: on CUDA, a GEMM of at most 64 bfloat16/float16 rows (every
-decode step) runs the skinny kernel of skinny_gemm.py, larger ones cuBLAS. `CublasOps` keeps
+The GEMMs go through the same object: on CUDA, a GEMM of at most 16 bfloat16/float16 rows (decode
+steps of small batches) runs the skinny kernel of skinny_gemm.py, with the RMSNorm before it or the
+SiLU-and-multiply folded into its loads; larger ones run cuBLAS after the separate kernels. `CublasOps` keeps
 cuBLAS for all of them, as the baseline benchmarks compare against.
 
 `Ops` picks the implementation once, at construction: `TorchOps` (CPU, reference, tests) or
@@ -19,12 +20,14 @@ cuBLAS for all of them, as the baseline benchmarks compare against.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
+from higgs_serve.model.skinny_gemm import (MAX_ROWS, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, SkinnyConfig, config_for,
+                                            skinny_linear)
 
 try:
     import triton
@@ -70,6 +73,16 @@ class TorchOps:
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         """residual + x @ weightᵀ."""
         return residual + F.linear(x, weight)
+
+    @classmethod
+    def norm_linear(cls, x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
+        """rms_norm(x) @ weightᵀ."""
+        return cls.linear(cls.rms_norm(x, norm_weight, eps), weight)
+
+    @classmethod
+    def silu_mul_linear_residual(cls, gate_up: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        """residual + silu_mul(gate_up) @ weightᵀ."""
+        return cls.linear_residual(cls.silu_mul(gate_up), weight, residual)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -139,6 +152,7 @@ class TritonOps(TorchOps):
     """CUDA kernels; same signatures and rounding points as TorchOps."""
 
     name = "triton"
+    skinny_gemm = True
 
     @staticmethod
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -175,62 +189,62 @@ class TritonOps(TorchOps):
                                                         I=i, BLOCK=block, num_warps=4)
         return out
 
-    @staticmethod
-    def linear(x: Tensor, weight: Tensor) -> Tensor:
-        cfg = _skinny_config(x, weight)
+    @classmethod
+    def linear(cls, x: Tensor, weight: Tensor) -> Tensor:
+        cfg = cls._skinny(x, weight)
         return F.linear(x, weight) if cfg is None else skinny_linear(x, weight, None, cfg)
 
-    @staticmethod
-    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        # one GEMM with the residual as its beta=1 input: one rounding instead of two
-        cfg = _skinny_config(x, weight)
-        if cfg is None:
+    @classmethod
+    def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        cfg = cls._skinny(x, weight)
+        if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
             return torch.addmm(residual, x, weight.t())
         return skinny_linear(x, weight, residual, cfg)
 
+    @classmethod
+    def norm_linear(cls, x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
+        cfg = cls._skinny(x, weight)
+        if cfg is None:
+            return super().norm_linear(x, norm_weight, eps, weight)
+        return skinny_linear(x, weight, None, cfg, prologue=PROLOGUE_RMS_NORM, norm_weight=norm_weight, eps=eps)
+
+    @classmethod
+    def silu_mul_linear_residual(cls, gate_up: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        cfg = cls._skinny(gate_up, weight)
+        if cfg is None:
+            return super().silu_mul_linear_residual(gate_up, weight, residual)
+        return skinny_linear(gate_up, weight, residual, cfg, prologue=PROLOGUE_SILU_MUL)
+
+    @classmethod
+    def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
+        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS
+        rows, float32 (tl.dot would round to TF32 where cuBLAS does not), layouts it does not take."""
+        if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
+                or x.stride(1) != 1 or not weight.is_contiguous():
+            return None
+        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
+
 
 class CublasOps(TritonOps):
-    """TritonOps with every GEMM on cuBLAS: the baseline the skinny kernel is measured against."""
+    """TritonOps with every GEMM on cuBLAS and no prologue fusion: the baseline the skinny kernel
+    is measured against."""
 
     name = "triton-cublas"
-
-    @staticmethod
-    def linear(x: Tensor, weight: Tensor) -> Tensor:
-        return F.linear(x, weight)
-
-    @staticmethod
-    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        return torch.addmm(residual, x, weight.t())
+    skinny_gemm = False
 
 
-def warm_up_gemms(ops: type[TorchOps], weights: list[tuple[Tensor, bool]]) -> None:
-    """Run each (weight, has_residual) GEMM once for every row count the skinny kernel serves:
-    Triton compiles a variant per launch shape on first use, which must happen at start-up, not
-    on live traffic. A no-op for ops without the kernel."""
-    if ops is not TritonOps:
-        return
-    for weight, has_residual in weights:
-        n, k = weight.shape
-        for m in range(1, MAX_ROWS + 1):
-            x = torch.zeros(m, k, dtype=weight.dtype, device=weight.device)
-            if has_residual:
-                ops.linear_residual(x, weight, torch.zeros(m, n, dtype=weight.dtype, device=weight.device))
-            else:
-                ops.linear(x, weight)
+def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None:
+    """Call run_gemms(rows) for every row count the skinny kernel serves: Triton compiles a
+    variant per launch shape on first use, which must happen at start-up, not on live traffic.
+    A no-op for ops without the kernel."""
+    if getattr(ops, "skinny_gemm", False):
+        for rows in range(1, MAX_ROWS + 1):
+            run_gemms(rows)
 
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _skinny_config(x: Tensor, weight: Tensor) -> SkinnyConfig | None:
-    """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS rows,
-    float32 (tl.dot would round to TF32 where cuBLAS does not), or layouts it does not take."""
-    if x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 or x.stride(1) != 1 \
-            or not weight.is_contiguous():
-        return None
-    return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
 
 
 def ops_for(device: torch.device | str) -> type[TorchOps]:

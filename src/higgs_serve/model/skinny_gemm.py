@@ -1,5 +1,5 @@
-"""Skinny GEMM for decode steps: y = x @ Wᵀ (+ residual) for a few rows x [M, K] (M ≤ 64) and a
-large weight W [N, K].
+"""Skinny GEMM for decode steps: y = x @ Wᵀ (+ residual) for a few rows x [M, K] (M ≤ 16) and a
+large weight W [N, K], optionally with the kernel that produced x folded into its loads.
 
 A decode step multiplies a handful of rows by 7.3 GB of weights: it is a weight read. For these
 shapes cuBLAS picks kernels that reach 50–80 % of copy bandwidth on an H200 (the o and down
@@ -8,6 +8,10 @@ benchmarks/results/profile_step_h200.txt). This kernel swaps the operands, so W 
 the MMA and the rows the narrow side, and splits K when N alone gives too few programs. Split
 partials go to a float32 workspace that one small kernel sums, adds the residual to and rounds
 once, as addmm does (float32 accumulation, one rounding of residual + product).
+
+At these sizes a kernel boundary costs as much as a small kernel's work, so the RMSNorm before the
+qkv and gate_up GEMMs and the SiLU-and-multiply before the down GEMM run inside the GEMM's loads
+(prologues), rounding where the kernels they replace round.
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -28,7 +32,9 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-MAX_ROWS = 64
+# Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
+# tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
+MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,12 @@ def row_block(m: int) -> int:
 
 # Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
 # per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
-TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {}
+TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
+    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
+    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),),  # o: 8.9 us, cuBLAS 11.5
+    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),),  # gate_up: 24.8 us, cuBLAS 28.7
+    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),),  # down: 16.2 us, cuBLAS 19.2
+}
 
 
 def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
@@ -82,28 +93,54 @@ def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
     return default_config(m, n, k, num_sms)
 
 
+# what the kernel applies to x's rows as it loads them (the producer kernel it replaces)
+PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL = 0, 1, 2
+
 if triton is not None:
 
+    @triton.jit
+    def _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, inv, PROLOGUE: tl.constexpr, K: tl.constexpr):
+        """xᵀ tile [BLOCK_K, BLOCK_M], rounded where the replaced kernel rounds."""
+        ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]
+        x = tl.load(ptrs, mask=row_ok, other=0.0)
+        if PROLOGUE == 1:  # RMSNorm (TritonOps.rms_norm): normalise in fp32, round, scale, round
+            nw = tl.load(NW + offs_k)
+            x = ((x.to(tl.float32) * inv[None, :]).to(nw.dtype).to(tl.float32)
+                 * nw.to(tl.float32)[:, None]).to(nw.dtype)
+        if PROLOGUE == 2:  # silu(gate) * up over [gate | up] rows of width 2K (TritonOps.silu_mul)
+            up = tl.load(ptrs + K, mask=row_ok, other=0.0)
+            g = x.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+            x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        return x
+
     @triton.jit(do_not_specialize=["M"])
-    def _skinny_kernel(X, W, Y, R, WS, M, stride_x, stride_y, stride_r,
+    def _skinny_kernel(X, W, Y, R, WS, NW, M, stride_x, stride_y, stride_r, eps,
                        N: tl.constexpr, K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_span: tl.constexpr = K // SPLIT_K
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
+        row_ok = offs_m[None, :] < M
+        inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if PROLOGUE == 1:  # each program reads its rows whole for their norms (a few KB, from L2)
+            ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for kk in range(K // BLOCK_K):
+                xk = tl.load(X + offs_m[None, :] * stride_x + (kk * BLOCK_K + tl.arange(0, BLOCK_K))[:, None],
+                             mask=row_ok, other=0.0).to(tl.float32)
+                ss += tl.sum(xk * xk, 0)
+            inv = tl.rsqrt(ss / K + eps)
         offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
         w_ptrs = W + offs_n[:, None] * K + offs_k[None, :]  # [BLOCK_N, BLOCK_K], W is contiguous
-        x_ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]  # [BLOCK_K, BLOCK_M]: xᵀ
-        row_ok = offs_m[None, :] < M
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for _ in range(k_span // BLOCK_K):
             w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+            x = _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, inv, PROLOGUE, K)
             acc = tl.dot(w, x, acc)
             w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+            offs_k += BLOCK_K
         if SPLIT_K == 1:
             if HAS_RESIDUAL:
                 r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
@@ -125,11 +162,13 @@ if triton is not None:
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))
 
 
-def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig) -> Tensor:
-    """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
-    x's rows must be contiguous and weight contiguous; cfg must fit (N, K)."""
-    m, k = x.shape
-    n = weight.shape[0]
+def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig, *,
+                  prologue: int = PROLOGUE_NONE, norm_weight: Tensor | None = None, eps: float = 0.0) -> Tensor:
+    """prologue(x) [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch
+    shape cfg. prologue: PROLOGUE_RMS_NORM (norm_weight [K], eps) or PROLOGUE_SILU_MUL (x is
+    [M, 2K] = [gate | up]). x's rows must be contiguous, weight contiguous; cfg must fit (N, K)."""
+    m = x.shape[0]
+    n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = row_block(m)
     has_residual = residual is not None
@@ -138,8 +177,8 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
     if cfg.split_k > 1:
         ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
     _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
-        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
-        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
+        x, weight, y, r, ws, weight if norm_weight is None else norm_weight, m, x.stride(0), y.stride(0),
+        r.stride(0), eps, N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual, PROLOGUE=prologue,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:

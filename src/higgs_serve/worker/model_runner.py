@@ -267,7 +267,7 @@ class ModelRunner:
         self.backend.warm_up(self.kv_caches, self.talker.text_cfg.num_heads, self.max_num_seqs, self.scratch_block,
                              self.buffers.max_blocks)
         layer = self.talker.backbone.layers[0]
-        warm_up_gemms(layer.ops, layer.gemm_weights())
+        warm_up_gemms(layer.ops, layer.run_gemms)
         policy = self.graphs
         if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
             return []

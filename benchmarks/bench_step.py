@@ -16,12 +16,15 @@ replay alone, back to back) is reported too.
 
 Floor of a step = bytes that must be read from HBM / copy bandwidth, where bytes = all backbone
 weights + the audio table (the fused audio embedding = tied audio head, read in full by the head
-matmul; the text embedding is only gathered, never read whole) + the K/V of L tokens × B, and
-the bandwidth is a device-to-device copy of >= 2 GiB measured here: (bytes read + written) / s.
+matmul; the text embedding is only gathered, never read whole) + the K/V of L tokens × B in the
+cache's dtype (`--kv-cache-dtype fp8`: 1 byte per element, half of bf16's), and the bandwidth is a
+device-to-device copy of >= 2 GiB measured here: (bytes read + written) / s. Each runner's peak
+`torch.cuda.max_memory_allocated` (weights included) goes in the JSON.
 
 Usage (GPU):
   higgs-serve make-tiny-model /tmp/h4b --preset 4b --config-only
   PYTHONPATH=src python3 benchmarks/bench_step.py --model /tmp/h4b --out step.json
+  ... --paths full_graph --batch 64 --context 4096 --kv-cache-dtype fp8 --out step_fp8.json
 CPU smoke run: --device cpu --paths eager --batch 1 2 --context 16 --iters 2 (tiny model).
 """
 
@@ -47,6 +50,7 @@ from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, kv_bytes_per
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
+from higgs_serve.worker.attention.kv_cache_dtype import resolve_kv_cache_dtype  # noqa: E402
 from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
@@ -97,8 +101,8 @@ def step_weight_bytes(loaded: LoadedModel) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def kv_bytes_per_token(loaded: LoadedModel) -> int:
-    return kv_bytes_per_block(loaded.spec, 1, loaded.dtype)
+def kv_bytes_per_token(loaded: LoadedModel, cache_dtype: torch.dtype) -> int:
+    return kv_bytes_per_block(loaded.spec, 1, cache_dtype)
 
 
 # ------------------------------------------------------------------------------ runner + plans
@@ -111,6 +115,7 @@ class BenchShape:
     max_model_len: int
 
     mixed_tokens: int = 0  # prompt tokens of the one prefill chunk in a timed mixed step
+    kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
 
     @property
     def max_batch(self) -> int:
@@ -143,7 +148,8 @@ def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device, 
 def build_runner(loaded: LoadedModel, policy: GraphPolicy, shape: BenchShape) -> ModelRunner:
     """A runner whose KV pool holds max batch × (max context + 1) tokens."""
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
-    kv = KVCacheSpec(num_blocks=shape.num_slots * shape.blocks_per_request(), block_size=shape.block_size)
+    kv = KVCacheSpec(num_blocks=shape.num_slots * shape.blocks_per_request(), block_size=shape.block_size,
+                     dtype=shape.kv_cache_dtype)
     return ModelRunner(
         talker=loaded.talker, backend=backend, kv=kv, max_num_seqs=shape.num_slots,
         max_num_batched_tokens=shape.max_num_batched_tokens, max_model_len=shape.max_model_len,
@@ -297,11 +303,14 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, shape: BenchShape, args,
     if loaded.device.type == "cuda":
         loaded.talker.backbone.set_ops(GEMM_OPS[gemm])
     policy = graph_policy_for(path, shape.batches, loaded.device, shape.max_num_batched_tokens)
+    if loaded.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(loaded.device)  # this runner's peak (weights stay allocated)
     t0 = time.perf_counter()
     runner = build_runner(loaded, policy, shape)
     capture = runner.capture_graphs()
     info = {"path": path, "gemm": gemm, "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
-            "capture": capture, "kv_blocks": runner.kv.num_blocks}
+            "capture": capture, "kv_blocks": runner.kv.num_blocks, "kv_cache_dtype": str(runner.kv_cache_dtype),
+            "kv_cache_bytes": sum(c.numel() * c.element_size() for pair in runner.kv_caches for c in pair)}
     logger.info("%s: runner built and graphs captured in %.1f s", path, info["build_and_capture_s"])
     plans = PlanMaker(shape, loaded.spec.text.vocab_size)
     rows = []
@@ -320,6 +329,8 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, shape: BenchShape, args,
                 rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of), "gemm": gemm})
     info["prefill_s"] = prefill_s
     info["step_modes"] = {m.value: n for m, n in runner.step_modes.items()}
+    info["max_memory_allocated_bytes"] = (torch.cuda.max_memory_allocated(loaded.device)
+                                          if loaded.device.type == "cuda" else None)
     del runner, plans
     gc.collect()
     if loaded.device.type == "cuda":
@@ -343,6 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                   help="KV storage: auto (the model dtype) or fp8 (e4m3, scale 1.0), as Stage 0's kv_cache_dtype")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096, help="prefill chunk budget per step")
     p.add_argument("--max-model-len", type=int, default=8192,
@@ -366,18 +379,19 @@ def main(argv: list[str] | None = None) -> int:
     started = now_iso()
     device = torch.device(args.device)
     paths = args.paths or (list(PATHS) if device.type == "cuda" else ["eager"])
-    shape = BenchShape(batches=tuple(sorted(set(args.batch))), contexts=tuple(sorted(set(args.context))),
-                       block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_model_len, mixed_tokens=args.mixed_tokens)
-    if shape.max_batch + shape.mixed_tokens > args.max_num_batched_tokens:
-        raise SystemExit("bench_step: the largest --batch (+ --mixed-tokens) exceeds --max-num-batched-tokens")
     t0 = time.perf_counter()
     loaded = load_model(args.model, RuntimeOptions(load_format=args.load_format, device=args.device, dtype=args.dtype))
     load_s = time.perf_counter() - t0
+    cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, loaded.dtype)
+    shape = BenchShape(batches=tuple(sorted(set(args.batch))), contexts=tuple(sorted(set(args.context))),
+                       block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                       max_model_len=args.max_model_len, mixed_tokens=args.mixed_tokens, kv_cache_dtype=cache_dtype)
+    if shape.max_batch + shape.mixed_tokens > args.max_num_batched_tokens:
+        raise SystemExit("bench_step: the largest --batch (+ --mixed-tokens) exceeds --max-num-batched-tokens")
     copy_gib = args.copy_gib if args.copy_gib is not None else (2.0 if device.type == "cuda" else 0.25)
     bandwidth = measure_copy_bandwidth(device, int(copy_gib * (1 << 30)))
     weight_bytes = step_weight_bytes(loaded)
-    kv_per_token = kv_bytes_per_token(loaded)
+    kv_per_token = kv_bytes_per_token(loaded, cache_dtype)  # in the cache's dtype: fp8 halves bf16's
 
     def floor_of(batch: int, context: int) -> float:
         return (weight_bytes + kv_per_token * context * batch) / bandwidth
@@ -397,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model, "load_format": args.load_format, "dtype": str(loaded.dtype), "load_s": load_s,
         "copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": int(copy_gib * (1 << 30)),
         "weight_bytes_per_step": weight_bytes, "kv_bytes_per_token": kv_per_token,
+        "kv_cache_dtype": args.kv_cache_dtype, "kv_cache_torch_dtype": str(cache_dtype),
+        "max_memory_allocated_bytes": None,  # the largest runner peak (CUDA), filled in per path
         "settings": {"batches": list(shape.batches), "contexts": list(shape.contexts), "iters": args.iters,
                      "warmup": args.warmup, "block_size": shape.block_size, "mixed_tokens": shape.mixed_tokens,
                      "max_num_batched_tokens": shape.max_num_batched_tokens, "max_model_len": shape.max_model_len},
@@ -407,11 +423,16 @@ def main(argv: list[str] | None = None) -> int:
         path_rows, info = run_path(loaded, path, gemm, shape, args, floor_of)
         rows += path_rows
         runners.append(info)
+        if info["max_memory_allocated_bytes"] is not None:
+            result["max_memory_allocated_bytes"] = max(result["max_memory_allocated_bytes"] or 0,
+                                                       info["max_memory_allocated_bytes"])
         result["finished_at"] = now_iso()
         if args.out:  # after every path, so a run cut short still leaves its numbers
             write_json(args.out, result)
+    peak = result["max_memory_allocated_bytes"]
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
-          f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step)\n")
+          f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step, KV {cache_dtype} "
+          f"{kv_per_token} B/token" + (f", peak allocated {peak / 1e9:.2f} GB" if peak else "") + ")\n")
     print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
                                 ("step_ms_p90", "p90"), ("gpu_ms", "GPU-only ms"), ("floor_ms", "floor ms"),
                                 ("ratio", "p50/floor"), ("frames_per_s", "frames/s")]))

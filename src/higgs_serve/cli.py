@@ -31,6 +31,8 @@ def _add_deploy_options(p: argparse.ArgumentParser) -> None:
                         "(default: discovered from the model's model_type)")
     p.add_argument("--stage-overrides", default=None, help='JSON, e.g. \'{"0": {"max_num_seqs": 4}}\'')
     p.add_argument("--max-num-seqs", type=int, default=None, help="Stage 0 max_num_seqs (overrides the YAML)")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="Stage 0 kv_cache_dtype: auto (the model dtype) or fp8 (alias fp8_e4m3); overrides the YAML")
 
 
 def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
@@ -45,6 +47,9 @@ def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
     if device == "cpu" or (device is None and not torch.cuda.is_available()):
         cli.setdefault("0", {})["devices"] = "cpu"
         cli.setdefault("1", {})["devices"] = "cpu"
+    kv_cache_dtype = getattr(args, "kv_cache_dtype", None)
+    if kv_cache_dtype is not None:  # validated with the rest of the config, like every key
+        cli.setdefault("0", {})["kv_cache_dtype"] = kv_cache_dtype
 
     def load(overrides: dict, stage_overrides=args.stage_overrides):
         return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=stage_overrides,

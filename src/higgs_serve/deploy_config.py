@@ -73,6 +73,11 @@ MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
 # "tf32": float32 weights and activations, convolutions on TF32 tensor cores (measured on the
 # H200: 2x the float32 throughput at 64 windows, max error 2e-3 of peak; bf16: 3e-2 of peak).
 CODEC_DTYPES = ("float32", "tf32", "bfloat16", "float16")
+# Stage 0 `kv_cache_dtype` (vLLM's key and values): "auto" stores K/V in the model dtype; "fp8"
+# (alias "fp8_e4m3", vLLM's other spelling) stores float8 e4m3 with scale 1.0, half of bf16's
+# bytes (worker/attention/kv_cache_dtype.py says why that scale is safe for this model).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+_KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}  # one spelling downstream
 
 
 class CudaGraphMode(enum.Enum):
@@ -140,6 +145,9 @@ class TalkerStageConfig:
     # Explicit KV block count, overriding the gpu_memory_utilization sizing (needed on CPU,
     # where there is no device memory to measure). None = size from memory.
     num_gpu_blocks: int | None = None
+    # K/V storage: "auto" (the model dtype) or "fp8" (float8 e4m3, the alias already folded in).
+    # Any model dtype may take fp8, on CUDA and on CPU; the KV pool sizing uses its 1-byte size.
+    kv_cache_dtype: str = "auto"
     default_sampling_params: DefaultSamplingParams = field(default_factory=DefaultSamplingParams)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
 
@@ -315,6 +323,7 @@ def _build_talker(stage: Section) -> TalkerStageConfig:
         devices=_devices(stage),
         kv_block_size=kv_block_size,
         num_gpu_blocks=stage.integer("num_gpu_blocks", None, 1, optional=True),
+        kv_cache_dtype=_kv_cache_dtype(stage),
         default_sampling_params=_build_sampling(stage.section("default_sampling_params")),
         compilation_config=_build_compilation(stage, enforce_eager, max_num_seqs, max_num_batched_tokens),
     )
@@ -326,6 +335,11 @@ def _fraction_problem(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"expected a number, got {type(value).__name__} {value!r}"
     return None if 0 < value <= 1 else f"{value!r} is outside (0, 1]"
+
+
+def _kv_cache_dtype(stage: Section) -> str:
+    name = stage.choice("kv_cache_dtype", "auto", KV_CACHE_DTYPES)
+    return _KV_CACHE_DTYPE_ALIASES.get(name, name)
 
 
 def _devices(stage: Section) -> str:

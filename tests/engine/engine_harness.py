@@ -39,6 +39,7 @@ def engine_deploy(
     max_num_batched_tokens: int = 4096,
     enable_prefix_caching: bool = True,
     window: dict | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> DeployConfig:
     """The shipped default profile on CPU, shrunk for tests; `window` overrides SPEC §1.9 keys."""
     stage0 = {
@@ -47,6 +48,7 @@ def engine_deploy(
         "num_gpu_blocks": num_gpu_blocks,
         "max_num_batched_tokens": max_num_batched_tokens,
         "enable_prefix_caching": enable_prefix_caching,
+        "kv_cache_dtype": kv_cache_dtype,
         # the shipped capture sizes go to 64; sizes above max_num_seqs are a config error
         "compilation_config": {"cudagraph_capture_sizes": [s for s in (1, 2, 4, 8, 16) if s <= max_num_seqs]},
     }

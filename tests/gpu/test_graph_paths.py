@@ -1,5 +1,6 @@
 """On CUDA: the Stage 0 paths (eager, MLP graphs, full decode graph, piecewise graphs alone and
-under the full decode graph) give identical rows.
+under the full decode graph) give identical rows, with the model-dtype KV cache and with an fp8
+one (kv_cache_dtype: fp8: every path writes and reads the same e4m3 cache the same way).
 
 Greedy (temperature 0) and seeded sampling, a mixed set of requests of different lengths that
 arrive while others run, so graph steps, padded batches and eager prefill/mixed steps all occur.
@@ -53,8 +54,9 @@ def loaded(tiny_model_dir):
     return load_model(str(tiny_model_dir), RuntimeOptions(device="cuda", dtype="float32"))
 
 
-def _engine(loaded, path: str) -> SyncEngine:
-    stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512, **PATHS[path]}
+def _engine(loaded, path: str, kv_cache_dtype: str = "auto") -> SyncEngine:
+    stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512,
+              "kv_cache_dtype": kv_cache_dtype, **PATHS[path]}
     deploy = load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
                                 device_count=torch.cuda.device_count())
     return SyncEngine(loaded, deploy, RuntimeOptions(device="cuda", dtype="float32"))
@@ -81,13 +83,16 @@ def _run(engine: SyncEngine, requests: list[SpeechRequest]) -> dict[str, np.ndar
     return results
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_graph_paths_match_eager(loaded, temperature):
+def test_graph_paths_match_eager(loaded, temperature, kv_cache_dtype):
     rows = {}
     for path in PATHS:
-        engine = _engine(loaded, path)
+        engine = _engine(loaded, path, kv_cache_dtype)
         try:
             runner = engine.core.runner
+            expected_kv = torch.float8_e4m3fn if kv_cache_dtype == "fp8" else torch.float32
+            assert runner.kv_caches[0][0].dtype == expected_kv
             if path != "eager":
                 assert runner.capture_info, "graphs must be captured at start-up"
                 assert runner.step_modes[StepMode.EAGER] == 0  # nothing ran before the first request

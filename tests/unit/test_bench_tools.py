@@ -116,6 +116,29 @@ def test_bench_step_runs_eager_on_cpu(step_json: Path):
     assert data["git_commit"] and data["command"] and data["runners"][0]["step_modes"]["eager"] > 0
 
 
+def test_bench_step_fp8_kv_cache_floor_counts_one_byte_per_element(step_json: Path, tiny_model_dir: Path,
+                                                                  tmp_path: Path):
+    """--kv-cache-dtype fp8: the runner stores e4m3 and the floor's KV bytes are a quarter of the
+    float32 run's (the tiny model runs float32 on CPU)."""
+    out = tmp_path / "step_fp8.json"
+    rc = bench_step.main(["--model", str(tiny_model_dir), "--load-format", "auto",
+                          "--device", "cpu", "--batch", "2", "--context", "20", "--iters", "1", "--warmup", "0",
+                          "--max-num-batched-tokens", "32", "--max-model-len", "64", "--copy-gib", "0.001",
+                          "--kv-cache-dtype", "fp8", "--out", str(out), "--log-level", "WARNING"])
+    assert rc == 0
+    fp8, fp32 = json.loads(out.read_text()), json.loads(step_json.read_text())
+    assert (fp8["kv_cache_dtype"], fp8["kv_cache_torch_dtype"]) == ("fp8", "torch.float8_e4m3fn")
+    assert (fp32["kv_cache_dtype"], fp32["kv_cache_torch_dtype"]) == ("auto", "torch.float32")
+    assert fp8["kv_bytes_per_token"] * 4 == fp32["kv_bytes_per_token"]
+    (runner,) = fp8["runners"]
+    assert runner["kv_cache_dtype"] == "torch.float8_e4m3fn"
+    assert runner["kv_cache_bytes"] == (runner["kv_blocks"] + 1) * 16 * fp8["kv_bytes_per_token"]  # + scratch block
+    assert runner["max_memory_allocated_bytes"] is None  # CUDA only
+    (row,) = fp8["rows"]
+    expected_floor = (fp8["weight_bytes_per_step"] + fp8["kv_bytes_per_token"] * 20 * 2) / (fp8["copy_bandwidth_gbps"] * 1e9)
+    assert row["floor_ms"] == pytest.approx(expected_floor * 1e3)
+
+
 def test_step_weight_bytes_count_backbone_and_audio_table_not_text_embedding(tiny_model_dir: Path):
     from higgs_serve.engine.builder import RuntimeOptions, load_model
 

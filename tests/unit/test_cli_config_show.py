@@ -42,3 +42,16 @@ def test_bad_stage_overrides_is_a_clear_error(capsys, tiny_model_dir):
                  "--max-num-seqs", "4", "--stage-overrides", "{bad"])
     err = capsys.readouterr().err
     assert code == 2 and "--stage-overrides" in err and "Traceback" not in err
+
+
+def test_kv_cache_dtype_flag_shows_in_the_resolved_profile(capsys, tiny_model_dir):
+    assert _show(capsys, tiny_model_dir)["kv_cache_dtype"] == "auto"
+    assert _show(capsys, tiny_model_dir, "--kv-cache-dtype", "fp8")["kv_cache_dtype"] == "fp8"
+    assert _show(capsys, tiny_model_dir, "--kv-cache-dtype", "fp8_e4m3")["kv_cache_dtype"] == "fp8"
+
+
+def test_bad_kv_cache_dtype_flag_is_a_clear_error(capsys, tiny_model_dir):
+    code = main(["--log-level", "WARNING", "config", "show", str(tiny_model_dir), "--device", "cpu",
+                 "--kv-cache-dtype", "fp4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "kv_cache_dtype" in err and "'fp4' is not one of" in err and "Traceback" not in err

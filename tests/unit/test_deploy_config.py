@@ -126,6 +126,27 @@ def test_shipped_sampling_and_streaming_values(name):
     assert config.async_chunk is True
 
 
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("fp8", "fp8"), ("fp8_e4m3", "fp8")])
+def test_kv_cache_dtype_values_and_alias(tmp_path, value, expected):
+    path = write(tmp_path, "kv.yaml", {"stages": [{"stage_id": 0, "kv_cache_dtype": value}]})
+    config = load_deploy_config(str(path), device_count=1)
+    assert config.stage0.kv_cache_dtype == expected
+    assert config.to_dict()["stages"][0]["kv_cache_dtype"] == expected
+
+
+@pytest.mark.parametrize("name", [HIGH, LOW, FULL_AND_PIECEWISE])
+def test_shipped_profiles_keep_the_model_dtype_kv_cache(name):
+    assert load_deploy_config(name, MODEL_TYPE).stage0.kv_cache_dtype == "auto"
+
+
+def test_kv_cache_dtype_cli_override_wins_and_bad_values_name_the_flags():
+    config = load_deploy_config(HIGH, MODEL_TYPE, stage_overrides={"0": {"kv_cache_dtype": "auto"}},
+                                cli_overrides={"0": {"kv_cache_dtype": "fp8_e4m3"}})
+    assert config.stage0.kv_cache_dtype == "fp8"
+    with pytest.raises(ConfigError, match=r"^command-line flags: stages\[0\]\.kv_cache_dtype: 'int8'"):
+        load_deploy_config(HIGH, MODEL_TYPE, cli_overrides={"0": {"kv_cache_dtype": "int8"}})
+
+
 def test_to_dict_is_json_and_names_graph_paths():
     d = json.loads(json.dumps(load_deploy_config(LOW, MODEL_TYPE).to_dict(cuda_available=False)))
     stage0, stage1 = d["stages"]
@@ -235,6 +256,9 @@ STAGE0_ERRORS = [
     ({"max_model_len": 9000}, "stages[0].max_model_len", "above the maximum 8192"),
     ({"kv_block_size": 24}, "stages[0].kv_block_size", "not a power of two"),
     ({"num_gpu_blocks": 0}, "stages[0].num_gpu_blocks", "below the minimum 1"),
+    ({"kv_cache_dtype": "fp16"}, "stages[0].kv_cache_dtype", "'fp16' is not one of auto, fp8, fp8_e4m3"),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "stages[0].kv_cache_dtype", "is not one of auto, fp8"),
+    ({"kv_cache_dtype": None}, "stages[0].kv_cache_dtype", "None is not one of"),
     ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "stages[0].max_num_batched_tokens",
      "below max_num_seqs"),
     ({"devices": 0}, "stages[0].devices", "quote it"),

@@ -29,6 +29,7 @@ from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
 from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
 from higgs_serve.worker.cuda_graphs import GraphPolicy
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
@@ -126,17 +127,18 @@ def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = No
     return encoder.eval()
 
 
-def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
-    t = spec.text
-    return 2 * t.num_layers * block_size * t.num_kv_heads * t.head_dim * torch.finfo(dtype).bits // 8
+def kv_bytes_per_block(spec: ModelSpec, block_size: int, cache_dtype: torch.dtype) -> int:
+    """Bytes of one KV block in every layer, stored in `cache_dtype` (the resolved kv_cache_dtype)."""
+    return block_size * kv_bytes_per_token(spec.text, cache_dtype)
 
 
 def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     s0 = deploy.stage0
     block_size = s0.kv_block_size
+    cache_dtype = resolve_kv_cache_dtype(s0.kv_cache_dtype, loaded.dtype)
     if s0.num_gpu_blocks is not None:
-        return KVCacheSpec(num_blocks=s0.num_gpu_blocks, block_size=block_size)
-    per_block = kv_bytes_per_block(loaded.spec, block_size, loaded.dtype)
+        return KVCacheSpec(num_blocks=s0.num_gpu_blocks, block_size=block_size, dtype=cache_dtype)
+    per_block = kv_bytes_per_block(loaded.spec, block_size, cache_dtype)  # fp8: half of bf16's
     blocks_per_seq = -(-s0.max_model_len // block_size)
     # enough for every sequence at full length (+ the null block); more only helps the prefix cache
     useful = s0.max_num_seqs * blocks_per_seq + 1
@@ -152,7 +154,7 @@ def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
             f"of {block_size} tokens, fewer than one max_model_len={s0.max_model_len} sequence needs; "
             "raise gpu_memory_utilization or lower max_model_len"
         )
-    return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size)
+    return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size, dtype=cache_dtype)
 
 
 def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
@@ -206,7 +208,8 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         kv=KVCacheManager(kv.num_blocks, kv.block_size, s0.enable_prefix_caching),
         enable_prefix_caching=s0.enable_prefix_caching,
     )
-    logger.info("KV cache: %d blocks of %d tokens", kv.num_blocks, kv.block_size)
+    logger.info("KV cache: %d blocks of %d tokens, %s (%.2f GB)", kv.num_blocks, kv.block_size, kv.dtype,
+                kv.num_blocks * kv_bytes_per_block(loaded.spec, kv.block_size, kv.dtype) / 1e9)
     return EngineCore(
         scheduler=scheduler,
         runner=runner,

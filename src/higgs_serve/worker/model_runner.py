@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 class KVCacheSpec:
     num_blocks: int
     block_size: int
+    # K/V storage (kv_cache_dtype resolved): None = the runner's compute dtype; fp8 is cast on
+    # write and upcast on read by the attention backend.
+    dtype: torch.dtype | None = None
 
 
 class ModelRunner:
@@ -55,6 +58,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.dtype = dtype
+        self.kv_cache_dtype = kv.dtype or dtype
         self.num_codebooks = talker.audio_cfg.num_codebooks
         # One extra block past the scheduler's pool: padded graph rows write their K/V there.
         self.scratch_block = kv.num_blocks
@@ -64,7 +68,7 @@ class ModelRunner:
             block_size=kv.block_size,
             num_kv_heads=talker.text_cfg.num_kv_heads,
             head_dim=talker.text_cfg.head_dim,
-            dtype=dtype,
+            dtype=self.kv_cache_dtype,
             device=device,
         )
         max_blocks = -(-max_model_len // kv.block_size)
@@ -265,7 +269,7 @@ class ModelRunner:
         """Compile the attention kernels for every batch size and capture every graph of the
         policy now, at start-up (never lazily on live traffic)."""
         self.backend.warm_up(self.kv_caches, self.talker.text_cfg.num_heads, self.max_num_seqs, self.scratch_block,
-                             self.buffers.max_blocks)
+                             self.buffers.max_blocks, self.dtype)
         layer = self.talker.backbone.layers[0]
         warm_up_gemms(layer.ops, layer.run_gemms)
         policy = self.graphs

@@ -18,9 +18,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from higgs_serve.worker.attention.kv_cache_dtype import is_fp8
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, Hkv, Dh]
+# The caches' dtype is the compute dtype of q/k/v, or fp8 (`kv_cache_dtype`): the write casts to
+# it, the read casts back (kv_cache_dtype.py).
 
 
 class Attention(Protocol):
@@ -85,9 +88,10 @@ class AttentionBackend:
         raise NotImplementedError(f"{type(self).__name__} must implement bind")
 
     def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
-                block_table_width: int) -> None:
+                block_table_width: int, q_dtype: torch.dtype) -> None:
         """Compile whatever a batch size up to `max_requests` would otherwise compile on live
-        traffic (only `scratch_block` of the caches may be touched). Nothing by default."""
+        traffic (only `scratch_block` of the caches may be touched; q in `q_dtype`, the compute
+        dtype, which an fp8 cache does not share). Nothing by default."""
 
 
 def softmax_scale(head_dim: int) -> float:
@@ -106,8 +110,12 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor)
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not match k {tuple(k.shape)}"
         )
-    if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
-        raise ValueError(f"k/v dtype {k.dtype}/{v.dtype} differs from the cache dtype {k_cache.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype} or cache dtypes {k_cache.dtype}/"
+                         f"{v_cache.dtype} differ")
+    if k_cache.dtype != k.dtype and not is_fp8(k_cache.dtype):
+        raise ValueError(f"k/v dtype {k.dtype} differs from the cache dtype {k_cache.dtype} (only an fp8 "
+                         f"cache may differ)")
 
 
 def get_backend(name: str) -> AttentionBackend:

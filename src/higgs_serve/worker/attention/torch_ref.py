@@ -1,4 +1,5 @@
 """Reference paged attention in plain PyTorch: the oracle for the Triton kernels, and the CPU path.
+An fp8 cache (`kv_cache_dtype`) is written with `to_cache` and read back with `from_cache`.
 
 Clear over fast: per request, gather the context from its pages into contiguous [T, Hkv, Dh]
 tensors and call SDPA with an explicit causal-offset mask. Host loops and syncs are fine here;
@@ -12,23 +13,27 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache, softmax_scale
+from higgs_serve.worker.attention.kv_cache_dtype import byte_view, from_cache, to_cache
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
 
 def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Scatter new k/v [N, Hkv, Dh] into the caches at `slot_mapping` [N]; slots < 0 are skipped."""
+    """Scatter new k/v [N, Hkv, Dh] into the caches at `slot_mapping` [N]; slots < 0 are skipped.
+    An fp8 cache gets them clamped and cast (`to_cache`)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    # [num_blocks, block_size, Hkv, Dh] -> [num_slots, Hkv, Dh]: slot = block * block_size + offset
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep])
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep])
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        rows = byte_view(to_cache(new[keep], cache.dtype))
+        # [num_blocks, block_size, Hkv, Dh] -> [num_slots, Hkv, Dh]: slot = block * block_size + offset
+        byte_view(cache).view(-1, *cache.shape[2:]).index_copy_(0, slots, rows)
 
 
 def gather_context(cache: Tensor, block_table: Tensor, length: int) -> Tensor:
-    """The first `length` tokens of one request: cache [num_blocks, bs, Hkv, Dh] -> [length, Hkv, Dh]."""
+    """The first `length` tokens of one request: cache [num_blocks, bs, Hkv, Dh] -> [length, Hkv, Dh]
+    in the cache's dtype."""
     block_size = cache.shape[1]
     num_pages = -(-length // block_size)
-    pages = cache[block_table[:num_pages].long()]  # [num_pages, bs, Hkv, Dh]
+    pages = byte_view(cache)[block_table[:num_pages].long()].view(cache.dtype)  # [num_pages, bs, Hkv, Dh]
     return pages.reshape(-1, *cache.shape[2:])[:length]
 
 
@@ -58,8 +63,9 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attention
             continue  # no query rows, or a padded request: its rows stay 0
         if seq_len < q_hi - q_lo:
             raise ValueError(f"seq_lens[{b}] = {seq_len} is shorter than its {q_hi - q_lo} query tokens")
-        keys = gather_context(k_cache, meta.block_tables[b], seq_len)
-        values = gather_context(v_cache, meta.block_tables[b], seq_len)
+        # dequantized to q's dtype: exact for fp8, and what the Triton kernels compute with
+        keys = from_cache(gather_context(k_cache, meta.block_tables[b], seq_len), q.dtype)
+        values = from_cache(gather_context(v_cache, meta.block_tables[b], seq_len), q.dtype)
         out[q_lo:q_hi] = causal_attention(q[q_lo:q_hi], keys, values, seq_len - (q_hi - q_lo))
     return out
 

@@ -21,6 +21,11 @@ Three kernels, one concept each:
 Tokens are gathered per key row (page = block_table[t // block_size], offset t % block_size),
 so any block size works; head_dim must be a power of two ≥ 16 (tensor-core dot shapes).
 Softmax math is fp32 (base-2 exponentials with log2(e) folded into the scale).
+
+An fp8 cache (`kv_cache_dtype: fp8`, scale 1.0, see kv_cache_dtype.py) changes two places only:
+the write kernel clamps to ±448 and casts to e4m3 at the store, and the attention kernels cast
+each K/V tile to q's dtype right after the load (exact), so the dots and the softmax are the
+bf16/fp32 code unchanged. The merge kernel never touches the cache.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from torch import Tensor
 
 from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache, softmax_scale
+from higgs_serve.worker.attention.kv_cache_dtype import FP8_E4M3_MAX, is_fp8
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
 try:
@@ -43,10 +49,12 @@ DECODE_BLOCK_N = 64
 
 
 if triton is not None:
+    _FP8_MAX = tl.constexpr(FP8_E4M3_MAX)  # a jit function may only read constexpr globals
 
     @triton.jit
     def _load_kv_tile(cache, page, row, kv_head, offs_d, n_mask, stride_b, stride_s, stride_h):
-        """Rows (page[i], row[i]) of one KV head: [BLOCK_N, HEAD_DIM], 0 where n_mask is off."""
+        """Rows (page[i], row[i]) of one KV head: [BLOCK_N, HEAD_DIM] in the cache's dtype, 0 where
+        n_mask is off."""
         ptrs = cache + page[:, None] * stride_b + row[:, None] * stride_s + kv_head * stride_h + offs_d[None, :]
         return tl.load(ptrs, mask=n_mask[:, None], other=0.0)
 
@@ -56,7 +64,7 @@ if triton is not None:
         stride_kn, stride_kh, stride_vn, stride_vh,
         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
         BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
+        HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
     ):
         token = tl.program_id(0)
         slot = tl.load(slot_mapping + token)  # int64
@@ -69,10 +77,13 @@ if triton is not None:
         mask = (offs_h < NUM_KV_HEADS)[:, None]
         k = tl.load(K + token * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
         v = tl.load(V + token * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        if KV_FP8:  # saturate first: e4m3 has no infinity, an out-of-range cast would give NaN
+            k = tl.minimum(tl.maximum(k.to(tl.float32), -_FP8_MAX), _FP8_MAX)
+            v = tl.minimum(tl.maximum(v.to(tl.float32), -_FP8_MAX), _FP8_MAX)
         k_dst = K_cache + block * stride_kcb + offset * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
         v_dst = V_cache + block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
-        tl.store(k_dst, k, mask=mask)
-        tl.store(v_dst, v, mask=mask)
+        tl.store(k_dst, k.to(K_cache.dtype.element_ty), mask=mask)
+        tl.store(v_dst, v.to(V_cache.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(
@@ -110,8 +121,9 @@ if triton is not None:
             n_mask = offs_n < n_end
             page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
             row = offs_n % BLOCK_SIZE
-            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch)
-            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch)
+            # fp8 caches: upcast to q's dtype at the load (exact; a no-op for a model-dtype cache)
+            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch).to(q.dtype)
+            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N], log2 units
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds ≥ 1 valid key
@@ -195,8 +207,9 @@ if triton is not None:
             n_mask = offs_n < kv_end
             page = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
             row = offs_n % BLOCK_SIZE
-            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch)
-            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch)
+            # fp8 caches: upcast to q's dtype at the load (exact; a no-op for a model-dtype cache)
+            k = _load_kv_tile(K_cache, page, row, kv_head, offs_d, n_mask, stride_kcb, stride_kcs, stride_kch).to(q.dtype)
+            v = _load_kv_tile(V_cache, page, row, kv_head, offs_d, n_mask, stride_vcb, stride_vcs, stride_vch).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
             s = tl.where(visible, s, float("-inf"))
@@ -240,7 +253,7 @@ def write_kv_triton(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
-        HEAD_DIM=head_dim,
+        HEAD_DIM=head_dim, KV_FP8=is_fp8(k_cache.dtype),
     )
 
 
@@ -292,11 +305,12 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
 
 
 def warm_up_kernels(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_requests: int, scratch_block: int,
-                    num_sms: int, block_table_width: int) -> list[int]:
+                    num_sms: int, block_table_width: int, q_dtype: torch.dtype) -> list[int]:
     """Compile the attention kernels for every batch size up to `max_requests` now: the prefill
     kernel once, the decode kernels once per distinct merge-kernel padding; each request one or
     two tokens of `scratch_block` (read only), block tables as wide as the caller's (Triton
-    specializes on that stride). Returns the decode batch sizes run."""
+    specializes on that stride), q in `q_dtype` (the compute dtype: an fp8 cache's q is not fp8).
+    Returns the decode batch sizes run."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     by_pad: dict[int, int] = {}
     for b in range(1, max_requests + 1):
@@ -310,14 +324,14 @@ def warm_up_kernels(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_reques
             slot_mapping=torch.full((b,), -1, dtype=torch.int64, device=device),
             max_query_len=1, max_seq_len=1,
         )
-        q = torch.zeros(b, num_heads, head_dim, dtype=k_cache.dtype, device=device)
+        q = torch.zeros(b, num_heads, head_dim, dtype=q_dtype, device=device)
         splits = decode_num_splits(b, num_kv_heads, num_sms)
         paged_decode(q, k_cache, v_cache, meta, DecodeWorkspace(b, num_heads, head_dim, splits, device))
         if b == 1:  # the same request as a two-token prompt chunk: the prefill kernel
             meta.query_start_loc[1] = 2
             meta.seq_lens[0] = 2
             meta.max_query_len = meta.max_seq_len = 2
-            paged_prefill(torch.zeros(2, num_heads, head_dim, dtype=k_cache.dtype, device=device),
+            paged_prefill(torch.zeros(2, num_heads, head_dim, dtype=q_dtype, device=device),
                           k_cache, v_cache, meta)
     return sorted(by_pad.values())
 
@@ -423,10 +437,10 @@ class TritonPagedAttention(AttentionBackend):
         return self._num_sms[index]
 
     def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
-                block_table_width: int) -> None:
+                block_table_width: int, q_dtype: torch.dtype) -> None:
         k_cache, v_cache = kv_caches[0]  # every layer's cache has the same shape and dtype
         warm_up_kernels(k_cache, v_cache, num_heads, max_requests, scratch_block, self._sm_count(k_cache.device),
-                        block_table_width)
+                        block_table_width, q_dtype)
 
     def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> TritonBoundAttention:
         device = kv_caches[0][0].device

@@ -41,7 +41,7 @@ def test_graph_replay_equals_eager(dtype):
     runner.warm_up((5, 30), num_codebooks=8)  # cuDNN plans and Triton kernels before capture
     stream = torch.cuda.Stream()
     graphs = CodecGraphs(dec, torch.device("cuda"), stream, num_codebooks=8, samples_per_frame=HOP)
-    graphs.capture((5, 30), max_batch=3)
+    graphs.capture((5, 30), batch_sizes=(1, 2, 3))
     assert graphs.shapes == [(5, 1), (5, 2), (5, 3), (30, 1), (30, 2), (30, 3)]
     for (batch, frames), seed in [((1, 5), 0), ((3, 30), 1), ((2, 30), 2), ((3, 5), 3)]:
         codes = _codes(batch, frames, seed)

@@ -45,19 +45,20 @@ class CodecGraphs:
         return sorted(self._graphs)
 
     @torch.inference_mode()
-    def capture(self, window_lengths: tuple[int, ...], max_batch: int) -> dict:
-        """Capture the decoder for every window length × batch 1..max_batch, largest first, into
-        one pool. Each shape must have run eagerly on `stream` before (the runner's warm-up).
-        Returns what it took: seconds, graphs, pool bytes."""
+    def capture(self, window_lengths: tuple[int, ...], batch_sizes: tuple[int, ...]) -> dict:
+        """Capture the decoder for every window length × batch size, largest first, into one
+        pool. Each shape must have run eagerly before (the runner's warm-up: cuDNN plans, Triton
+        compiles). Returns what it took: graphs, seconds, pool bytes."""
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        max_batch = max(batch_sizes)
         for frames in sorted(set(window_lengths), reverse=True):
             codes = torch.zeros(max_batch, frames, self.num_codebooks, dtype=torch.int64, device=self.device)
             audio = torch.zeros(max_batch, frames * self.samples_per_frame, dtype=torch.float32, device=self.device)
             self._codes[frames], self._audio[frames] = codes, audio
-            for batch in range(max_batch, 0, -1):
+            for batch in sorted(set(batch_sizes), reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream):
                     audio[:batch].copy_(self.decoder(codes[:batch]))  # casts a bf16 decode to float32
@@ -66,8 +67,9 @@ class CodecGraphs:
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         pool_bytes = torch.cuda.memory_reserved(self.device) - before
-        logger.info("captured %d codec CUDA graphs for window lengths %s x batch 1-%d in %.2f s (pool %.1f MiB)",
-                    len(self._graphs), sorted(set(window_lengths)), max_batch, seconds, pool_bytes / 2**20)
+        logger.info("captured %d codec CUDA graphs for window lengths %s x batch sizes %d-%d in %.2f s "
+                    "(pool %.1f MiB)", len(self._graphs), sorted(set(window_lengths)), min(batch_sizes), max_batch,
+                    seconds, pool_bytes / 2**20)
         return {"graphs": len(self._graphs), "capture_s": seconds, "pool_bytes": pool_bytes}
 
     def serves(self, batch: int, frames: int) -> bool:

@@ -170,7 +170,7 @@ class CodecRunner:
                 self.decode_batch(np.zeros((batch, length, num_codebooks), dtype=np.int64))
         if self.cuda_graphs:
             graphs = CodecGraphs(self.decoder, self.device, self._stream, num_codebooks, self.samples_per_frame)
-            graphs.capture(window_lengths, self.max_batch_windows)
+            graphs.capture(window_lengths, tuple(range(1, self.max_batch_windows + 1)))
             self.graphs = graphs
         seconds = time.perf_counter() - t0
         logger.info("codec warmed up for window lengths %s x batch 1-%d in %.2f s (%s)", list(window_lengths),

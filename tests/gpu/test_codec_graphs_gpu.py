@@ -38,8 +38,11 @@ def _codes(batch: int, frames: int, seed: int) -> np.ndarray:
 def test_graph_replay_equals_eager(dtype):
     dec = _decoder(dtype)
     runner = CodecRunner(dec, torch.device("cuda"), max_batch_windows=3, samples_per_frame=HOP)  # eager
-    runner.warm_up((5, 30), num_codebooks=8)  # cuDNN plans and Triton kernels before capture
     stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.inference_mode():  # warm every shape on the capture stream
+        for frames in (5, 30):
+            for batch in (1, 2, 3):
+                dec(torch.zeros(batch, frames, 8, dtype=torch.int64, device="cuda"))
     graphs = CodecGraphs(dec, torch.device("cuda"), stream, num_codebooks=8, samples_per_frame=HOP)
     graphs.capture((5, 30), batch_sizes=(1, 2, 3))
     assert graphs.shapes == [(5, 1), (5, 2), (5, 3), (30, 1), (30, 2), (30, 3)]
@@ -98,9 +101,10 @@ def test_runner_with_graphs_keeps_order_and_trims():
             runner.submit(job)
     finally:
         runner.stop()
-    assert [r for r, _, _ in log if r == "a"] == ["a", "a"] and len(log) == 4
+    assert len(log) == 4 and [len(f) for r, f, _ in log if r == "a"] == [5, 9]
     for _, frames, audio in log:
         want = eager.decode_batch(frames[None])[0]
         want = want[HOP:] if len(frames) == 5 else want
-        np.testing.assert_allclose(audio, want, rtol=0, atol=1e-6 * max(float(np.abs(want).max()), 1.0))
+        # a window decoded in a batch of 2 against alone: cuDNN may pick another algorithm per batch
+        np.testing.assert_allclose(audio, want, rtol=0, atol=1e-4 * max(float(np.abs(want).max()), 1.0))
     assert runner.graphs.num_replays >= 1

@@ -1,10 +1,21 @@
-"""Stage 1 codec cost: batched window decode time and throughput per precision, with the error of
-each precision against a float64 decode of the same codes (real geometry, random weights).
+"""Stage 1 codec cost: batched window decode time and throughput per precision and decode path,
+with the error of each against a float64 decode of the same codes (real geometry, random weights).
 
-Windows are the steady-state streaming window (L + C + H = 54 frames, 25 new frames), so
-"audio s/s" counts only the new frames each window contributes, as in serving.
+Paths (`--paths`):
+  torch  eager decode with the plain-torch Snake (five kernels per Snake; the old eager path)
+  eager  eager decode with the fused Triton Snake (what the decoder uses on CUDA)
+  graph  the fused-Snake decoder replayed as one CUDA graph per (window, batch), as the codec
+         runner does after start-up (Stage 1 enforce_eager: false); times replay + the static
+         input copy. CUDA only (skipped elsewhere).
+
+Windows (`--window`, frames) default to the steady-state streaming window (L + C + H = 54 frames,
+25 new). "audio s/s" counts only the new frames each window contributes, as in serving: by
+default 25 for a 54-frame window and max(1, T - 29) for a T-frame one (L + H = 29 frames of
+context; the 5-frame first window adds 1), or `--new-frames` (one value, or one per window).
 
   PYTHONPATH=src python3 benchmarks/bench_codec.py --model /tmp/h4b --out codec.json
+  PYTHONPATH=src python3 benchmarks/bench_codec.py --model /tmp/h4b --batch 1 16 64 --window 5 54 \\
+      --paths torch eager graph --iters 4 --out codec.json
 """
 
 from __future__ import annotations
@@ -19,11 +30,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
+from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
+from higgs_serve.codec.snake import snake  # noqa: E402
 from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
 from higgs_serve.model.tiny import build_dummy_tensors  # noqa: E402
 
 PRECISIONS = ("float32", "tf32", "bfloat16")
+PATHS = ("torch", "eager", "graph")
+ERR_BATCH = 4  # windows compared against the float64 decode
+CONTEXT_FRAMES = 29  # L + H of the default streaming window (SPEC §1.9)
 
 
 def _decoder(spec, tensors, precision: str, device: torch.device) -> CodecDecoder:
@@ -46,45 +62,109 @@ def _time(fn, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def _new_frames(windows: list[int], given: list[int] | None) -> list[int]:
+    if given is None:
+        return [25 if w == 54 else max(1, w - CONTEXT_FRAMES) for w in windows]
+    if len(given) == 1:
+        return given * len(windows)
+    if len(given) != len(windows):
+        raise SystemExit(f"--new-frames takes one value or one per window ({len(windows)}), got {len(given)}")
+    return given
+
+
+def _decode_fn(path: str, dec: CodecDecoder, graphs: CodecGraphs | None, codes: torch.Tensor):
+    """The call one path times: codes [B, T, 8] on the device -> audio [B, T·960]."""
+    if path == "graph":
+        def replay():
+            with torch.cuda.stream(graphs.stream):
+                return graphs.replay(codes)
+        return replay
+    return lambda: dec(codes)
+
+
+def _graphs(dec: CodecDecoder, device: torch.device, windows: list[int], batches: list[int],
+            codes: torch.Tensor, hop: int) -> CodecGraphs:
+    """Eager warm-up of every shape (cuDNN plans, Triton compiles), then capture, as the runner does."""
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        for w in windows:
+            for b in batches:
+                dec(codes[:b, :w])
+    torch.cuda.synchronize(device)
+    graphs = CodecGraphs(dec, device, stream, num_codebooks=codes.shape[-1], samples_per_frame=hop)
+    stats = graphs.capture(tuple(windows), tuple(batches))
+    print(f"captured {stats['graphs']} graphs in {stats['capture_s']:.2f} s, pool "
+          f"{stats['pool_bytes'] / 2**20:.0f} MiB", flush=True)
+    return graphs
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="model dir (config.json is enough: random weights)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--frames", type=int, default=54, help="window length (L + C + H)")
-    ap.add_argument("--new-frames", type=int, default=25, help="frames each window adds to the stream")
+    ap.add_argument("--window", "--frames", dest="windows", type=int, nargs="+", default=[54],
+                    help="window lengths in frames (default 54 = L + C + H)")
+    ap.add_argument("--new-frames", type=int, nargs="+", default=None,
+                    help="frames each window adds to the stream (one, or one per window)")
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
+    new_frames = _new_frames(args.windows, args.new_frames)
+    paths = [p for p in args.paths if p != "graph" or device.type == "cuda"]
+    if paths != args.paths:
+        print("graph path skipped: CUDA graphs need a CUDA device", flush=True)
     spec = load_model_spec(Path(args.model))
+    hop = spec.codec.hop_length
     _, codec_tensors = build_dummy_tensors(spec, dtype=torch.float32, device="cpu", seed=0)
     gen = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 1024, (max(args.batch), args.frames, 8), generator=gen).to(device)
-    reference = _decoder(spec, codec_tensors, "float64", device)(codes[:4]).double()
-    peak = reference.abs().max().item()
+    err_batch = min(ERR_BATCH, max(args.batch))
+    codes = torch.randint(0, 1024, (max(args.batch), max(args.windows), 8), generator=gen).to(device)
+    ref64 = _decoder(spec, codec_tensors, "float64", device)
+    references = {w: ref64(codes[:err_batch, :w]).double() for w in args.windows}
+    del ref64
     rows = []
-    for precision in PRECISIONS:
+    for precision in args.precisions:
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         dec = _decoder(spec, codec_tensors, precision, device)
-        err = (dec(codes[:4]).double() - reference).abs().max().item()
-        for b in args.batch:
-            seconds = _time(lambda: dec(codes[:b]), args.iters, device)
-            audio_s = b * args.new_frames / spec.codec.frame_rate
-            rows.append({"precision": precision, "batch": b, "ms_per_call": seconds * 1e3,
-                         "audio_s_per_s": audio_s / seconds, "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-            print(f"{precision:9s} B={b:3d} {seconds * 1e3:8.2f} ms  {audio_s / seconds:8.1f} audio s/s  "
-                  f"err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
+        fused_snake = dec.snake
+        for path in paths:
+            dec.snake = snake if path == "torch" else fused_snake
+            graphs = None
+            if path == "graph":
+                graphs = _graphs(dec, device, args.windows, sorted({*args.batch, err_batch}), codes, hop)
+            for w, new in zip(args.windows, new_frames):
+                reference = references[w]
+                peak = reference.abs().max().item()
+                err = (_decode_fn(path, dec, graphs, codes[:err_batch, :w])().double() - reference).abs().max().item()
+                for b in args.batch:
+                    seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w]), args.iters, device)
+                    audio_s = b * new / spec.codec.frame_rate
+                    rows.append({"precision": precision, "path": path, "window_frames": w, "new_frames": new,
+                                 "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
+                                 "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
+                    print(f"{precision:9s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                          f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
+            del graphs
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         del dec
     torch.backends.cudnn.allow_tf32 = False
-    table = markdown_table(rows, [("precision", "precision"), ("batch", "batch"), ("ms_per_call", "ms/call"),
-                                  ("audio_s_per_s", "audio s/s"), ("err_rel_peak", "max err / peak")])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    table = markdown_table(rows, [("precision", "precision"), ("path", "path"), ("window_frames", "window"),
+                                  ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
+                                  ("err_rel_peak", "max err / peak")])
     print(table)
     if args.out:
+        single = len(args.windows) == 1  # one window: the scalar fields of earlier results files
         write_json(args.out, {"command": command_line(), "git_commit": git_commit(), "device": device_description(),
-                              "time": now_iso(), "window_frames": args.frames, "new_frames": args.new_frames,
+                              "time": now_iso(), "window_frames": args.windows[0] if single else args.windows,
+                              "new_frames": new_frames[0] if single else new_frames, "paths": paths,
                               "rows": rows})
 
 

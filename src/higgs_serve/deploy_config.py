@@ -37,6 +37,10 @@ Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
 The full decode graph and the local MLP graphs exclude each other; a config asking for both is
 an error, never a choice. (The mode names are vLLM's; PIECEWISE is vLLM's piecewise graph.)
 
+Stage 1 (`resolve_codec_graph_path`): `enforce_eager: false` (the default) captures the whole
+codec decoder as one CUDA graph per warmed-up (window length, batch size) at start-up; `true`
+decodes eagerly. Off CUDA the codec is always eager.
+
 This module is pure Python (no torch): the caller passes `device_count` and `cuda_available`.
 """
 
@@ -92,6 +96,13 @@ class CudaGraphMode(enum.Enum):
     @property
     def piecewise(self) -> bool:
         return self in (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
+
+
+class CodecGraphPath(enum.Enum):
+    """What Stage 1 actually runs, after `enforce_eager` meets the machine."""
+
+    EAGER = "EAGER"
+    CUDA_GRAPHS = "CUDA_GRAPHS"  # whole-decoder graphs per warmed (window length, batch size)
 
 
 class GraphPath(enum.Enum):
@@ -165,9 +176,12 @@ class TalkerStageConfig:
 
 @dataclass(frozen=True)
 class CodecStageConfig:
-    """Stage 1 (codec, no KV cache). Always eager: no codec graph mode exists yet, so the YAML's
-    `enforce_eager` may only be true."""
+    """Stage 1 (codec, no KV cache)."""
 
+    # false: on CUDA, the whole decoder replays a CUDA graph per (window length, batch size) the
+    # start-up warm-up decodes (streaming window lengths x 1..max_batch_windows); other shapes
+    # run eagerly. true: always eager (saves the graph pool's memory and the capture time).
+    enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
     devices: str = "0"
     dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
@@ -199,6 +213,7 @@ class DeployConfig:
     def to_dict(self, cuda_available: bool = True) -> dict[str, Any]:
         """The fully resolved config in the YAML's shape, for `config show` (JSON-ready)."""
         path, reason = resolve_graph_path(self.stage0, cuda_available)
+        codec_path, codec_reason = resolve_codec_graph_path(self.stage1, cuda_available)
         stage0 = _plain(asdict(self.stage0))
         stage1 = _plain(asdict(self.stage1))
         return {
@@ -209,9 +224,8 @@ class DeployConfig:
             "stages": [
                 {"stage_id": TALKER_STAGE_ID, **stage0,
                  "resolved_graph_path": {"path": path.value, "reason": reason}},
-                {"stage_id": CODEC_STAGE_ID, "enforce_eager": True, **stage1,
-                 "resolved_graph_path": {"path": GraphPath.EAGER.value,
-                                         "reason": "Stage 1 (codec) always runs eagerly"}},
+                {"stage_id": CODEC_STAGE_ID, **stage1,
+                 "resolved_graph_path": {"path": codec_path.value, "reason": codec_reason}},
             ],
         }
 
@@ -252,6 +266,19 @@ def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple
         f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
         f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "
         f"eagerly; the local MLP graphs are off (the two paths are mutually exclusive)")
+
+
+def resolve_codec_graph_path(stage1: CodecStageConfig, cuda_available: bool) -> tuple[CodecGraphPath, str]:
+    """Whether Stage 1 captures CUDA graphs on this machine, and why (logged once at start-up)."""
+    if stage1.enforce_eager:
+        return CodecGraphPath.EAGER, "enforce_eager: true: the codec decodes eagerly"
+    if stage1.devices == "cpu" or not cuda_available:
+        where = "devices is \"cpu\"" if stage1.devices == "cpu" else "CUDA is not available"
+        return CodecGraphPath.EAGER, f"{where}: the codec decodes eagerly (CUDA graphs need a CUDA device)"
+    return CodecGraphPath.CUDA_GRAPHS, (
+        "enforce_eager: false: the whole codec decoder replays a CUDA graph per (window length, "
+        "batch size) warmed up at start-up (streaming window lengths x batch 1-max_batch_windows); "
+        "other shapes decode eagerly")
 
 
 def load_deploy_config(
@@ -454,10 +481,8 @@ def _default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...
 
 
 def _build_codec(stage: Section) -> CodecStageConfig:
-    if stage.boolean("enforce_eager", True) is not True:
-        raise stage.error("enforce_eager", "Stage 1 (codec) has no graph mode yet: it must be "
-                                           "true")
     config = CodecStageConfig(
+        enforce_eager=stage.boolean("enforce_eager", False),
         max_batch_windows=stage.integer("max_batch_windows", 64, 1),
         devices=_devices(stage),
         dtype=stage.choice("dtype", "float32", CODEC_DTYPES),

@@ -80,3 +80,15 @@ def test_a_failed_decode_fails_its_requests_and_the_stage_keeps_running():
         runner.stop()
     assert errors == ["a"] and log == ["b"]
     assert runner.dead_error is None
+
+
+def test_cuda_graphs_fall_back_to_eager_off_cuda():
+    """`cuda_graphs` (Stage 1 enforce_eager: false) is a no-op on CPU: nothing is captured and
+    every batch decodes eagerly."""
+    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=2, samples_per_frame=960, cuda_graphs=True)
+    assert runner.cuda_graphs is False
+    assert runner.warm_up((5, 54), num_codebooks=8) == 0.0
+    assert runner.graphs is None
+    frames = np.stack([np.full((5, 8), 3, dtype=np.int64)] * 2)
+    audio = runner.decode_batch(frames)
+    assert audio.shape == (2, 5 * 960) and audio.dtype == np.float32 and np.all(audio == 3)

@@ -9,10 +9,12 @@ import yaml
 from higgs_serve.deploy_config import (
     CONNECTOR_NAME,
     SHIPPED_DIR,
+    CodecGraphPath,
     CudaGraphMode,
     GraphPath,
     list_shipped_profiles,
     load_deploy_config,
+    resolve_codec_graph_path,
     resolve_graph_path,
 )
 from higgs_serve.errors import ConfigError
@@ -100,7 +102,8 @@ def test_high_throughput_profile_values():
     assert s0.compilation_config.cudagraph_mode is CudaGraphMode.LOCAL_MLP
     assert s0.compilation_config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.MLP_GRAPHS
-    assert (s1.max_batch_windows, s1.dtype, s1.devices) == (16, "float32", "0")
+    assert (s1.max_batch_windows, s1.dtype, s1.devices, s1.enforce_eager) == (16, "float32", "0", False)
+    assert resolve_codec_graph_path(s1, cuda_available=True)[0] is CodecGraphPath.CUDA_GRAPHS
 
 
 def test_low_latency_profile_values():
@@ -153,7 +156,11 @@ def test_to_dict_is_json_and_names_graph_paths():
     assert stage0["compilation_config"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
     assert stage0["resolved_graph_path"]["path"] == "EAGER"
     assert "CUDA is not available" in stage0["resolved_graph_path"]["reason"]
-    assert stage1["resolved_graph_path"]["path"] == "EAGER"
+    assert stage1["enforce_eager"] is False
+    assert stage1["resolved_graph_path"]["path"] == "EAGER"  # no CUDA here
+    assert "CUDA is not available" in stage1["resolved_graph_path"]["reason"]
+    on_gpu = load_deploy_config(LOW, MODEL_TYPE).to_dict(cuda_available=True)["stages"][1]
+    assert on_gpu["resolved_graph_path"]["path"] == "CUDA_GRAPHS"
     assert d["connectors"][CONNECTOR_NAME]["extra"]["codec_chunk_frames"] == 25
 
 
@@ -199,6 +206,26 @@ def test_base_config_deep_merges_by_stage_id(tmp_path):
     assert (sp.top_k, sp.top_p, sp.temperature) == (5, 0.5, 0.8)  # base, child, default
     assert config.stage1.max_batch_windows == 3
     assert config.layers == (str(tmp_path / "base.yaml"), str(child))
+
+
+@pytest.mark.parametrize("stage1, cuda, expected, reason_part", [
+    ({}, True, CodecGraphPath.CUDA_GRAPHS, "enforce_eager: false"),  # graphs by default
+    ({"enforce_eager": False}, True, CodecGraphPath.CUDA_GRAPHS, "warmed up at start-up"),
+    ({"enforce_eager": True}, True, CodecGraphPath.EAGER, "enforce_eager: true"),
+    ({}, False, CodecGraphPath.EAGER, "CUDA is not available"),
+    ({"devices": "cpu"}, True, CodecGraphPath.EAGER, 'devices is "cpu"'),
+])
+def test_codec_graph_path_follows_enforce_eager_and_the_machine(tmp_path, stage1, cuda, expected, reason_part):
+    path = write(tmp_path, "s.yaml", {"stages": [{"stage_id": 1, **stage1}]})
+    s1 = load_deploy_config(str(path), device_count=1).stage1
+    assert s1.enforce_eager is stage1.get("enforce_eager", False)
+    got, reason = resolve_codec_graph_path(s1, cuda_available=cuda)
+    assert got is expected and reason_part in reason
+
+
+def test_codec_enforce_eager_from_stage_overrides():
+    config = load_deploy_config(LOW, MODEL_TYPE, stage_overrides='{"1": {"enforce_eager": true}}')
+    assert config.stage1.enforce_eager is True and config.stage0.enforce_eager is False
 
 
 def test_base_config_may_name_a_shipped_profile(tmp_path):
@@ -307,8 +334,8 @@ TOP_LEVEL_ERRORS = [
      f"connectors.{CONNECTOR_NAME}.extra.codec_chunk_frames", "below the minimum 1"),
     ({"connectors": {CONNECTOR_NAME: {"extra": {"codec_right_holdback_frames": -1}}}},
      f"connectors.{CONNECTOR_NAME}.extra.codec_right_holdback_frames", "below the minimum 0"),
-    ({"stages": [{"stage_id": 1, "enforce_eager": False}]}, "stages[1].enforce_eager",
-     "must be true"),
+    ({"stages": [{"stage_id": 1, "enforce_eager": "no"}]}, "stages[1].enforce_eager",
+     "expected true or false"),
     ({"stages": [{"stage_id": 1, "dtype": "int8"}]}, "stages[1].dtype", "not one of float32"),
     ({"stages": [{"stage_id": 1, "max_batch_windows": 0}]}, "stages[1].max_batch_windows",
      "below the minimum 1"),

@@ -3,6 +3,8 @@
 Each window is a stateless decode (SPEC §1.9), so windows of different requests with the same
 length stack into one batch. Windows of one request are delivered in the order they were
 submitted. The thread never waits on Stage 0: the talker keeps stepping while windows decode.
+On CUDA with `cuda_graphs`, batches of a shape warmed up at start-up replay a captured graph of
+the whole decoder (`codec_graphs.py`); any other shape decodes eagerly.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from higgs_serve.codec.codec_graphs import CodecGraphs
 from higgs_serve.codec.decoder import CodecDecoder
 
 logger = logging.getLogger(__name__)
@@ -53,7 +56,10 @@ def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
 
 
 class CodecRunner:
-    def __init__(self, decoder: CodecDecoder, device: torch.device, max_batch_windows: int, samples_per_frame: int):
+    def __init__(self, decoder: CodecDecoder, device: torch.device, max_batch_windows: int, samples_per_frame: int,
+                 cuda_graphs: bool = False):
+        """`cuda_graphs`: capture the decoder per warmed-up shape in `warm_up` (CUDA only; the
+        deploy config's Stage 1 `enforce_eager: false`)."""
         self.decoder = decoder
         self.device = device
         self.max_batch_windows = max_batch_windows
@@ -61,6 +67,8 @@ class CodecRunner:
         self._jobs: queue.SimpleQueue[CodecJob | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.cuda_graphs = cuda_graphs and self._stream is not None
+        self.graphs: CodecGraphs | None = None  # captured by warm_up when cuda_graphs
         self.dead_error: BaseException | None = None
 
     def start(self) -> None:
@@ -150,17 +158,23 @@ class CodecRunner:
     def warm_up(self, window_lengths: tuple[int, ...], num_codebooks: int) -> float:
         """Decode silence once for every batch size up to max_batch_windows and each window
         length, before traffic: a convolution's first call at a new shape builds its cuDNN plan
-        (tens of ms for the whole decoder), which would otherwise stall live streams. Returns
-        the seconds it took (0 off CUDA, where there is no such cost)."""
+        (tens of ms for the whole decoder), which would otherwise stall live streams. With
+        `cuda_graphs`, then capture each of those shapes (one after the other, on this thread:
+        call it before `start`, after Stage 0's captures). Returns the seconds it took (0 off
+        CUDA, where there is no such cost)."""
         if self.device.type != "cuda":
             return 0.0
         t0 = time.perf_counter()
         for length in window_lengths:
             for batch in range(1, self.max_batch_windows + 1):
                 self.decode_batch(np.zeros((batch, length, num_codebooks), dtype=np.int64))
+        if self.cuda_graphs:
+            graphs = CodecGraphs(self.decoder, self.device, self._stream, num_codebooks, self.samples_per_frame)
+            graphs.capture(window_lengths, tuple(range(1, self.max_batch_windows + 1)))
+            self.graphs = graphs
         seconds = time.perf_counter() - t0
-        logger.info("codec warmed up for window lengths %s x batch 1-%d in %.2f s", list(window_lengths),
-                    self.max_batch_windows, seconds)
+        logger.info("codec warmed up for window lengths %s x batch 1-%d in %.2f s (%s)", list(window_lengths),
+                    self.max_batch_windows, seconds, "CUDA graphs" if self.graphs is not None else "eager")
         return seconds
 
     @torch.inference_mode()
@@ -169,7 +183,10 @@ class CodecRunner:
         codes = torch.from_numpy(frames)
         if self._stream is not None:
             with torch.cuda.stream(self._stream):
-                wave = self.decoder(codes.to(self.device, non_blocking=True))
+                if self.graphs is not None and self.graphs.serves(*frames.shape[:2]):
+                    wave = self.graphs.replay(codes)  # a view of the static output: copied out next
+                else:
+                    wave = self.decoder(codes.to(self.device, non_blocking=True))
                 out = wave.float().cpu()
         else:
             out = self.decoder(codes.to(self.device)).float()

@@ -3,7 +3,8 @@
 RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 -> DAC decoder: conv1; per upsampling
 stride s a block Snake -> ConvTranspose1d(k=2s, stride s, padding ceil(s/2), output_padding s%2) ->
 three residual units (dilations 1, 3, 9); Snake; conv2; no tanh. Numerically the same as
-transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch.
+transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch; on CUDA the
+Snakes are one fused Triton kernel each (`codec/snake.py`).
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.snake import SnakeFn, snake, snake_for
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
+
+__all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "check_codes", "residual_unit", "snake"]
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 
 
-def snake(x: Tensor, alpha: Tensor) -> Tensor:
-    """Snake(x) = x + sin²(αx)/(α + 1e-9); x [B, C, L], alpha [1, C, 1]."""
-    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
-
-
-def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int) -> Tensor:
+def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake) -> Tensor:
     """DAC residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))); length preserved."""
     y = snake(x, w[prefix + ".snake1.alpha"])
     y = F.conv1d(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], padding=3 * dilation, dilation=dilation)
@@ -55,6 +54,15 @@ class CodecDecoder(FlatWeights):
     def __init__(self, cfg: CodecConfig):
         super().__init__(expected_decoder_tensors(cfg), "decoder")
         self.cfg = cfg
+        self.snake: SnakeFn = snake_for("cpu")
+
+    def _apply(self, fn, recurse=True):
+        """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake for
+        the new device and dtype once, so forward never asks which device it runs on."""
+        super()._apply(fn, recurse)
+        some = self.weights[next(iter(self.weights))]
+        self.snake = snake_for(some.device, some.dtype)
+        return self
 
     @torch.no_grad()
     def dequantize(self, codes: Tensor) -> Tensor:
@@ -74,7 +82,7 @@ class CodecDecoder(FlatWeights):
         no per-call host sync is done here so this stays graph-capturable."""
         if codes.ndim != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(f"codes must be [B, T, {self.cfg.num_quantizers}], got {list(codes.shape)}")
-        w = self._w()
+        w, snake = self._w(), self.snake
         latent = self.dequantize(codes.to(w["fc2.weight"].device))  # [B, T, hidden]
         x = F.linear(latent, w["fc2.weight"], w["fc2.bias"]).transpose(1, 2)  # [B, latent_dim, T]
         x = F.conv1d(x, w["acoustic_decoder.conv1.weight"], w["acoustic_decoder.conv1.bias"], padding=3)
@@ -85,7 +93,7 @@ class CodecDecoder(FlatWeights):
             x = F.conv_transpose1d(x, w[p + ".conv_t1.weight"], w[p + ".conv_t1.bias"], stride=s,
                                    padding=math.ceil(s / 2), output_padding=s % 2)
             for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
-                x = residual_unit(x, w, f"{p}.res_unit{u}", d)
+                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake)
         x = snake(x, w["acoustic_decoder.snake1.alpha"])
         x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=3)
         return x[:, 0, :]  # [B, T·hop]; no tanh (Higgs removes it)

@@ -18,7 +18,13 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import CodecDecoder
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
-from higgs_serve.deploy_config import DeployConfig, GraphPath, resolve_graph_path
+from higgs_serve.deploy_config import (
+    CodecGraphPath,
+    DeployConfig,
+    GraphPath,
+    resolve_codec_graph_path,
+    resolve_graph_path,
+)
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.scheduler import Scheduler
@@ -191,6 +197,8 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     )
     runner.capture_graphs()
     codec_device = next(loaded.codec.parameters()).device
+    codec_path, codec_reason = resolve_codec_graph_path(deploy.stage1, codec_device.type == "cuda")
+    logger.info("codec graph path %s: %s", codec_path.value, codec_reason)
     codec = CodecRunner(
         loaded.codec,
         device=codec_device,
@@ -198,8 +206,11 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         # CPU: decode windows one by one there so a seed gives bit-identical audio.
         max_batch_windows=deploy.stage1.max_batch_windows if codec_device.type == "cuda" else 1,
         samples_per_frame=loaded.spec.codec.hop_length,
+        cuda_graphs=codec_path is CodecGraphPath.CUDA_GRAPHS,
     )
     window = WindowParams.from_config(deploy.streaming)
+    # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
+    # two captures must never run at once, and the codec thread starts only with the engine.
     codec.warm_up(streaming_window_lengths(window), loaded.spec.audio.num_codebooks)
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,

@@ -153,6 +153,7 @@ class TritonOps(TorchOps):
 
     name = "triton"
     skinny_gemm = True
+    fuse_prologues = True
 
     @staticmethod
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -204,14 +205,14 @@ class TritonOps(TorchOps):
     @classmethod
     def norm_linear(cls, x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
         cfg = cls._skinny(x, weight)
-        if cfg is None:
+        if cfg is None or not cls.fuse_prologues or cfg.split_k != 1:
             return super().norm_linear(x, norm_weight, eps, weight)
         return skinny_linear(x, weight, None, cfg, prologue=PROLOGUE_RMS_NORM, norm_weight=norm_weight, eps=eps)
 
     @classmethod
     def silu_mul_linear_residual(cls, gate_up: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         cfg = cls._skinny(gate_up, weight)
-        if cfg is None:
+        if cfg is None or not cls.fuse_prologues:
             return super().silu_mul_linear_residual(gate_up, weight, residual)
         return skinny_linear(gate_up, weight, residual, cfg, prologue=PROLOGUE_SILU_MUL)
 
@@ -225,12 +226,21 @@ class TritonOps(TorchOps):
         return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
 
 
+class SkinnyUnfusedOps(TritonOps):
+    """The skinny kernel without prologues (the norm and SiLU-multiply kernels run apart): a
+    benchmark baseline."""
+
+    name = "triton-skinny-unfused"
+    fuse_prologues = False
+
+
 class CublasOps(TritonOps):
     """TritonOps with every GEMM on cuBLAS and no prologue fusion: the baseline the skinny kernel
     is measured against."""
 
     name = "triton-cublas"
     skinny_gemm = False
+    fuse_prologues = False
 
 
 def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None:

@@ -10,8 +10,13 @@ partials go to a float32 workspace that one small kernel sums, adds the residual
 once, as addmm does (float32 accumulation, one rounding of residual + product).
 
 At these sizes a kernel boundary costs as much as a small kernel's work, so the RMSNorm before the
-qkv and gate_up GEMMs and the SiLU-and-multiply before the down GEMM run inside the GEMM's loads
-(prologues), rounding where the kernels they replace round.
+qkv and gate_up GEMMs and the SiLU-and-multiply before the down GEMM can run inside the GEMM's
+loads (prologues). SiLU-and-multiply rounds exactly where its kernel rounds (bit-identical). The
+RMSNorm is factored: the dot takes x * norm_weight (one bf16 rounding) and the row's 1/rms, summed
+from the same tiles in the K loop, scales the float32 accumulator at the end; the separate kernel
+rounds x * 1/rms before the weight multiply, so the two differ by bf16 rounding, not by math. A
+first version read each row whole before the K loop to get the norm first: that serial pre-pass
+cost ~14 us per GEMM on an H200 and made the step 1 ms slower.
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -99,20 +104,23 @@ PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL = 0, 1, 2
 if triton is not None:
 
     @triton.jit
-    def _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, inv, PROLOGUE: tl.constexpr, K: tl.constexpr):
-        """xᵀ tile [BLOCK_K, BLOCK_M], rounded where the replaced kernel rounds."""
+    def _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, PROLOGUE: tl.constexpr, K: tl.constexpr):
+        """(xᵀ tile [BLOCK_K, BLOCK_M] as the dot's input, the tile's float32 sum of squares per
+        row): for the RMSNorm prologue the input is x * norm_weight, and the per-row 1/rms is
+        applied to the float32 accumulator at the end."""
         ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]
         x = tl.load(ptrs, mask=row_ok, other=0.0)
-        if PROLOGUE == 1:  # RMSNorm (TritonOps.rms_norm): normalise in fp32, round, scale, round
-            nw = tl.load(NW + offs_k)
-            x = ((x.to(tl.float32) * inv[None, :]).to(nw.dtype).to(tl.float32)
-                 * nw.to(tl.float32)[:, None]).to(nw.dtype)
+        ss = tl.zeros((x.shape[1],), dtype=tl.float32)
+        if PROLOGUE == 1:
+            xf = x.to(tl.float32)
+            ss = tl.sum(xf * xf, 0)
+            x = (xf * tl.load(NW + offs_k).to(tl.float32)[:, None]).to(x.dtype)
         if PROLOGUE == 2:  # silu(gate) * up over [gate | up] rows of width 2K (TritonOps.silu_mul)
             up = tl.load(ptrs + K, mask=row_ok, other=0.0)
             g = x.to(tl.float32)
             act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
             x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
-        return x
+        return x, ss
 
     @triton.jit(do_not_specialize=["M"])
     def _skinny_kernel(X, W, Y, R, WS, NW, M, stride_x, stride_y, stride_r, eps,
@@ -124,23 +132,19 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         row_ok = offs_m[None, :] < M
-        inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if PROLOGUE == 1:  # each program reads its rows whole for their norms (a few KB, from L2)
-            ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for kk in range(K // BLOCK_K):
-                xk = tl.load(X + offs_m[None, :] * stride_x + (kk * BLOCK_K + tl.arange(0, BLOCK_K))[:, None],
-                             mask=row_ok, other=0.0).to(tl.float32)
-                ss += tl.sum(xk * xk, 0)
-            inv = tl.rsqrt(ss / K + eps)
         offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
         w_ptrs = W + offs_n[:, None] * K + offs_k[None, :]  # [BLOCK_N, BLOCK_K], W is contiguous
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for _ in range(k_span // BLOCK_K):
             w = tl.load(w_ptrs)
-            x = _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, inv, PROLOGUE, K)
+            x, tile_ss = _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, PROLOGUE, K)
             acc = tl.dot(w, x, acc)
+            ss += tile_ss
             w_ptrs += BLOCK_K
             offs_k += BLOCK_K
+        if PROLOGUE == 1:  # needs the whole row: only with SPLIT_K == 1 (the caller checks)
+            acc = acc * tl.rsqrt(ss / K + eps)[None, :]
         if SPLIT_K == 1:
             if HAS_RESIDUAL:
                 r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
@@ -165,8 +169,11 @@ if triton is not None:
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig, *,
                   prologue: int = PROLOGUE_NONE, norm_weight: Tensor | None = None, eps: float = 0.0) -> Tensor:
     """prologue(x) [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch
-    shape cfg. prologue: PROLOGUE_RMS_NORM (norm_weight [K], eps) or PROLOGUE_SILU_MUL (x is
-    [M, 2K] = [gate | up]). x's rows must be contiguous, weight contiguous; cfg must fit (N, K)."""
+    shape cfg. prologue: PROLOGUE_RMS_NORM (norm_weight [K], eps; cfg.split_k must be 1) or
+    PROLOGUE_SILU_MUL (x is [M, 2K] = [gate | up]). x's rows must be contiguous, weight
+    contiguous; cfg must fit (N, K)."""
+    if prologue == PROLOGUE_RMS_NORM and cfg.split_k != 1:
+        raise ValueError("the RMSNorm prologue needs whole rows: split_k must be 1")
     m = x.shape[0]
     n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)

@@ -77,7 +77,9 @@ def _decode_fn(path: str, dec: CodecDecoder, graphs: CodecGraphs | None, codes: 
     if path == "graph":
         def replay():
             with torch.cuda.stream(graphs.stream):
-                return graphs.replay(codes)
+                audio = graphs.replay(codes)
+            torch.cuda.current_stream().wait_stream(graphs.stream)  # the caller reads it on this stream
+            return audio
         return replay
     return lambda: dec(codes)
 
@@ -93,8 +95,8 @@ def _graphs(dec: CodecDecoder, device: torch.device, windows: list[int], batches
     torch.cuda.synchronize(device)
     graphs = CodecGraphs(dec, device, stream, num_codebooks=codes.shape[-1], samples_per_frame=hop)
     stats = graphs.capture(tuple(windows), tuple(batches))
-    print(f"captured {stats['graphs']} graphs in {stats['capture_s']:.2f} s, pool "
-          f"{stats['pool_bytes'] / 2**20:.0f} MiB", flush=True)
+    print(f"captured {stats['graphs']} graphs in {stats['capture_s']:.2f} s, reserved memory "
+          f"{stats['pool_bytes'] / 2**20:+.0f} MiB", flush=True)
     return graphs
 
 

@@ -48,7 +48,7 @@ from common import (command_line, device_description, git_commit, markdown_table
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, kv_bytes_per_block, load_model  # noqa: E402
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
-from higgs_serve.model.fused_ops import CublasOps, SkinnyUnfusedOps, TritonOps  # noqa: E402
+from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.kv_cache_dtype import resolve_kv_cache_dtype  # noqa: E402
 from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
@@ -60,7 +60,7 @@ logger = logging.getLogger("bench_step")
 PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
-GEMM_OPS = {"skinny": TritonOps, "skinny_unfused": SkinnyUnfusedOps, "cublas": CublasOps}
+GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -351,7 +351,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed decode steps per (path, batch, context)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
     p.add_argument("--gemm", nargs="+", choices=sorted(GEMM_OPS), default=["skinny"],
-                   help="decode GEMMs: the skinny Triton kernel with its prologues (the engine's default), without them, or cuBLAS; several run side by side")
+                   help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",

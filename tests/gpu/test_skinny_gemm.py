@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from higgs_serve.model.fused_ops import CublasOps, TritonOps
-from higgs_serve.model.skinny_gemm import (PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, SkinnyConfig, config_for,
-                                           default_config, skinny_linear)
+from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -58,49 +57,6 @@ def test_first_principles_config_agrees(m):
     x, w, r = _data(m, n, k, seed=4)
     cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     _assert_close_to_fp32(skinny_linear(x, w, r, cfg), x.float() @ w.float().t() + r.float())
-
-
-def _ref_norm(x: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, unrounded (the fused prologue rounds x * nw once, not the norm)."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
-
-
-@pytest.mark.parametrize("name", ["qkv", "gate_up"])
-@pytest.mark.parametrize("m", [1, 7, 16])
-def test_rms_norm_prologue(name, m):
-    n, k = SHAPES_4B[name]
-    x, w, _ = _data(m, n, k, seed=5)
-    x = x * 3
-    nw = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
-    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    fused = skinny_linear(x, w, None, cfg, prologue=PROLOGUE_RMS_NORM, norm_weight=nw, eps=1e-6)
-    _assert_close_to_fp32(fused, _ref_norm(x, nw, 1e-6) @ w.float().t())
-    unfused = CublasOps.norm_linear(x, nw, 1e-6, w)  # the separate norm kernel, then cuBLAS
-    assert (fused.float() - unfused.float()).abs().max() <= 2e-2 * unfused.float().abs().max()
-    assert torch.equal(TritonOps.norm_linear(x, nw, 1e-6, w), fused)
-
-
-@pytest.mark.parametrize("m", [1, 16])
-def test_silu_mul_prologue(m):
-    n, k = SHAPES_4B["down"]
-    _, w, r = _data(m, n, k, seed=6)
-    gate_up = torch.randn(m, 2 * k, device="cuda").to(torch.bfloat16)
-    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    fused = skinny_linear(gate_up, w, r, cfg, prologue=PROLOGUE_SILU_MUL)
-    act = TritonOps.silu_mul(gate_up)  # the kernel the prologue replaces: same elementwise rounding
-    _assert_close_to_fp32(fused, act.float() @ w.float().t() + r.float())
-    assert torch.equal(skinny_linear(act, w, r, cfg), fused)  # elementwise: bit-identical to unfused
-
-
-def test_a_row_does_not_depend_on_its_bucket_mates():
-    n, k = SHAPES_4B["down"]
-    x, w, r = _data(16, n, k, seed=2)
-    cfg = config_for(16, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    together = skinny_linear(x, w, r, cfg)
-    for i in (0, 7, 15):
-        alone = skinny_linear(x[i:i + 1].contiguous(), w, r[i:i + 1].contiguous(), cfg)
-        assert torch.equal(alone[0], together[i])
 
 
 def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():

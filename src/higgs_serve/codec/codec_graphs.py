@@ -67,9 +67,10 @@ class CodecGraphs:
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        # the change of reserved memory: the eager warm-up's freed cache can make it negative
         logger.info("captured %d codec CUDA graphs for window lengths %s x batch sizes %d-%d in %.2f s "
-                    "(pool %.1f MiB)", len(self._graphs), sorted(set(window_lengths)), min(batch_sizes), max_batch,
-                    seconds, pool_bytes / 2**20)
+                    "(reserved memory %+.1f MiB)", len(self._graphs), sorted(set(window_lengths)), min(batch_sizes),
+                    max_batch, seconds, pool_bytes / 2**20)
         return {"graphs": len(self._graphs), "capture_s": seconds, "pool_bytes": pool_bytes}
 
     def serves(self, batch: int, frames: int) -> bool:

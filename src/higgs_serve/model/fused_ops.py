@@ -9,8 +9,7 @@ plain paths agree to the last bit on the same hardware in most elements and to o
 elsewhere (transcendentals may differ by an ulp in fp32).
 
 The GEMMs go through the same object: on CUDA, a GEMM of at most 16 bfloat16/float16 rows (decode
-steps of small batches) runs the skinny kernel of skinny_gemm.py, with the RMSNorm before it or the
-SiLU-and-multiply folded into its loads; larger ones run cuBLAS after the separate kernels. `CublasOps` keeps
+steps of small batches) runs the skinny kernel of skinny_gemm.py, larger ones cuBLAS. `CublasOps` keeps
 cuBLAS for all of them, as the baseline benchmarks compare against.
 
 `Ops` picks the implementation once, at construction: `TorchOps` (CPU, reference, tests) or
@@ -26,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.model.skinny_gemm import (MAX_ROWS, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, SkinnyConfig, config_for,
-                                            skinny_linear)
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
 
 try:
     import triton
@@ -73,16 +71,6 @@ class TorchOps:
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         """residual + x @ weightᵀ."""
         return residual + F.linear(x, weight)
-
-    @classmethod
-    def norm_linear(cls, x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
-        """rms_norm(x) @ weightᵀ."""
-        return cls.linear(cls.rms_norm(x, norm_weight, eps), weight)
-
-    @classmethod
-    def silu_mul_linear_residual(cls, gate_up: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        """residual + silu_mul(gate_up) @ weightᵀ."""
-        return cls.linear_residual(cls.silu_mul(gate_up), weight, residual)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -153,7 +141,6 @@ class TritonOps(TorchOps):
 
     name = "triton"
     skinny_gemm = True
-    fuse_prologues = True
 
     @staticmethod
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -203,20 +190,6 @@ class TritonOps(TorchOps):
         return skinny_linear(x, weight, residual, cfg)
 
     @classmethod
-    def norm_linear(cls, x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
-        cfg = cls._skinny(x, weight)
-        if cfg is None or not cls.fuse_prologues or cfg.split_k != 1:
-            return super().norm_linear(x, norm_weight, eps, weight)
-        return skinny_linear(x, weight, None, cfg, prologue=PROLOGUE_RMS_NORM, norm_weight=norm_weight, eps=eps)
-
-    @classmethod
-    def silu_mul_linear_residual(cls, gate_up: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        cfg = cls._skinny(gate_up, weight)
-        if cfg is None or not cls.fuse_prologues:
-            return super().silu_mul_linear_residual(gate_up, weight, residual)
-        return skinny_linear(gate_up, weight, residual, cfg, prologue=PROLOGUE_SILU_MUL)
-
-    @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
         """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS
         rows, float32 (tl.dot would round to TF32 where cuBLAS does not), layouts it does not take."""
@@ -226,21 +199,11 @@ class TritonOps(TorchOps):
         return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
 
 
-class SkinnyUnfusedOps(TritonOps):
-    """The skinny kernel without prologues (the norm and SiLU-multiply kernels run apart): a
-    benchmark baseline."""
-
-    name = "triton-skinny-unfused"
-    fuse_prologues = False
-
-
 class CublasOps(TritonOps):
-    """TritonOps with every GEMM on cuBLAS and no prologue fusion: the baseline the skinny kernel
-    is measured against."""
+    """TritonOps with every GEMM on cuBLAS: the baseline the skinny kernel is measured against."""
 
     name = "triton-cublas"
     skinny_gemm = False
-    fuse_prologues = False
 
 
 def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None:

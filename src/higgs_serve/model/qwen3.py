@@ -89,12 +89,12 @@ class Qwen3Layer(nn.Module):
         """The layer's four GEMMs on zeros, called as a step of `rows` tokens calls them (kernel
         warm-up; the attention and its cache are not touched)."""
         h = torch.zeros(rows, self.o_proj.shape[0], dtype=self.o_proj.dtype, device=self.o_proj.device)
-        self.ops.norm_linear(h, self.input_norm.weight, self.eps, self.qkv_proj)
+        self.ops.linear(self.input_norm(h), self.qkv_proj)
         self.mlp_residual(self.o_proj_residual(torch.zeros(rows, self.q_size, dtype=h.dtype, device=h.device), h))
 
     def pre_attention(self, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v of h [N, D]: rope(norm(q)), rope(norm(k)), v, each [N, heads, Dh]."""
-        qkv = self.ops.norm_linear(h, self.input_norm.weight, self.eps, self.qkv_proj)  # [N, q + 2kv]
+        qkv = self.ops.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
         return self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
                                      self.num_heads, self.num_kv_heads, self.head_dim)
 
@@ -109,8 +109,8 @@ class Qwen3Layer(nn.Module):
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
-        gate_up = self.ops.norm_linear(h, self.post_attention_norm.weight, self.eps, self.gate_up_proj)  # [N, 2I]
-        return self.ops.silu_mul_linear_residual(gate_up, self.down_proj, h)
+        gate_up = self.ops.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
+        return self.ops.linear_residual(self.ops.silu_mul(gate_up), self.down_proj, h)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
         return self.mlp_residual(self.attn_residual(h, cos, sin, attention))

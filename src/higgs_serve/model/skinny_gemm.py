@@ -1,5 +1,5 @@
 """Skinny GEMM for decode steps: y = x @ Wᵀ (+ residual) for a few rows x [M, K] (M ≤ 16) and a
-large weight W [N, K], optionally with the kernel that produced x folded into its loads.
+large weight W [N, K].
 
 A decode step multiplies a handful of rows by 7.3 GB of weights: it is a weight read. For these
 shapes cuBLAS picks kernels that reach 50–80 % of copy bandwidth on an H200 (the o and down
@@ -9,14 +9,10 @@ the MMA and the rows the narrow side, and splits K when N alone gives too few pr
 partials go to a float32 workspace that one small kernel sums, adds the residual to and rounds
 once, as addmm does (float32 accumulation, one rounding of residual + product).
 
-At these sizes a kernel boundary costs as much as a small kernel's work, so the RMSNorm before the
-qkv and gate_up GEMMs and the SiLU-and-multiply before the down GEMM can run inside the GEMM's
-loads (prologues). SiLU-and-multiply rounds exactly where its kernel rounds (bit-identical). The
-RMSNorm is factored: the dot takes x * norm_weight (one bf16 rounding) and the row's 1/rms, summed
-from the same tiles in the K loop, scales the float32 accumulator at the end; the separate kernel
-rounds x * 1/rms before the weight multiply, so the two differ by bf16 rounding, not by math. A
-first version read each row whole before the K loop to get the norm first: that serial pre-pass
-cost ~14 us per GEMM on an H200 and made the step 1 ms slower.
+Tried and dropped (measured on an H200, benchmarks/results/README.md): folding the RMSNorm before
+qkv / gate_up and the SiLU-and-multiply before down into this kernel's loads. Computing the dot's
+narrow operand in registers instead of loading it cost more than the three kernels it saved: the
+decode step at B = 1 went from 3.27 ms (separate kernels) to 4.55 ms.
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -98,34 +94,12 @@ def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
     return default_config(m, n, k, num_sms)
 
 
-# what the kernel applies to x's rows as it loads them (the producer kernel it replaces)
-PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL = 0, 1, 2
-
 if triton is not None:
 
-    @triton.jit
-    def _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, PROLOGUE: tl.constexpr, K: tl.constexpr):
-        """(xᵀ tile [BLOCK_K, BLOCK_M] as the dot's input, the tile's float32 sum of squares per
-        row): for the RMSNorm prologue the input is x * norm_weight, and the per-row 1/rms is
-        applied to the float32 accumulator at the end."""
-        ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]
-        x = tl.load(ptrs, mask=row_ok, other=0.0)
-        ss = tl.zeros((x.shape[1],), dtype=tl.float32)
-        if PROLOGUE == 1:
-            xf = x.to(tl.float32)
-            ss = tl.sum(xf * xf, 0)
-            x = (xf * tl.load(NW + offs_k).to(tl.float32)[:, None]).to(x.dtype)
-        if PROLOGUE == 2:  # silu(gate) * up over [gate | up] rows of width 2K (TritonOps.silu_mul)
-            up = tl.load(ptrs + K, mask=row_ok, other=0.0)
-            g = x.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-            x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
-        return x, ss
-
     @triton.jit(do_not_specialize=["M"])
-    def _skinny_kernel(X, W, Y, R, WS, NW, M, stride_x, stride_y, stride_r, eps,
+    def _skinny_kernel(X, W, Y, R, WS, M, stride_x, stride_y, stride_r,
                        N: tl.constexpr, K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_span: tl.constexpr = K // SPLIT_K
@@ -134,17 +108,14 @@ if triton is not None:
         row_ok = offs_m[None, :] < M
         offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
         w_ptrs = W + offs_n[:, None] * K + offs_k[None, :]  # [BLOCK_N, BLOCK_K], W is contiguous
+        x_ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]  # [BLOCK_K, BLOCK_M]: xᵀ
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for _ in range(k_span // BLOCK_K):
             w = tl.load(w_ptrs)
-            x, tile_ss = _load_x(X, offs_m, offs_k, row_ok, stride_x, NW, PROLOGUE, K)
+            x = tl.load(x_ptrs, mask=row_ok, other=0.0)
             acc = tl.dot(w, x, acc)
-            ss += tile_ss
             w_ptrs += BLOCK_K
-            offs_k += BLOCK_K
-        if PROLOGUE == 1:  # needs the whole row: only with SPLIT_K == 1 (the caller checks)
-            acc = acc * tl.rsqrt(ss / K + eps)[None, :]
+            x_ptrs += BLOCK_K
         if SPLIT_K == 1:
             if HAS_RESIDUAL:
                 r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
@@ -166,16 +137,11 @@ if triton is not None:
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))
 
 
-def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig, *,
-                  prologue: int = PROLOGUE_NONE, norm_weight: Tensor | None = None, eps: float = 0.0) -> Tensor:
-    """prologue(x) [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch
-    shape cfg. prologue: PROLOGUE_RMS_NORM (norm_weight [K], eps; cfg.split_k must be 1) or
-    PROLOGUE_SILU_MUL (x is [M, 2K] = [gate | up]). x's rows must be contiguous, weight
-    contiguous; cfg must fit (N, K)."""
-    if prologue == PROLOGUE_RMS_NORM and cfg.split_k != 1:
-        raise ValueError("the RMSNorm prologue needs whole rows: split_k must be 1")
-    m = x.shape[0]
-    n, k = weight.shape
+def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig) -> Tensor:
+    """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
+    x's rows must be contiguous and weight contiguous; cfg must fit (N, K)."""
+    m, k = x.shape
+    n = weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = row_block(m)
     has_residual = residual is not None
@@ -184,8 +150,8 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
     if cfg.split_k > 1:
         ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
     _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
-        x, weight, y, r, ws, weight if norm_weight is None else norm_weight, m, x.stride(0), y.stride(0),
-        r.stride(0), eps, N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual, PROLOGUE=prologue,
+        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
+        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:

@@ -24,8 +24,9 @@ Softmax math is fp32 (base-2 exponentials with log2(e) folded into the scale).
 
 An fp8 cache (`kv_cache_dtype: fp8`, scale 1.0, see kv_cache_dtype.py) changes two places only:
 the write kernel clamps to ±448 and casts to e4m3 at the store, and the attention kernels cast
-each K/V tile to float16 right after the load and run their two dots in float16 (q and the
-probabilities cast once per tile), the softmax in fp32 unchanged. float16, not bfloat16: it holds
+each K/V tile to float16 right after the load and, under a 16-bit model, run their two dots in
+float16 (q cast once, the probabilities per tile; a float32 model upcasts the tiles to float32
+and keeps its exact dots), the softmax in fp32 unchanged. float16, not bfloat16: it holds
 every e4m3 value exactly and Hopper converts e4m3 to it in one instruction, where the bf16
 conversion detours through fp32 per element and made the decode step slower than a bf16 cache
 (H200, B = 64, L = 4096: 16.1 against 13.8 ms). q is O(1) after its RMSNorm, far inside fp16's
@@ -99,7 +100,7 @@ if triton is not None:
         stride_lb, stride_ls, num_splits,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     ):
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -115,7 +116,7 @@ if triton is not None:
         g_mask = offs_g < GROUP
         heads = kv_head * GROUP + offs_g  # the query heads of this KV head
         q = tl.load(Q + req * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0)
-        if KV_FP8:
+        if FP16_DOTS:
             q = q.to(tl.float16)  # see the module note: fp8 tiles upcast to fp16 in one instruction
 
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -180,7 +181,7 @@ if triton is not None:
         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
         stride_bt, first_request,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     ):
         m_block = tl.program_id(0)
         req = first_request + tl.program_id(1)
@@ -200,7 +201,7 @@ if triton is not None:
             Q + (q_start + offs_m)[:, None] * stride_qn + head * stride_qh + offs_d[None, :],
             mask=m_mask[:, None], other=0.0,
         )
-        if KV_FP8:
+        if FP16_DOTS:
             q = q.to(tl.float16)  # see the module note: fp8 tiles upcast to fp16 in one instruction
         q_pos = start_pos + offs_m  # [BLOCK_M]
 
@@ -240,10 +241,15 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _dot_precision(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs would silently use TF32 tensor cores (~1e-3 error); fp32 is the exact mode.
-    # With an fp8 cache the dots take fp16 inputs, where the setting does not apply.
-    return "ieee" if dtype == torch.float32 and not is_fp8(cache_dtype) else "tf32"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _fp16_dots(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """fp8 cache under a 16-bit model: dots in fp16 (module note). A float32 model keeps its
+    exact float32 dots, the fp8 tiles upcast to float32."""
+    return is_fp8(cache_dtype) and q_dtype != torch.float32
 
 
 def decode_num_splits(num_requests: int, num_kv_heads: int, num_sms: int) -> int:
@@ -298,7 +304,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
         work.lse.stride(0), work.lse.stride(1), splits,
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, _next_pow2(group)),
         HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N,
-        DOT_PRECISION=_dot_precision(q.dtype, k_cache.dtype), KV_FP8=is_fp8(k_cache.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
         num_warps=4,
     )
     if splits > 1:
@@ -366,7 +372,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), first_request,
         BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
-        BLOCK_M=block, BLOCK_N=block, DOT_PRECISION=_dot_precision(q.dtype, k_cache.dtype), KV_FP8=is_fp8(k_cache.dtype),
+        BLOCK_M=block, BLOCK_N=block, DOT_PRECISION=_dot_precision(q.dtype),
+        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
         num_warps=4,
     )
     return out

@@ -1,5 +1,6 @@
 """Deploy profiles: discovery, shipped values, inheritance, precedence, validation errors."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -54,7 +55,10 @@ def test_full_and_piecewise_profile_is_low_latency_with_64_seqs_and_piecewise_gr
     assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.FULL_DECODE_AND_PIECEWISE
     # everything else is the low-latency profile's
     assert s0.default_sampling_params == low.stage0.default_sampling_params
-    assert config.stage1 == low.stage1 and config.streaming == low.streaming
+    assert config.streaming == low.streaming
+    # Stage 1: codec CUDA graphs, where the user's profiles keep the codec eager
+    assert low.stage1.enforce_eager and not config.stage1.enforce_eager
+    assert dataclasses.replace(config.stage1, enforce_eager=True) == low.stage1
 
 
 def test_discovery_by_model_type_finds_the_default_profile():
@@ -102,8 +106,8 @@ def test_high_throughput_profile_values():
     assert s0.compilation_config.cudagraph_mode is CudaGraphMode.LOCAL_MLP
     assert s0.compilation_config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.MLP_GRAPHS
-    assert (s1.max_batch_windows, s1.dtype, s1.devices, s1.enforce_eager) == (16, "float32", "0", False)
-    assert resolve_codec_graph_path(s1, cuda_available=True)[0] is CodecGraphPath.CUDA_GRAPHS
+    assert (s1.max_batch_windows, s1.dtype, s1.devices, s1.enforce_eager) == (16, "float32", "0", True)
+    assert resolve_codec_graph_path(s1, cuda_available=True)[0] is CodecGraphPath.EAGER  # the owner keeps the codec eager
 
 
 def test_low_latency_profile_values():
@@ -151,15 +155,15 @@ def test_kv_cache_dtype_cli_override_wins_and_bad_values_name_the_flags():
 
 
 def test_to_dict_is_json_and_names_graph_paths():
-    d = json.loads(json.dumps(load_deploy_config(LOW, MODEL_TYPE).to_dict(cuda_available=False)))
+    d = json.loads(json.dumps(load_deploy_config(FULL_AND_PIECEWISE, MODEL_TYPE).to_dict(cuda_available=False)))
     stage0, stage1 = d["stages"]
-    assert stage0["compilation_config"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert stage0["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert stage0["resolved_graph_path"]["path"] == "EAGER"
     assert "CUDA is not available" in stage0["resolved_graph_path"]["reason"]
     assert stage1["enforce_eager"] is False
     assert stage1["resolved_graph_path"]["path"] == "EAGER"  # no CUDA here
     assert "CUDA is not available" in stage1["resolved_graph_path"]["reason"]
-    on_gpu = load_deploy_config(LOW, MODEL_TYPE).to_dict(cuda_available=True)["stages"][1]
+    on_gpu = load_deploy_config(FULL_AND_PIECEWISE, MODEL_TYPE).to_dict(cuda_available=True)["stages"][1]
     assert on_gpu["resolved_graph_path"]["path"] == "CUDA_GRAPHS"
     assert d["connectors"][CONNECTOR_NAME]["extra"]["codec_chunk_frames"] == 25
 

@@ -80,17 +80,19 @@ def plot_serving(files: list[str], out: Path) -> Path:
 def plot_step(file: str, out: Path) -> Path:
     data = _load(file, "bench_step")
     for row in data["rows"]:
-        row["line"] = (row["path"], row.get("step", "decode"))  # files before mixed steps: decode only
+        # files before mixed steps: decode only; before --gemm: no GEMM label
+        row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"))
     by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
-        for (path, kind), prow in _group_by(rows, "line").items():
+        for (path, kind, gemm), prow in _group_by(rows, "line").items():
             prow.sort(key=lambda r: r["batch"])
-            ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow], marker="o",
-                    color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-",
-                    label=path if kind == "decode" else f"{path}, mixed")
+            label = path + (f" ({gemm})" if gemm else "") + (", mixed" if kind == "mixed" else "")
+            ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow],
+                    marker="x" if gemm == "cublas" else "o", alpha=0.5 if gemm == "cublas" else 1.0,
+                    color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-", label=label)
         floor = {r["batch"]: r["floor_ms"] for r in rows}
         batches = sorted(floor)
         ax.plot(batches, [floor[b] for b in batches], "k--", label="bandwidth floor")

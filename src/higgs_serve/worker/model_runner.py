@@ -97,6 +97,11 @@ class ModelRunner:
         self._piecewise: PiecewiseGraphs | None = None
         self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
         self.capture_info: list[dict] = []
+        # Steps run on the device's highest-priority stream: the codec's kernels (Stage 1, its own
+        # default-priority stream) then fill the SMs a decode step leaves idle instead of
+        # delaying it, and the block scheduler hands freed SMs to the step first.
+        self._step_stream = torch.cuda.Stream(device, priority=-100) if device.type == "cuda" else None
+        self._follow_setup_work()
 
     # ------------------------------------------------------------------ per-request setup
     def _add_request(self, new: NewRequestData) -> None:
@@ -108,11 +113,23 @@ class ModelRunner:
         """Run one step and wait for its rows."""
         return self.collect(self.launch(plan))
 
+    def _follow_setup_work(self) -> None:
+        """Order the step stream after what set-up enqueued on the current stream (allocations,
+        warm-ups, captures)."""
+        if self._step_stream is not None:
+            self._step_stream.wait_stream(torch.cuda.current_stream(self.device))
+
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> _Pending:
         """Enqueue one step on the device and return at once (one-step lookahead): the caller may
         schedule and launch the next plan before `collect`ing this one. Device work is stream
-        ordered, so the next step sees this step's audio state and KV writes."""
+        ordered (one step stream), so the next step sees this step's audio state and KV writes."""
+        if self._step_stream is None:
+            return self._launch(plan)
+        with torch.cuda.stream(self._step_stream):
+            return self._launch(plan)
+
+    def _launch(self, plan: StepPlan) -> _Pending:
         self.buffers.flip()
         out_host = self._out_hosts[self.buffers.current]  # double-buffered in step with the inputs
         for slot in plan.released_slots:
@@ -274,6 +291,7 @@ class ModelRunner:
         warm_up_gemms(layer.ops, layer.run_gemms)
         policy = self.graphs
         if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
+            self._follow_setup_work()
             return []
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
@@ -303,6 +321,7 @@ class ModelRunner:
                                  lambda: self._piecewise.capture(self._pieces, pool, max(1, policy.num_warmups), stream),
                                  self.device)
             self.capture_info.append(info)
+        self._follow_setup_work()
         return self.capture_info
 
 

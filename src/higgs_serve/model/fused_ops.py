@@ -38,6 +38,7 @@ class TorchOps:
     """Reference math (transformers Qwen3 numerics)."""
 
     name = "torch"
+    skinny_gemm = False  # TritonOps routes decode GEMMs to skinny_gemm.py
 
     @staticmethod
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -210,7 +211,7 @@ def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None
     """Call run_gemms(rows) for every row count the skinny kernel serves: Triton compiles a
     variant per launch shape on first use, which must happen at start-up, not on live traffic.
     A no-op for ops without the kernel."""
-    if getattr(ops, "skinny_gemm", False):
+    if ops.skinny_gemm:
         for rows in range(1, MAX_ROWS + 1):
             run_gemms(rows)
 

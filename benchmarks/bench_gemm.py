@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import time_graph  # noqa: E402
 from bench_step import measure_copy_bandwidth  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
@@ -52,28 +53,9 @@ def candidates(n: int, k: int, rows: int) -> list[SkinnyConfig]:
     return out
 
 
-def time_graph(fn, layers: int, iters: int) -> float:
-    """Seconds per call of fn(layer) inside one captured graph of `layers` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for layer in range(layers):
-            fn(layer)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(layers):
-            fn(layer)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    del graph
-    return start.elapsed_time(end) / 1e3 / (iters * layers)
+def time_layers(fn, layers: int, iters: int) -> float:
+    """Seconds per call of fn(layer) inside one captured graph of `layers` calls (one weight each)."""
+    return time_graph(lambda: [fn(layer) for layer in range(layers)], iters) / layers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             residual = torch.randn(m, n, device=device, dtype=torch.bfloat16) if has_residual else None
             ref = x.float() @ weights[0].float().t() + (residual.float() if has_residual else 0)
             if has_residual:
-                cublas = time_graph(lambda i: torch.addmm(residual, x, weights[i].t()), args.layers, args.iters)
+                cublas = time_layers(lambda i: torch.addmm(residual, x, weights[i].t()), args.layers, args.iters)
             else:
-                cublas = time_graph(lambda i: F.linear(x, weights[i]), args.layers, args.iters)
+                cublas = time_layers(lambda i: F.linear(x, weights[i]), args.layers, args.iters)
             point = {"shape": name, "n": n, "k": k, "rows": m, "floor_us": floor_s * 1e6, "cublas_us": cublas * 1e6,
                      "default": str(config_for(m, n, k, num_sms))}
             results = []
@@ -114,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in cands:
                 try:
                     err = (skinny_linear(x, weights[0], residual, cfg).float() - ref).abs().max().item()
-                    t = time_graph(lambda i: skinny_linear(x, weights[i], residual, cfg), args.layers, args.iters)
+                    t = time_layers(lambda i: skinny_linear(x, weights[i], residual, cfg), args.layers, args.iters)
                 except Exception as exc:  # a launch shape the compiler rejects (shared memory): skip it
                     logger.info("%s M=%d %s failed: %s", name, m, cfg, str(exc).splitlines()[0][:120])
                     continue

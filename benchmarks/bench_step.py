@@ -46,11 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (command_line, device_description, git_commit, markdown_table, now_iso,  # noqa: E402
                     percentile, write_json)
 
-from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, kv_bytes_per_block, load_model  # noqa: E402
+from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, load_model  # noqa: E402
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
-from higgs_serve.worker.attention.kv_cache_dtype import resolve_kv_cache_dtype  # noqa: E402
+from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype  # noqa: E402
 from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
@@ -99,10 +99,6 @@ def step_weight_bytes(loaded: LoadedModel) -> int:
     if talker.audio_head is not None:
         tensors.append(talker.audio_head)
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def kv_bytes_per_token(loaded: LoadedModel, cache_dtype: torch.dtype) -> int:
-    return kv_bytes_per_block(loaded.spec, 1, cache_dtype)
 
 
 # ------------------------------------------------------------------------------ runner + plans
@@ -368,6 +364,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if min(args.batch) < 1 or min(args.context) < 1:
         p.error("--batch and --context values must be >= 1")
+    if torch.device(args.device).type != "cuda" and args.gemm != ["skinny"]:
+        p.error("--gemm chooses between CUDA GEMMs; on CPU the reference ops run (leave --gemm out)")
     if max(args.context) + 1 > args.max_model_len:
         p.error(f"--context {max(args.context)} needs --max-model-len > {max(args.context)}")
     return args
@@ -391,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_gib = args.copy_gib if args.copy_gib is not None else (2.0 if device.type == "cuda" else 0.25)
     bandwidth = measure_copy_bandwidth(device, int(copy_gib * (1 << 30)))
     weight_bytes = step_weight_bytes(loaded)
-    kv_per_token = kv_bytes_per_token(loaded, cache_dtype)  # in the cache's dtype: fp8 halves bf16's
+    kv_per_token = kv_bytes_per_token(loaded.spec.text, cache_dtype)  # in the cache's dtype: fp8 halves bf16's
 
     def floor_of(batch: int, context: int) -> float:
         return (weight_bytes + kv_per_token * context * batch) / bandwidth

@@ -101,6 +101,12 @@ def step_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
+def test_bench_step_refuses_a_gemm_choice_on_cpu(tiny_model_dir: Path, capsys):
+    with pytest.raises(SystemExit):
+        bench_step.main(["--model", str(tiny_model_dir), "--device", "cpu", "--gemm", "cublas"])
+    assert "--gemm chooses between CUDA GEMMs" in capsys.readouterr().err
+
+
 def test_bench_step_runs_eager_on_cpu(step_json: Path):
     data = json.loads(step_json.read_text())
     rows = data["rows"]

@@ -21,6 +21,7 @@ context; the 5-frame first window adds 1), or `--new-frames` (one value, or one 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -112,6 +113,9 @@ def main() -> None:
                     help="frames each window adds to the stream (one, or one per window)")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    ap.add_argument("--cudnn-benchmark", nargs="+", choices=["off", "on"], default=["off"],
+                    help="torch.backends.cudnn.benchmark (cuDNN times its algorithms per shape at the first call); "
+                         "both values run side by side")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -130,7 +134,8 @@ def main() -> None:
     references = {w: ref64(codes[:err_batch, :w]).double() for w in args.windows}
     del ref64
     rows = []
-    for precision in args.precisions:
+    for precision, tuned in itertools.product(args.precisions, args.cudnn_benchmark):
+        torch.backends.cudnn.benchmark = tuned == "on"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         dec = _decoder(spec, codec_tensors, precision, device)
@@ -147,10 +152,11 @@ def main() -> None:
                 for b in args.batch:
                     seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w]), args.iters, device)
                     audio_s = b * new / spec.codec.frame_rate
-                    rows.append({"precision": precision, "path": path, "window_frames": w, "new_frames": new,
+                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "path": path,
+                                 "window_frames": w, "new_frames": new,
                                  "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
                                  "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-                    print(f"{precision:9s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                    print(f"{precision:9s} cudnn-bench {tuned:3s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
                           f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
             del graphs
             if device.type == "cuda":
@@ -158,7 +164,8 @@ def main() -> None:
         del dec
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    table = markdown_table(rows, [("precision", "precision"), ("path", "path"), ("window_frames", "window"),
+    torch.backends.cudnn.benchmark = False
+    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("path", "path"), ("window_frames", "window"),
                                   ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
                                   ("err_rel_peak", "max err / peak")])
     print(table)

@@ -48,6 +48,7 @@ from common import (command_line, device_description, git_commit, markdown_table
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, load_model  # noqa: E402
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.model import pdl  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype  # noqa: E402
@@ -61,6 +62,8 @@ PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
 GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
+# programmatic dependent launch (model/pdl.py): (on, skinny GEMM weight prefetch)
+PDL_MODES = {"prefetch": (True, True), "pdl": (True, False), "off": (False, False)}
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -294,17 +297,22 @@ def time_one(runner: ModelRunner, path: str, kind: str, make_plan, batch: int, c
     }
 
 
-def run_path(loaded: LoadedModel, path: str, gemm: str, shape: BenchShape, args, floor_of) -> tuple[list[dict], dict]:
-    """All (context, batch) rows of one graph path with one GEMM implementation, on a fresh runner."""
+def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: BenchShape, args,
+             floor_of) -> tuple[list[dict], dict]:
+    """All (context, batch) rows of one graph path with one GEMM implementation and PDL mode, on a
+    fresh runner (its graphs are captured with that mode)."""
     if loaded.device.type == "cuda":
         loaded.talker.backbone.set_ops(GEMM_OPS[gemm])
+        on, prefetch = PDL_MODES[pdl_mode]
+        pdl.set_enabled(on, prefetch=prefetch)
     policy = graph_policy_for(path, shape.batches, loaded.device, shape.max_num_batched_tokens)
     if loaded.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.device)  # this runner's peak (weights stay allocated)
     t0 = time.perf_counter()
     runner = build_runner(loaded, policy, shape)
     capture = runner.capture_graphs()
-    info = {"path": path, "gemm": gemm, "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
+    info = {"path": path, "gemm": gemm, "pdl": pdl_mode, "pdl_active": pdl.enabled(loaded.device),
+            "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
             "capture": capture, "kv_blocks": runner.kv.num_blocks, "kv_cache_dtype": str(runner.kv_cache_dtype),
             "kv_cache_bytes": sum(c.numel() * c.element_size() for pair in runner.kv_caches for c in pair)}
     logger.info("%s: runner built and graphs captured in %.1f s", path, info["build_and_capture_s"])
@@ -322,7 +330,8 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, shape: BenchShape, args,
         kinds = [("decode", plans.decode_plan)] + ([("mixed", plans.mixed_plan)] if shape.mixed_tokens else [])
         for kind, make_plan in kinds:
             for batch in shape.batches:
-                rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of), "gemm": gemm})
+                rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of),
+                             "gemm": gemm, "pdl": pdl_mode})
     info["prefill_s"] = prefill_s
     info["step_modes"] = {m.value: n for m, n in runner.step_modes.items()}
     info["max_memory_allocated_bytes"] = (torch.cuda.max_memory_allocated(loaded.device)
@@ -348,6 +357,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
     p.add_argument("--gemm", nargs="+", choices=sorted(GEMM_OPS), default=["skinny"],
                    help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
+    p.add_argument("--pdl", nargs="+", choices=list(PDL_MODES), default=["prefetch"],
+                   help="programmatic dependent launch: prefetch (the engine's default on Hopper: PDL and the skinny "
+                        "GEMM's weight prefetch), pdl (without the prefetch), off; several run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
@@ -364,8 +376,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if min(args.batch) < 1 or min(args.context) < 1:
         p.error("--batch and --context values must be >= 1")
-    if torch.device(args.device).type != "cuda" and args.gemm != ["skinny"]:
-        p.error("--gemm chooses between CUDA GEMMs; on CPU the reference ops run (leave --gemm out)")
+    if torch.device(args.device).type != "cuda" and (args.gemm != ["skinny"] or args.pdl != ["prefetch"]):
+        p.error("--gemm and --pdl choose between CUDA kernels; on CPU the reference ops run (leave them out)")
     if max(args.context) + 1 > args.max_model_len:
         p.error(f"--context {max(args.context)} needs --max-model-len > {max(args.context)}")
     return args
@@ -417,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "runners": runners,
         "rows": rows,
     }
-    for path, gemm in itertools.product(paths, args.gemm):
-        path_rows, info = run_path(loaded, path, gemm, shape, args, floor_of)
+    for path, gemm, pdl_mode in itertools.product(paths, args.gemm, args.pdl):
+        path_rows, info = run_path(loaded, path, gemm, pdl_mode, shape, args, floor_of)
         rows += path_rows
         runners.append(info)
         if info["max_memory_allocated_bytes"] is not None:
@@ -431,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step, KV {cache_dtype} "
           f"{kv_per_token} B/token" + (f", peak allocated {peak / 1e9:.2f} GB" if peak else "") + ")\n")
-    print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
+    print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("pdl", "PDL"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
                                 ("step_ms_p90", "p90"), ("gpu_ms", "GPU-only ms"), ("floor_ms", "floor ms"),
                                 ("ratio", "p50/floor"), ("frames_per_s", "frames/s")]))
     return 0

@@ -16,6 +16,7 @@ import torch
 from engine_harness import SAMPLES_PER_FRAME, ManualEngine, engine_deploy, sampling, speech
 
 from higgs_serve.codec.chunker import StreamChunker, WindowParams
+from higgs_serve.codec.decoder import receptive_field_frames
 
 TOLERANCE = 1e-4  # max abs error relative to the one-shot decode's peak
 NUM_FRAMES = 60
@@ -156,6 +157,18 @@ def test_default_window_seam_error_confined_near_seams(default_engine, tiny_load
     assert right_rf > holdback and error[near_seam].max() > 1e-3
 
 
+def _stream_offline(loaded, frames: np.ndarray, params: WindowParams) -> np.ndarray:
+    """The SPEC §1.9 window rule applied to a fixed frame sequence, each window decoded alone."""
+    chunker = StreamChunker(params)
+    pieces = []
+    for available in [*range(1, len(frames) + 1), len(frames)]:
+        window = chunker.push(available, finished=chunker.frames_seen == len(frames))
+        if window is not None and window.num_frames:
+            audio = _decode(loaded, frames[window.start_frame : window.end_frame])
+            pieces.append(audio[window.trim_front_samples : len(audio) - window.trim_back_samples])
+    return np.concatenate(pieces)
+
+
 def test_smallest_exact_holdback_is_the_receptive_field(tiny_loaded, receptive_field):
     """Offline sweep of H with L = 40 over random frames: the first H with error <= TOLERANCE."""
     _, right_rf = receptive_field
@@ -165,14 +178,21 @@ def test_smallest_exact_holdback_is_the_receptive_field(tiny_loaded, receptive_f
     peak = np.abs(oneshot).max()
 
     def stream_error(holdback: int) -> float:
-        chunker = StreamChunker(WindowParams(25, 40, holdback, 1))
-        pieces = []
-        for available in [*range(1, NUM_FRAMES + 1), NUM_FRAMES]:
-            window = chunker.push(available, finished=chunker.frames_seen == NUM_FRAMES)
-            if window is not None and window.num_frames:
-                audio = _decode(tiny_loaded, frames[window.start_frame : window.end_frame])
-                pieces.append(audio[window.trim_front_samples : len(audio) - window.trim_back_samples])
-        return float(np.abs(np.concatenate(pieces) - oneshot).max() / peak)
+        return float(np.abs(_stream_offline(tiny_loaded, frames, WindowParams(25, 40, holdback, 1)) - oneshot).max()
+                     / peak)
 
     assert stream_error(right_rf) <= TOLERANCE
     assert stream_error(right_rf - 1) > TOLERANCE
+
+
+def test_left_context_past_the_receptive_field_changes_nothing(tiny_loaded):
+    """L = the decoder's left receptive field (10, the full_and_piecewise profile) streams the same
+    audio as the profiles' L = 25, to float rounding; half of it does not."""
+    left, _ = receptive_field_frames(tiny_loaded.spec.codec)
+    frames = np.random.default_rng(2).integers(0, 1024, size=(NUM_FRAMES, 8))
+    reference = _stream_offline(tiny_loaded, frames, WindowParams(25, 25, 4, 1))
+    peak = np.abs(reference).max()
+    exact = _stream_offline(tiny_loaded, frames, WindowParams(25, left, 4, 1))
+    assert np.abs(exact - reference).max() <= 1e-5 * peak
+    short = _stream_offline(tiny_loaded, frames, WindowParams(25, left // 2, 4, 1))
+    assert np.abs(short - reference).max() > TOLERANCE * peak

@@ -1,6 +1,7 @@
 """On CUDA: the Stage 0 paths (eager, MLP graphs, full decode graph, piecewise graphs alone and
 under the full decode graph) give identical rows, with the model-dtype KV cache and with an fp8
-one (kv_cache_dtype: fp8: every path writes and reads the same e4m3 cache the same way).
+one (kv_cache_dtype: fp8: every path writes and reads the same e4m3 cache the same way), and
+with programmatic dependent launch (model/pdl.py; on by default on Hopper) switched off.
 
 Greedy (temperature 0) and seeded sampling, a mixed set of requests of different lengths that
 arrive while others run, so graph steps, padded batches and eager prefill/mixed steps all occur.
@@ -19,6 +20,7 @@ from higgs_serve.deploy_config import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest
+from higgs_serve.model import pdl
 from higgs_serve.sampling_params import SamplingParams
 from higgs_serve.worker.cuda_graphs import StepMode
 
@@ -45,8 +47,11 @@ PATHS = {
                            "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE",
                                                   "cudagraph_capture_sizes": [1, 2, 4, 8, 24, 64]}},
 }
+PATHS["full_and_piecewise_no_pdl"] = PATHS["full_and_piecewise"]
+NO_PDL = {"full_and_piecewise_no_pdl"}  # captured and run with plain launches
 EXPECTED_MODES = {"mlp": [StepMode.MLP_GRAPHS], "full": [StepMode.FULL_GRAPH], "piecewise": [StepMode.PIECEWISE],
-                  "full_and_piecewise": [StepMode.FULL_GRAPH, StepMode.PIECEWISE]}
+                  "full_and_piecewise": [StepMode.FULL_GRAPH, StepMode.PIECEWISE],
+                  "full_and_piecewise_no_pdl": [StepMode.FULL_GRAPH, StepMode.PIECEWISE]}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +93,7 @@ def _run(engine: SyncEngine, requests: list[SpeechRequest]) -> dict[str, np.ndar
 def test_graph_paths_match_eager(loaded, temperature, kv_cache_dtype):
     rows = {}
     for path in PATHS:
+        pdl.set_enabled(False if path in NO_PDL else None)
         engine = _engine(loaded, path, kv_cache_dtype)
         try:
             runner = engine.core.runner
@@ -99,10 +105,11 @@ def test_graph_paths_match_eager(loaded, temperature, kv_cache_dtype):
             rows[path] = _run(engine, _requests(temperature))
             for mode in EXPECTED_MODES.get(path, []):
                 assert runner.step_modes[mode] > 0, (path, runner.step_modes)
-            if path.endswith("piecewise"):
+            if "piecewise" in path:
                 assert runner.step_modes[StepMode.EAGER] == 0, runner.step_modes  # every step had a graph
         finally:
             engine.close()
+            pdl.set_enabled(None)
     for path in EXPECTED_MODES:
         for rid, expected in rows["eager"].items():
             np.testing.assert_array_equal(rows[path][rid], expected, err_msg=f"{path} path, request {rid}")

@@ -101,10 +101,11 @@ def step_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
-def test_bench_step_refuses_a_gemm_choice_on_cpu(tiny_model_dir: Path, capsys):
+@pytest.mark.parametrize("flag,value", [("--gemm", "cublas"), ("--pdl", "off")])
+def test_bench_step_refuses_a_cuda_kernel_choice_on_cpu(tiny_model_dir: Path, capsys, flag, value):
     with pytest.raises(SystemExit):
-        bench_step.main(["--model", str(tiny_model_dir), "--device", "cpu", "--gemm", "cublas"])
-    assert "--gemm chooses between CUDA GEMMs" in capsys.readouterr().err
+        bench_step.main(["--model", str(tiny_model_dir), "--device", "cpu", flag, value])
+    assert "--gemm and --pdl choose between CUDA kernels" in capsys.readouterr().err
 
 
 def test_bench_step_runs_eager_on_cpu(step_json: Path):

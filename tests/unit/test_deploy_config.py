@@ -55,7 +55,8 @@ def test_full_and_piecewise_profile_is_low_latency_with_64_seqs_and_piecewise_gr
     assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.FULL_DECODE_AND_PIECEWISE
     # everything else is the low-latency profile's
     assert s0.default_sampling_params == low.stage0.default_sampling_params
-    assert config.streaming == low.streaming
+    # the left context cut to the decoder's receptive field (same audio, less codec work)
+    assert config.streaming == dataclasses.replace(low.streaming, codec_left_context_frames=10)
     # Stage 1: codec CUDA graphs, where the user's profiles keep the codec eager
     assert low.stage1.enforce_eager and not config.stage1.enforce_eager
     assert dataclasses.replace(config.stage1, enforce_eager=True) == low.stage1

@@ -19,9 +19,31 @@ from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.snake import SnakeFn, snake, snake_for
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
-__all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "check_codes", "residual_unit", "snake"]
+__all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "check_codes", "receptive_field_frames", "residual_unit", "snake"]
 
 RESIDUAL_DILATIONS = (1, 3, 9)
+OUTER_KERNEL = 7  # conv1 and conv2
+
+
+def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
+    """(left, right): how many frames before and after a frame can change its audio. 10 and 10
+    for the Higgs v2 geometry: a streaming window's left context past 10 frames (SPEC §1.9's
+    L) is decoded and cut without changing a sample, and a right holdback under 10 leaves a
+    seam error.
+
+    Walks the decoder backwards, from the samples of one output frame to the input frames they
+    read: each k7 conv widens the range by 3·dilation per side, each ConvTranspose1d(k = 2s,
+    stride s, padding p) maps output samples [a, b] to inputs [ceil((a + p − 2s + 1) / s),
+    floor((b + p) / s)]. Every frame has the same answer (the strides tile a frame exactly).
+    """
+    half = OUTER_KERNEL // 2
+    first, last = -half, cfg.hop_length - 1 + half  # conv2, in output samples of frame 0
+    for s in reversed(cfg.upsampling_ratios):
+        widen = sum(3 * d for d in RESIDUAL_DILATIONS)  # the block's residual units
+        first, last = first - widen, last + widen
+        pad = math.ceil(s / 2)
+        first, last = -((-(first + pad - 2 * s + 1)) // s), (last + pad) // s
+    return half - first, last + half  # conv1, at the frame rate
 
 
 def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from higgs_serve.codec.chunker import WindowParams, streaming_window_lengths
 from higgs_serve.codec.codec_runner import CodecRunner
-from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
 from higgs_serve.deploy_config import (
@@ -133,6 +133,24 @@ def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = No
     return encoder.eval()
 
 
+def _log_window_against_receptive_field(window: WindowParams, field: tuple[int, int]) -> None:
+    """Say what the streaming window costs or loses against the decoder's receptive field
+    (SPEC §1.9 asks for the seam error to be reported; this is its cause)."""
+    left, right = field
+    if window.left_context_frames > left:
+        logger.info("codec_left_context_frames %d: the decoder sees %d frames back, so %d frames per chunk are "
+                    "decoded and cut without changing the audio", window.left_context_frames, left,
+                    window.left_context_frames - left)
+    elif window.left_context_frames < left:
+        logger.info("codec_left_context_frames %d: the decoder sees %d frames back, so the first %d frames after "
+                    "each seam differ slightly from a one-shot decode", window.left_context_frames, left,
+                    left - window.left_context_frames)
+    if window.right_holdback_frames < right:
+        logger.info("codec_right_holdback_frames %d: the decoder sees %d frames ahead, so the last %d frames "
+                    "before each seam differ slightly from a one-shot decode", window.right_holdback_frames,
+                    right, right - window.right_holdback_frames)
+
+
 def kv_bytes_per_block(spec: ModelSpec, block_size: int, cache_dtype: torch.dtype) -> int:
     """Bytes of one KV block in every layer, stored in `cache_dtype` (the resolved kv_cache_dtype)."""
     return block_size * kv_bytes_per_token(spec.text, cache_dtype)
@@ -209,6 +227,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         cuda_graphs=codec_path is CodecGraphPath.CUDA_GRAPHS,
     )
     window = WindowParams.from_config(deploy.streaming)
+    _log_window_against_receptive_field(window, receptive_field_frames(loaded.spec.codec))
     # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
     # two captures must never run at once, and the codec thread starts only with the engine.
     codec.warm_up(streaming_window_lengths(window), loaded.spec.audio.num_codebooks)

@@ -25,11 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from higgs_serve.model import pdl
 from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
 
 try:
     import triton
     import triton.language as tl
+
+    from higgs_serve.model.pdl import pdl_enter
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -83,30 +86,34 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_kernel(X, W, Y, stride_x, stride_y, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    def _rms_norm_kernel(X, W, Y, stride_x, stride_y, eps, D: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < D
+        w = tl.load(W + offs, mask=mask, other=0.0)
+        pdl_enter(USE_PDL)
         x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
-        w = tl.load(W + offs, mask=mask, other=0.0)
         normed = (x * inv).to(w.dtype)  # round to the activation dtype, then scale (as torch does)
         tl.store(Y + row * stride_y + offs, (normed.to(tl.float32) * w.to(tl.float32)).to(w.dtype), mask=mask)
 
     @triton.jit
     def _qk_norm_rope_kernel(QKV, QW, KW, COS, SIN, Q, K, eps, stride_qkv, stride_cs, stride_q, stride_k,
-                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             USE_PDL: tl.constexpr):
         token = tl.program_id(0)
         head = tl.program_id(1)  # 0..Hq-1 are query heads, then Hkv key heads
         half: tl.constexpr = HEAD_DIM // 2
         offs = tl.arange(0, half)
         is_q = head < NUM_HEADS
-        src = QKV + token * stride_qkv + head * HEAD_DIM
-        lo = tl.load(src + offs).to(tl.float32)
-        hi = tl.load(src + half + offs).to(tl.float32)
         w_ptr = tl.where(is_q, QW, KW)
         w_lo = tl.load(w_ptr + offs)
         w_hi = tl.load(w_ptr + half + offs)
+        pdl_enter(USE_PDL)
+        src = QKV + token * stride_qkv + head * HEAD_DIM
+        lo = tl.load(src + offs).to(tl.float32)
+        hi = tl.load(src + half + offs).to(tl.float32)
         dtype = w_lo.dtype
         inv = tl.rsqrt((tl.sum(lo * lo, 0) + tl.sum(hi * hi, 0)) / HEAD_DIM + eps)
         n_lo = ((lo * inv).to(dtype).to(tl.float32) * w_lo.to(tl.float32)).to(dtype).to(tl.float32)
@@ -125,7 +132,9 @@ if triton is not None:
         tl.store(dst + half + offs, out_hi)
 
     @triton.jit
-    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, I: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, I: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+        pdl_enter(USE_PDL)
         row = tl.program_id(0)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = col < I
@@ -150,7 +159,8 @@ class TritonOps(TorchOps):
         out = torch.empty_like(rows)
         if rows.shape[0]:
             _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), eps,
-                                               D=d, BLOCK=triton.next_power_of_2(d), num_warps=4)
+                                               D=d, BLOCK=triton.next_power_of_2(d), num_warps=4,
+                                               **pdl.launch_args(x.device))
         return out.view(x.shape)
 
     @staticmethod
@@ -163,7 +173,8 @@ class TritonOps(TorchOps):
         if n:
             _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
                 qkv, q_weight, k_weight, cos, sin, q, k, eps, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0),
-                NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, num_warps=1)
+                NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, num_warps=1,
+                **pdl.launch_args(qkv.device))
         v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
         return q, k, v
 
@@ -175,7 +186,8 @@ class TritonOps(TorchOps):
         if n:
             block = 1024
             _silu_mul_kernel[(n, triton.cdiv(i, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                        I=i, BLOCK=block, num_warps=4)
+                                                        I=i, BLOCK=block, num_warps=4,
+                                                        **pdl.launch_args(gate_up.device))
         return out
 
     @classmethod

@@ -31,6 +31,10 @@ every e4m3 value exactly and Hopper converts e4m3 to it in one instruction, wher
 conversion detours through fp32 per element and made the decode step slower than a bf16 cache
 (H200, B = 64, L = 4096: 16.1 against 13.8 ms). q is O(1) after its RMSNorm, far inside fp16's
 range. The merge kernel never touches the cache.
+
+Every kernel here starts with `pdl_enter` and launches with programmatic dependent launch where
+the device has it (model/pdl.py): a decode step's attention kernels are placed while the
+kernel before them drains.
 """
 
 from __future__ import annotations
@@ -45,8 +49,12 @@ from higgs_serve.worker.attention.metadata import AttentionMetadata
 try:
     import triton
     import triton.language as tl
+
+    from higgs_serve.model.pdl import pdl_enter
 except ImportError:  # CPU-only installs: the backend refuses to start, the module still imports
     triton = None
+
+from higgs_serve.model import pdl
 
 LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32
@@ -69,8 +77,9 @@ if triton is not None:
         stride_kn, stride_kh, stride_vn, stride_vh,
         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
         BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
+        HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         token = tl.program_id(0)
         slot = tl.load(slot_mapping + token)  # int64
         if slot < 0:
@@ -100,8 +109,9 @@ if triton is not None:
         stride_lb, stride_ls, num_splits,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -154,8 +164,9 @@ if triton is not None:
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_on, stride_oh,
-        num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         req = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)
@@ -182,7 +193,9 @@ if triton is not None:
         stride_bt, first_request,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         m_block = tl.program_id(0)
         req = first_request + tl.program_id(1)
         head = tl.program_id(2)
@@ -268,7 +281,7 @@ def write_kv_triton(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
-        HEAD_DIM=head_dim, KV_FP8=is_fp8(k_cache.dtype),
+        HEAD_DIM=head_dim, KV_FP8=is_fp8(k_cache.dtype), **pdl.launch_args(k.device),
     )
 
 
@@ -305,7 +318,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, _next_pow2(group)),
         HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N,
         DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-        num_warps=4,
+        num_warps=4, **pdl.launch_args(q.device),
     )
     if splits > 1:
         _decode_reduce_kernel[(num_requests, num_heads)](
@@ -314,7 +327,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
             work.lse.stride(0), work.lse.stride(1),
             out.stride(0), out.stride(1), splits,
             SPLITS_PAD=_next_pow2(splits), HEAD_DIM=head_dim,
-            num_warps=4,
+            num_warps=4, **pdl.launch_args(q.device),
         )
     return out
 
@@ -374,7 +387,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
         BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_M=block, BLOCK_N=block, DOT_PRECISION=_dot_precision(q.dtype),
         FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-        num_warps=4,
+        num_warps=4, **pdl.launch_args(q.device),
     )
     return out
 

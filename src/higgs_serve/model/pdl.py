@@ -1,0 +1,89 @@
+"""Programmatic dependent launch (PDL) for the talker's Triton kernels.
+
+A decode step at batch 1 is ~470 dependent kernels. Without PDL the GPU drains one grid and
+flushes its writes before it even starts placing the next one's programs, so every boundary is
+a gap in which no weight byte moves. On Hopper and later, a kernel launched with the
+programmatic-serialization attribute may be placed while its predecessor still runs: it does
+what does not depend on the predecessor (the skinny GEMM prefetches the start of its weight
+slice into L2, see skinny_gemm.py), then waits for the predecessor's results with
+`griddepcontrol.wait`. Inside a CUDA graph the attribute becomes a programmatic edge.
+
+Every kernel launched with PDL follows two rules, which make a chain of them safe:
+- each program calls `gdc_launch_dependents` at its start. The next kernel is placed only once
+  every program of this one has made that call, i.e. is resident, so its programs take SM slots
+  this grid no longer needs: no grid can wait on one that cannot be placed.
+- each program calls `gdc_wait` before it reads anything an earlier kernel wrote, before it
+  writes anything (an earlier kernel may still be reading it), and before any early return. A
+  grid completes only after all its programs waited, so completion is transitive: a kernel that
+  waited on its predecessor also sees everything before that one.
+Kernels that are not ours (cuBLAS, torch) never start early and are waited for in full.
+
+`enabled(device)` says whether launches on `device` use PDL (Hopper+ with Triton); benchmarks may
+switch it off with `set_enabled(False)` to measure the difference. Captured graphs keep the
+setting they were captured with.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # CPU-only installs
+    triton = None
+
+_override: bool | None = None
+_prefetch = True
+
+
+def set_enabled(flag: bool | None, *, prefetch: bool = True) -> None:
+    """Force PDL on or off for launches from now on (None: the device decides), and with it the
+    skinny GEMM's weight prefetch. For benchmarks and tests; a kernel variant per setting is
+    compiled on first use."""
+    global _override, _prefetch
+    _override, _prefetch = flag, prefetch
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(device: torch.device) -> bool:
+    return triton is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def enabled(device: torch.device) -> bool:
+    if not _supported(device):
+        return False
+    return True if _override is None else _override
+
+
+def prefetch_enabled(device: torch.device) -> bool:
+    """Whether kernels that start early prefetch their weights before waiting."""
+    return enabled(device) and _prefetch
+
+
+def launch_args(device: torch.device) -> dict[str, bool]:
+    """Keyword arguments for a Triton launch of a kernel that takes `USE_PDL: tl.constexpr`."""
+    flag = enabled(device)
+    return {"USE_PDL": flag, "launch_pdl": flag}
+
+
+if triton is not None:
+
+    @triton.jit
+    def pdl_enter(USE_PDL: tl.constexpr):
+        """Release the next kernel, then wait for the previous one (the module's two rules).
+        Work that reads only constants (weights) may come before this call."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+
+    @triton.jit
+    def prefetch_l2(ptrs, nbytes):
+        """Start pulling nbytes (int32, a multiple of 16) from each 16-byte aligned address in
+        ptrs into L2: a Hopper bulk prefetch, which takes no registers and has no completion to
+        wait for. Only worth it before `pdl_enter`, while the previous kernel still runs."""
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0", "=r,l,r",
+                                  [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)

@@ -32,7 +32,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_enter
+    from higgs_serve.model.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -92,10 +92,11 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         mask = offs < D
         w = tl.load(W + offs, mask=mask, other=0.0)
-        pdl_enter(USE_PDL)
+        pdl_wait(USE_PDL)
         x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
         normed = (x * inv).to(w.dtype)  # round to the activation dtype, then scale (as torch does)
+        pdl_release(USE_PDL)
         tl.store(Y + row * stride_y + offs, (normed.to(tl.float32) * w.to(tl.float32)).to(w.dtype), mask=mask)
 
     @triton.jit
@@ -110,7 +111,7 @@ if triton is not None:
         w_ptr = tl.where(is_q, QW, KW)
         w_lo = tl.load(w_ptr + offs)
         w_hi = tl.load(w_ptr + half + offs)
-        pdl_enter(USE_PDL)
+        pdl_wait(USE_PDL)
         src = QKV + token * stride_qkv + head * HEAD_DIM
         lo = tl.load(src + offs).to(tl.float32)
         hi = tl.load(src + half + offs).to(tl.float32)
@@ -124,6 +125,7 @@ if triton is not None:
         # x*cos + rotate(x)*sin, each product rounded before the sum (torch rounds per op)
         out_lo = ((n_lo * cos).to(dtype).to(tl.float32) + (-n_hi * sin).to(dtype).to(tl.float32)).to(dtype)
         out_hi = ((n_hi * cos).to(dtype).to(tl.float32) + (n_lo * sin).to(dtype).to(tl.float32)).to(dtype)
+        pdl_release(USE_PDL)
         if is_q:
             dst = Q + token * stride_q + head * HEAD_DIM
         else:
@@ -134,7 +136,7 @@ if triton is not None:
     @triton.jit
     def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, I: tl.constexpr, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-        pdl_enter(USE_PDL)
+        pdl_wait(USE_PDL)
         row = tl.program_id(0)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = col < I
@@ -143,6 +145,7 @@ if triton is not None:
         dtype = gate.dtype
         g = gate.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(dtype)  # F.silu rounds its output
+        pdl_release(USE_PDL)
         tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * up.to(tl.float32)).to(dtype), mask=mask)
 
 

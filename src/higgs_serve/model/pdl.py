@@ -9,13 +9,16 @@ slice into L2, see skinny_gemm.py), then waits for the predecessor's results wit
 `griddepcontrol.wait`. Inside a CUDA graph the attribute becomes a programmatic edge.
 
 Every kernel launched with PDL follows two rules, which make a chain of them safe:
-- each program calls `gdc_launch_dependents` at its start. The next kernel is placed only once
-  every program of this one has made that call, i.e. is resident, so its programs take SM slots
-  this grid no longer needs: no grid can wait on one that cannot be placed.
-- each program calls `gdc_wait` before it reads anything an earlier kernel wrote, before it
-  writes anything (an earlier kernel may still be reading it), and before any early return. A
-  grid completes only after all its programs waited, so completion is transitive: a kernel that
-  waited on its predecessor also sees everything before that one.
+- each program calls `gdc_wait` (`pdl_wait`) before it reads anything an earlier kernel wrote,
+  before it writes anything (an earlier kernel may still be reading it), and before any early
+  return. A grid completes only after all its programs waited, so completion is transitive: a
+  kernel that waited on its predecessor also sees everything before that one.
+- each program calls `gdc_launch_dependents` (`pdl_release`) once its main work is done, just
+  before its final stores. The next kernel is placed only once every program of this one has
+  made that call (or exited), i.e. all of them are resident, so its programs take SM slots this
+  grid no longer needs: no grid waits on one that cannot be placed. Releasing at the start
+  instead let a GEMM's programs crowd onto whichever SMs had room while the previous GEMM ran,
+  and measured no faster.
 Kernels that are not ours (cuBLAS, torch) never start early and are waited for in full.
 
 `enabled(device)` says whether launches on `device` use PDL (Hopper+ with Triton); benchmarks may
@@ -73,17 +76,22 @@ def launch_args(device: torch.device) -> dict[str, bool]:
 if triton is not None:
 
     @triton.jit
-    def pdl_enter(USE_PDL: tl.constexpr):
-        """Release the next kernel, then wait for the previous one (the module's two rules).
-        Work that reads only constants (weights) may come before this call."""
+    def pdl_wait(USE_PDL: tl.constexpr):
+        """Wait for the previous kernel (rule one). Work that reads only constants (weights) may
+        come before this call."""
+        if USE_PDL:
+            gdc_wait()
+
+    @triton.jit
+    def pdl_release(USE_PDL: tl.constexpr):
+        """Let the next kernel be placed (rule two): call it when the main work is done."""
         if USE_PDL:
             gdc_launch_dependents()
-            gdc_wait()
 
     @triton.jit
     def prefetch_l2(ptrs, nbytes):
         """Start pulling nbytes (int32, a multiple of 16) from each 16-byte aligned address in
         ptrs into L2: a Hopper bulk prefetch, which takes no registers and has no completion to
-        wait for. Only worth it before `pdl_enter`, while the previous kernel still runs."""
+        wait for. Only worth it before `pdl_wait`, while the previous kernel still runs."""
         tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0", "=r,l,r",
                                   [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)

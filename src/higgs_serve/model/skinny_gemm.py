@@ -31,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_enter, prefetch_l2
+    from higgs_serve.model.pdl import pdl_release, pdl_wait, prefetch_l2
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -111,7 +111,7 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if PREFETCH_BYTES > 0:  # the weights are constants: start their stream before the wait
             prefetch_l2(W + offs_n * K + pid_k * k_span, tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
-        pdl_enter(USE_PDL)
+        pdl_wait(USE_PDL)
         offs_m = tl.arange(0, BLOCK_M)
         row_ok = offs_m[None, :] < M
         offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
@@ -124,6 +124,7 @@ if triton is not None:
             acc = tl.dot(w, x, acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
+        pdl_release(USE_PDL)
         if SPLIT_K == 1:
             if HAS_RESIDUAL:
                 r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
@@ -136,12 +137,13 @@ if triton is not None:
     def _split_reduce_kernel(WS, Y, R, M, stride_y, stride_r, N: tl.constexpr, SPLIT_K: tl.constexpr,
                              HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
                              USE_PDL: tl.constexpr):
-        pdl_enter(USE_PDL)
+        pdl_wait(USE_PDL)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in range(SPLIT_K):  # a fixed order: the sum does not depend on timing
             acc += tl.load(WS + (s * BLOCK_M + row) * N + cols)
+        pdl_release(USE_PDL)
         if HAS_RESIDUAL:
             acc += tl.load(R + row * stride_r + cols).to(tl.float32)
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))

@@ -70,7 +70,8 @@ def _inputs(seed):
 def test_pdl_is_on_for_hopper():
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")
-    assert pdl.enabled(torch.device("cuda")) and pdl.prefetch_enabled(torch.device("cuda"))
+    assert pdl.enabled(torch.device("cuda"))
+    assert pdl.launch_args(torch.device("cuda")) == {"USE_PDL": True, "launch_pdl": True}
 
 
 def test_pdl_chain_matches_plain_launches_eager_and_in_a_graph(layer):
@@ -78,7 +79,7 @@ def test_pdl_chain_matches_plain_launches_eager_and_in_a_graph(layer):
     pdl.set_enabled(False)
     expected = [tuple(t.clone() for t in _chain(layer, *_inputs(s))) for s in seeds]
 
-    pdl.set_enabled(True, prefetch=True)
+    pdl.set_enabled(True)
     for s, want in zip(seeds, expected):
         got = _chain(layer, *_inputs(s))
         assert all(torch.equal(a, b) for a, b in zip(got, want)), f"eager PDL chain differs (seed {s})"

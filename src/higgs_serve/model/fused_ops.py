@@ -12,6 +12,9 @@ The GEMMs go through the same object: on CUDA, a GEMM of at most 16 bfloat16/flo
 steps of small batches) runs the skinny kernel of skinny_gemm.py, larger ones cuBLAS. `CublasOps` keeps
 cuBLAS for all of them, as the baseline benchmarks compare against.
 
+On Hopper every kernel here (and the skinny GEMM's) launches with programmatic dependent launch
+(pdl.py): it waits for its predecessor in-kernel, so the GPU places it while that one drains.
+
 `Ops` picks the implementation once, at construction: `TorchOps` (CPU, reference, tests) or
 `TritonOps` (CUDA). The model calls `ops.rms_norm(...)` and never asks which one it has.
 """

@@ -3,10 +3,15 @@
 A decode step at batch 1 is ~470 dependent kernels. Without PDL the GPU drains one grid and
 flushes its writes before it even starts placing the next one's programs, so every boundary is
 a gap in which no weight byte moves. On Hopper and later, a kernel launched with the
-programmatic-serialization attribute may be placed while its predecessor still runs: it does
-what does not depend on the predecessor (the skinny GEMM prefetches the start of its weight
-slice into L2, see skinny_gemm.py), then waits for the predecessor's results with
-`griddepcontrol.wait`. Inside a CUDA graph the attribute becomes a programmatic edge.
+programmatic-serialization attribute may be placed while its predecessor still runs: it loads
+what does not depend on the predecessor (a norm's weight), then waits for the predecessor's
+results with `griddepcontrol.wait`. Inside a CUDA graph the attribute becomes a programmatic
+edge. Measured on an H200 (benchmarks/results/README.md): the full decode graph's GPU time at
+B = 1 goes from 3.12 to 2.95 ms, at B = 16 from 3.41 to 3.25 ms; B = 64 is unchanged.
+
+Tried and dropped: the skinny GEMM prefetching the start of its weight slice into L2 (a bulk
+prefetch) before its wait. It made the B = 1 step slower (3.26 against 2.95 ms GPU time): the
+prefetched lines did not survive until the loop read them, so the prefetch was extra traffic.
 
 Every kernel launched with PDL follows two rules, which make a chain of them safe:
 - each program calls `gdc_wait` (`pdl_wait`) before it reads anything an earlier kernel wrote,
@@ -21,9 +26,9 @@ Every kernel launched with PDL follows two rules, which make a chain of them saf
   and measured no faster.
 Kernels that are not ours (cuBLAS, torch) never start early and are waited for in full.
 
-`enabled(device)` says whether launches on `device` use PDL (Hopper+ with Triton); benchmarks may
-switch it off with `set_enabled(False)` to measure the difference. Captured graphs keep the
-setting they were captured with.
+`enabled(device)` says whether launches on `device` use PDL (Hopper+ with Triton); benchmarks and
+tests may switch it off with `set_enabled(False)` to measure the difference. Captured graphs keep
+the setting they were captured with.
 """
 
 from __future__ import annotations
@@ -40,15 +45,13 @@ except ImportError:  # CPU-only installs
     triton = None
 
 _override: bool | None = None
-_prefetch = True
 
 
-def set_enabled(flag: bool | None, *, prefetch: bool = True) -> None:
-    """Force PDL on or off for launches from now on (None: the device decides), and with it the
-    skinny GEMM's weight prefetch. For benchmarks and tests; a kernel variant per setting is
-    compiled on first use."""
-    global _override, _prefetch
-    _override, _prefetch = flag, prefetch
+def set_enabled(flag: bool | None) -> None:
+    """Force PDL on or off for launches from now on (None: the device decides). For benchmarks
+    and tests; a kernel variant per setting is compiled on first use."""
+    global _override
+    _override = flag
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,11 +63,6 @@ def enabled(device: torch.device) -> bool:
     if not _supported(device):
         return False
     return True if _override is None else _override
-
-
-def prefetch_enabled(device: torch.device) -> bool:
-    """Whether kernels that start early prefetch their weights before waiting."""
-    return enabled(device) and _prefetch
 
 
 def launch_args(device: torch.device) -> dict[str, bool]:
@@ -87,11 +85,3 @@ if triton is not None:
         """Let the next kernel be placed (rule two): call it when the main work is done."""
         if USE_PDL:
             gdc_launch_dependents()
-
-    @triton.jit
-    def prefetch_l2(ptrs, nbytes):
-        """Start pulling nbytes (int32, a multiple of 16) from each 16-byte aligned address in
-        ptrs into L2: a Hopper bulk prefetch, which takes no registers and has no completion to
-        wait for. Only worth it before `pdl_wait`, while the previous kernel still runs."""
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0", "=r,l,r",
-                                  [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)

@@ -31,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_wait, prefetch_l2
+    from higgs_serve.model.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -104,13 +104,11 @@ if triton is not None:
     def _skinny_kernel(X, W, Y, R, WS, M, stride_x, stride_y, stride_r,
                        N: tl.constexpr, K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PREFETCH_BYTES: tl.constexpr, USE_PDL: tl.constexpr):
+                       USE_PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_span: tl.constexpr = K // SPLIT_K
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if PREFETCH_BYTES > 0:  # the weights are constants: start their stream before the wait
-            prefetch_l2(W + offs_n * K + pid_k * k_span, tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl_wait(USE_PDL)
         offs_m = tl.arange(0, BLOCK_M)
         row_ok = offs_m[None, :] < M
@@ -162,13 +160,10 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
     if cfg.split_k > 1:
         ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
     launch = pdl.launch_args(x.device)
-    prefetch = 0  # the bulk prefetch needs 16-byte aligned rows
-    if pdl.prefetch_enabled(x.device) and weight.data_ptr() % 16 == 0 and (k * weight.element_size()) % 16 == 0:
-        prefetch = prefetch_bytes_per_row(cfg, n, k, weight.element_size())
     _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
         x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
         N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH_BYTES=prefetch,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
     if cfg.split_k > 1:
         block = 512 if n % 512 == 0 else cfg.block_n
@@ -177,16 +172,3 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
                                                num_warps=4, **launch)
     return y
 
-
-# Weight bytes one GEMM prefetches into L2 before its wait (pdl.py), spread over its programs:
-# about what HBM delivers while a preceding small kernel runs (~3 µs at ~4.3 TB/s), and a
-# fraction of the 50 MB L2, so the prefetched lines are still there when the loop reaches them.
-PREFETCH_BUDGET_BYTES = 12 << 20
-
-
-def prefetch_bytes_per_row(cfg: SkinnyConfig, n: int, k: int, element_size: int) -> int:
-    """Bytes each W row of a program prefetches: the start of its K slice, a multiple of 16
-    (the bulk prefetch's unit), the programs' total within PREFETCH_BUDGET_BYTES."""
-    rows_total = n * cfg.split_k  # every program prefetches block_n rows of its own K slice
-    per_row = min(PREFETCH_BUDGET_BYTES // rows_total, (k // cfg.split_k) * element_size)
-    return per_row // 16 * 16

@@ -220,6 +220,33 @@ async def closed_loop(client: httpx.AsyncClient, url: str, indices: list[int], c
     return sorted(records, key=lambda r: r.index)
 
 
+ENGINE_SERIES = ("higgs_serve_stage0_step_seconds_sum", "higgs_serve_stage0_step_seconds_count",
+                 "higgs_serve_stage0_rows_total")
+
+
+async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The Stage 0 step counters of the server's /metrics ({} if it has none: another server)."""
+    try:
+        text = (await client.get(f"{url}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ENGINE_SERIES:
+            values[name] = float(value)
+    return values
+
+
+def engine_step_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Mean Stage 0 step wall time and rows per step over a level, from two /metrics scrapes."""
+    if not all(name in before and name in after for name in ENGINE_SERIES):
+        return {"engine_steps": None, "engine_step_ms_mean": None, "engine_rows_per_step": None}
+    seconds, steps, rows = (after[n] - before[n] for n in ENGINE_SERIES)
+    return {"engine_steps": int(steps), "engine_step_ms_mean": 1e3 * seconds / steps if steps else None,
+            "engine_rows_per_step": rows / steps if steps else None}
+
+
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
     ok = [r for r in records if r.ok]
     ttfa = [r.ttfa_s * 1e3 for r in ok]
@@ -269,12 +296,15 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         peak = [0]
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
+        counters_before = await engine_counters(client, url)
         t0 = time.perf_counter()
         records = await closed_loop(client, url, list(range(index, index + num)), concurrency, args)
         window = max(r.end for r in records) - t0
+        counters_after = await engine_counters(client, url)
         stop.set()
         await poller
     metrics = level_metrics(concurrency, records, window, args.frames)
+    metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
 
@@ -377,7 +407,8 @@ def print_table(result: dict) -> None:
         ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
-        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"),
+        ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"), ("gpu_mem_used_mib_max", "GPU MiB"),
     ]))
 
 

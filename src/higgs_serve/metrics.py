@@ -117,13 +117,17 @@ class ServerMetrics:
         self.step_seconds = Histogram(
             f"{PREFIX}_stage0_step_seconds", "Wall time of one Stage 0 engine step.",
             buckets=_STEP_BUCKETS_S, registry=self.registry)
+        self.stage0_rows = Counter(
+            f"{PREFIX}_stage0_rows", "Delayed code rows (one per running request per step) Stage 0 sampled.",
+            registry=self.registry)
         self.registry.register(_EngineGauges(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))
 
-    def observe_step(self, step_seconds: float, *_batch_info: int) -> None:
+    def observe_step(self, step_seconds: float, num_seqs: int, num_rows: int) -> None:
         """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""
         self.step_seconds.observe(step_seconds)
+        self.stage0_rows.inc(num_rows)
 
     def count(self, outcome: str) -> None:
         if outcome not in OUTCOMES:

@@ -218,6 +218,7 @@ def test_overload_is_an_immediate_429_then_recovers(real_server, http):
     metrics = http.get("/metrics").text
     assert 'higgs_serve_requests_total{outcome="rejected"} 1.0' in metrics
     assert metric(http, "higgs_serve_stage0_step_seconds_count") > 0
+    assert metric(http, "higgs_serve_stage0_rows_total") >= 4 * FRAMES  # every request's frames were sampled
     assert metric(http, "higgs_serve_ttfa_seconds_count") > 0
 
 

@@ -63,6 +63,14 @@ def test_level_metrics_follow_the_reference_definitions():
     assert "429" in m["errors"][0]
 
 
+def test_engine_step_metrics_from_two_scrapes():
+    before = dict(zip(bench_serving.ENGINE_SERIES, (1.0, 100.0, 6000.0)))
+    after = dict(zip(bench_serving.ENGINE_SERIES, (1.5, 200.0, 12400.0)))
+    m = bench_serving.engine_step_metrics(before, after)
+    assert m == {"engine_steps": 100, "engine_step_ms_mean": pytest.approx(5.0), "engine_rows_per_step": pytest.approx(64.0)}
+    assert bench_serving.engine_step_metrics({}, after)["engine_step_ms_mean"] is None  # a server without them
+
+
 def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
     args = bench_serving.parse_args(["--model", "m", "--frames", "40", "--seed", "7"])
     body = bench_serving.request_body(3, args)

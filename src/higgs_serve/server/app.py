@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import sys
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -107,13 +106,6 @@ def _api_key_checker(api_key: str | None):
     return check
 
 
-# The engine loop, the codec thread and the HTTP event loop share one interpreter. When a step's
-# GPU work ends, the engine thread needs the GIL at once to hand out the rows and launch the next
-# step; under CPython's default 5 ms switch interval it can wait that long behind the event loop
-# writing chunks to many streams, and the GPU idles meanwhile.
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
                reference_encoder: ReferenceEncoder | None = None) -> None:
@@ -137,7 +129,6 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                             timeout_graceful_shutdown=settings.graceful_shutdown_s,
                             log_level="info")
     server = uvicorn.Server(config)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     server.run()
     error = server_state_of(app).engine_start_error
     if error is not None:

@@ -77,21 +77,26 @@ def plot_serving(files: list[str], out: Path) -> Path:
     return _save(fig, out / "serving.png")
 
 
-def plot_step(file: str, out: Path) -> Path:
+def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[str] | None = None) -> Path:
+    """Step time against batch per (path, step kind, variant); `paths` / `kinds` keep only those."""
     data = _load(file, "bench_step")
+    data["rows"] = [r for r in data["rows"] if (not paths or r["path"] in paths)
+                    and (not kinds or r.get("step", "decode") in kinds)]
     for row in data["rows"]:
-        # files before mixed steps: decode only; before --gemm: no GEMM label
-        row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"))
+        # files before mixed steps: decode only; before --gemm / --pdl: no such label
+        row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"), row.get("pdl"))
     by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
-        for (path, kind, gemm), prow in _group_by(rows, "line").items():
+        for (path, kind, gemm, pdl), prow in _group_by(rows, "line").items():
             prow.sort(key=lambda r: r["batch"])
-            label = path + (f" ({gemm})" if gemm else "") + (", mixed" if kind == "mixed" else "")
+            variant = ", ".join(v for v in (gemm, pdl and f"PDL {pdl}") if v)
+            label = path + (f" ({variant})" if variant else "") + (", mixed" if kind == "mixed" else "")
+            baseline = gemm == "cublas" or pdl == "off"  # the variant the change is measured against
             ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow],
-                    marker="x" if gemm == "cublas" else "o", alpha=0.5 if gemm == "cublas" else 1.0,
+                    marker="x" if baseline else "o", alpha=0.5 if baseline else 1.0,
                     color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-", label=label)
         floor = {r["batch"]: r["floor_ms"] for r in rows}
         batches = sorted(floor)
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--serving", nargs="*", default=[], help="bench_serving JSON files (one line each)")
     p.add_argument("--step", default=None, help="a bench_step JSON file")
+    p.add_argument("--step-paths", nargs="*", default=None, help="only these graph paths of --step")
+    p.add_argument("--step-kinds", nargs="*", choices=["decode", "mixed"], default=None,
+                   help="only these step kinds of --step")
     p.add_argument("--out-dir", default=".")
     args = p.parse_args(argv)
     if not args.serving and not args.step:
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serving:
         print(f"wrote {plot_serving(args.serving, out)}")
     if args.step:
-        print(f"wrote {plot_step(args.step, out)}")
+        print(f"wrote {plot_step(args.step, out, args.step_paths, args.step_kinds)}")
     return 0
 
 

@@ -73,10 +73,15 @@ class SchedulerTimer:
         self.seconds, self.calls = 0.0, 0
 
 
+def fixed_length_requests(count: int, frames: int, tag: str) -> list[SpeechRequest]:
+    """`count` streamed requests of exactly `frames` frames each (min = max), seeds 0..count-1."""
+    return [SpeechRequest(f"{tag}-{i}", TEXT, SamplingParams(temperature=0.8, seed=i, max_new_tokens=frames,
+                                                             min_new_tokens=frames), stream=True)
+            for i in range(count)]
+
+
 def run_once(engine: SyncEngine, timer: SchedulerTimer, concurrency: int, frames: int, tag: str) -> dict:
-    params = [SamplingParams(temperature=0.8, seed=i, max_new_tokens=frames, min_new_tokens=frames)
-              for i in range(concurrency)]
-    requests = [SpeechRequest(f"{tag}-{i}", TEXT, p, stream=True) for i, p in enumerate(params)]
+    requests = fixed_length_requests(concurrency, frames, tag)
     first_chunk: dict[str, float] = {}
 
     def on_chunk(request_id, chunk):

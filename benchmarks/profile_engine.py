@@ -23,15 +23,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
 from higgs_serve.deploy_config import load_deploy_config  # noqa: E402
 from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.speech import SpeechRequest  # noqa: E402
-from higgs_serve.sampling_params import SamplingParams  # noqa: E402
-
-TEXT = "The old teacher quickly reads the letter and then writes a long reply."
 
 
 def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
@@ -43,9 +40,7 @@ def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
 
 
 def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
-    params = [SamplingParams(temperature=0.8, seed=i, max_new_tokens=frames, min_new_tokens=frames)
-              for i in range(batch)]
-    requests = [SpeechRequest(f"{tag}-{i}", TEXT, p, stream=True) for i, p in enumerate(params)]
+    requests = fixed_length_requests(batch, frames, tag)
     steps0 = engine.core.counters.steps
     t0 = time.perf_counter()
     results = engine.generate_batch(requests)
@@ -53,7 +48,7 @@ def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
     steps = engine.core.counters.steps - steps0
     rows = sum(len(r.rows) for r in results)
     return {"run": tag, "batch": batch, "wall_s": wall, "steps": steps, "step_ms": 1e3 * wall / steps,
-            "rows_per_step": rows / steps, "audio_s_per_s": sum(len(r.frames) for r in results) / 25 / wall}
+            "rows_per_step": rows / steps, "audio_s_per_s": sum(len(r.frames) for r in results) / FRAMES_PER_SECOND / wall}
 
 
 def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) -> tuple[dict, str]:

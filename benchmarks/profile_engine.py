@@ -82,9 +82,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--frames", type=int, default=250)
     p.add_argument("--profile", action="store_true", help="also one cProfiled run per codec mode")
-    p.add_argument("--top", type=int, default=25, help="functions listed per profile")
+    p.add_argument("--top", type=int, default=None, help="functions listed per profile (with --profile; default 25)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.top is not None and not args.profile:
+        p.error("--top sets the length of the --profile listing; add --profile")
+    args.top = 25 if args.top is None else args.top
     options = RuntimeOptions(load_format=args.load_format, device=args.device)
     loaded = load_model(args.model, options)
     deploy = load_deploy_config(args.deploy_config, loaded.spec.model_type,

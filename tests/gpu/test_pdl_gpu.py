@@ -2,8 +2,8 @@
 give exactly the bits of plain launches, eagerly and captured in a CUDA graph.
 
 The chain is every PDL kernel of a decode layer at the 4B width, each reading its predecessor's
-output: o projection with split-K and its reduce with the RMSNorm fused in, gate_up,
-SiLU-multiply, down with split-K and its reduce + residual + RMSNorm, qkv, q/k-norm + RoPE, the KV write and the split decode attention with
+output: o projection with split-K and its reduce, RMSNorm, gate_up, SiLU-multiply, down with
+the residual, RMSNorm, qkv, q/k-norm + RoPE, the KV write and the split decode attention with
 its merge. The graph is replayed with fresh inputs: a kernel that read its predecessor's output
 before the wait would see the previous replay's values and differ. Skipped without CUDA.
 """
@@ -53,10 +53,10 @@ def layer():
 
 def _chain(layer, attn_out, h):
     w, meta, (k_cache, v_cache), cos, sin, work = layer
-    h, x = TritonOps.linear_residual_norm(attn_out, w["o"], h, w["norm"], EPS)
-    gate_up = TritonOps.linear(x, w["gate_up"])
-    h, x = TritonOps.linear_residual_norm(TritonOps.silu_mul(gate_up), w["down"], h, w["norm"], EPS)
-    qkv = TritonOps.linear(x, w["qkv"])
+    h = TritonOps.linear_residual(attn_out, w["o"], h)
+    gate_up = TritonOps.linear(TritonOps.rms_norm(h, w["norm"], EPS), w["gate_up"])
+    h = TritonOps.linear_residual(TritonOps.silu_mul(gate_up), w["down"], h)
+    qkv = TritonOps.linear(TritonOps.rms_norm(h, w["norm"], EPS), w["qkv"])
     q, k, v = TritonOps.qk_norm_rope(qkv, w["q_norm"], w["k_norm"], EPS, cos, sin, HQ, HKV, DH)
     write_kv_triton(k, v, k_cache, v_cache, meta.slot_mapping)
     return h, paged_decode(q, k_cache, v_cache, meta, work)

@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.model import pdl
-from higgs_serve.model.skinny_gemm import (MAX_ROWS, SkinnyConfig, config_for, skinny_linear,
-                                           skinny_linear_residual_norm)
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
 
 try:
     import triton
@@ -79,13 +78,6 @@ class TorchOps:
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         """residual + x @ weightᵀ."""
         return residual + F.linear(x, weight)
-
-    @classmethod
-    def linear_residual_norm(cls, x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor,
-                             eps: float) -> tuple[Tensor, Tensor]:
-        """(h, rms_norm(h)) for h = residual + x @ weightᵀ: a residual stream and the next norm."""
-        h = cls.linear_residual(x, weight, residual)
-        return h, cls.rms_norm(h, norm_weight, eps)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -215,14 +207,6 @@ class TritonOps(TorchOps):
         if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
             return torch.addmm(residual, x, weight.t())
         return skinny_linear(x, weight, residual, cfg)
-
-    @classmethod
-    def linear_residual_norm(cls, x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor,
-                             eps: float) -> tuple[Tensor, Tensor]:
-        cfg = cls._skinny(x, weight)
-        if cfg is None or cfg.split_k == 1:
-            return super().linear_residual_norm(x, weight, residual, norm_weight, eps)
-        return skinny_linear_residual_norm(x, weight, residual, norm_weight, eps, cfg)
 
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:

@@ -86,45 +86,34 @@ class Qwen3Layer(nn.Module):
         self.down_proj = weight(d, cfg.intermediate_size)
 
     def run_gemms(self, rows: int) -> None:
-        """The layer's GEMMs on zeros, called as a step of `rows` tokens calls them, with and
-        without the fused norm (kernel warm-up; the attention and its cache are not touched)."""
+        """The layer's four GEMMs on zeros, called as a step of `rows` tokens calls them (kernel
+        warm-up; the attention and its cache are not touched)."""
         h = torch.zeros(rows, self.o_proj.shape[0], dtype=self.o_proj.dtype, device=self.o_proj.device)
-        out = torch.zeros(rows, self.q_size, dtype=h.dtype, device=h.device)
         self.ops.linear(self.input_norm(h), self.qkv_proj)
-        self.mlp_residual_norm(*self.o_proj_residual_norm(out, h), self.input_norm)
-        self.mlp_residual(self.o_proj_residual(out, h))
+        self.mlp_residual(self.o_proj_residual(torch.zeros(rows, self.q_size, dtype=h.dtype, device=h.device), h))
 
-    def pre_attention(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v of the input-normed hidden x [N, D]: rope(norm(q)), rope(norm(k)), v, each
-        [N, heads, Dh]."""
-        qkv = self.ops.linear(x, self.qkv_proj)  # [N, q + 2kv]
+    def pre_attention(self, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of h [N, D]: rope(norm(q)), rope(norm(k)), v, each [N, heads, Dh]."""
+        qkv = self.ops.linear(self.input_norm(h), self.qkv_proj)  # [N, q + 2kv]
         return self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
                                      self.num_heads, self.num_kv_heads, self.head_dim)
 
-    def attend(self, x: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
-        """The attention output [N, Hq, Dh] for the input-normed hidden x [N, D]."""
-        return attention(self.layer_idx, *self.pre_attention(x, cos, sin))
+    def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
+        """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D]."""
+        q, k, v = self.pre_attention(h, cos, sin)
+        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h)
 
     def o_proj_residual(self, out: Tensor, h: Tensor) -> Tensor:
         """h + o_proj(out) for the attention output out [N, Hq, Dh]."""
         return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h)
 
-    def o_proj_residual_norm(self, out: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """(h', post_attention_norm(h')) for h' = h + o_proj(out), in one pass where ops can."""
-        return self.ops.linear_residual_norm(out.reshape(h.shape[0], self.q_size), self.o_proj, h,
-                                             self.post_attention_norm.weight, self.eps)
-
-    def mlp_residual_norm(self, h: Tensor, x: Tensor, next_norm: RMSNorm) -> tuple[Tensor, Tensor]:
-        """(h', next_norm(h')) for h' = h + down(silu(gate(x)) * up(x)), x = post_attention_norm(h):
-        the next layer's input norm (or the final norm) rides on this layer's last GEMM."""
-        gate_up = self.ops.linear(x, self.gate_up_proj)  # [N, 2I]
-        return self.ops.linear_residual_norm(self.ops.silu_mul(gate_up), self.down_proj, h,
-                                             next_norm.weight, next_norm.eps)
-
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
         gate_up = self.ops.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
         return self.ops.linear_residual(self.ops.silu_mul(gate_up), self.down_proj, h)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
+        return self.mlp_residual(self.attn_residual(h, cos, sin, attention))
 
 
 class MLPRunner(Protocol):
@@ -140,7 +129,7 @@ class Qwen3Backbone(nn.Module):
     def __init__(self, cfg: TextConfig, *, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.layers = nn.ModuleList(Qwen3Layer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device, ops=ops_for(device))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, device=device)
 
     def set_ops(self, ops: type[TorchOps]) -> None:
@@ -149,21 +138,12 @@ class Qwen3Backbone(nn.Module):
             if hasattr(module, "ops"):
                 module.ops = ops
 
-    def next_norms(self) -> list[RMSNorm]:
-        """The norm each layer's output feeds: the next layer's input norm, then the final norm."""
-        return [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-
     def forward(self, embeds: Tensor, positions: Tensor, attention: Attention,
                 mlp: MLPRunner | None = None) -> Tensor:
-        """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]. The residual stream h
-        travels with its normed copy x, so each norm is fused into the GEMM before it."""
+        """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
         cos, sin = self.rotary(positions, embeds.dtype)
-        h, x = embeds, self.layers[0].input_norm(embeds)
-        for layer, next_norm in zip(self.layers, self.next_norms()):
-            out = layer.attend(x, cos, sin, attention)
-            if mlp is None:
-                h, x = layer.mlp_residual_norm(*layer.o_proj_residual_norm(out, h), next_norm)
-            else:  # the runner's MLP replays norm + MLP from h itself
-                h = mlp(layer.layer_idx, layer.o_proj_residual(out, h))
-                x = next_norm(h)
-        return x
+        h = embeds
+        for layer in self.layers:
+            h = layer.attn_residual(h, cos, sin, attention)
+            h = layer.mlp_residual(h) if mlp is None else mlp(layer.layer_idx, h)
+        return self.norm(h)

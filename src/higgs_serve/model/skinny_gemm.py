@@ -7,10 +7,7 @@ projections are the worst: 2560 output rows leave too few tiles to keep every SM
 benchmarks/results/profile_step_h200.txt). This kernel swaps the operands, so W is the tall side of
 the MMA and the rows the narrow side, and splits K when N alone gives too few programs. Split
 partials go to a float32 workspace that one small kernel sums, adds the residual to and rounds
-once, as addmm does (float32 accumulation, one rounding of residual + product). Where the sum
-feeds an RMSNorm (o_proj into the post-attention norm, down into the next layer's input norm),
-`skinny_linear_residual_norm` has that reduce kernel also normalise the row it just rounded: one
-kernel instead of two, with the same rounding points as the two.
+once, as addmm does (float32 accumulation, one rounding of residual + product).
 
 Tried and dropped (measured on an H200, benchmarks/results/README.md): folding the RMSNorm before
 qkv / gate_up and the SiLU-and-multiply before down into this kernel's loads. Computing the dot's
@@ -150,75 +147,28 @@ if triton is not None:
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))
 
 
-    @triton.jit(do_not_specialize=["M"])
-    def _split_reduce_norm_kernel(WS, Y, R, NW, NY, M, stride_y, stride_r, stride_ny, eps, N: tl.constexpr,
-                                  SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                                  USE_PDL: tl.constexpr):
-        # One program per row: the norm needs the whole rounded row. BLOCK is N's next power of
-        # two and the kernel runs with fused_ops' RMSNorm's warp count, so its sum of squares is
-        # reduced in the same order as that kernel's (bit-equal normed rows).
-        row = tl.program_id(0)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < N
-        w = tl.load(NW + cols, mask=mask, other=0.0)
-        pdl_wait(USE_PDL)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(SPLIT_K):  # the order of _split_reduce_kernel: same sum, same rounding
-            acc += tl.load(WS + (s * BLOCK_M + row) * N + cols, mask=mask, other=0.0)
-        acc += tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        h = acc.to(Y.dtype.element_ty)
-        x = h.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(x * x, 0) / N + eps)
-        normed = (x * inv).to(w.dtype)
-        pdl_release(USE_PDL)
-        tl.store(Y + row * stride_y + cols, h, mask=mask)
-        tl.store(NY + row * stride_ny + cols, (normed.to(tl.float32) * w.to(tl.float32)).to(w.dtype), mask=mask)
-
-
-def _launch_gemm(x: Tensor, weight: Tensor, y: Tensor, r: Tensor, has_residual: bool,
-                 cfg: SkinnyConfig) -> Tensor:
-    """The GEMM kernel into y (split 1) or into a float32 workspace of split partials, returned."""
-    m, k = x.shape
-    n = weight.shape[0]
-    ws = y
-    if cfg.split_k > 1:
-        ws = torch.empty(cfg.split_k, row_block(m), n, dtype=torch.float32, device=x.device)
-    _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
-        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
-        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
-        BLOCK_M=row_block(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_args(x.device))
-    return ws
-
-
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig) -> Tensor:
     """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
     x's rows must be contiguous and weight contiguous; cfg must fit (N, K)."""
-    m = x.shape[0]
+    m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = row_block(m)
     has_residual = residual is not None
     r = residual if has_residual else y
-    ws = _launch_gemm(x, weight, y, r, has_residual, cfg)
+    ws = y
+    if cfg.split_k > 1:
+        ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
+    launch = pdl.launch_args(x.device)
+    _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
+        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
+        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
     if cfg.split_k > 1:
         block = 512 if n % 512 == 0 else cfg.block_n
         _split_reduce_kernel[(m, n // block)](ws, y, r, m, y.stride(0), r.stride(0), N=n, SPLIT_K=cfg.split_k,
-                                               HAS_RESIDUAL=has_residual, BLOCK_M=row_block(m), BLOCK=block,
-                                               num_warps=4, **pdl.launch_args(x.device))
+                                               HAS_RESIDUAL=has_residual, BLOCK_M=block_m, BLOCK=block,
+                                               num_warps=4, **launch)
     return y
 
-
-def skinny_linear_residual_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float,
-                                cfg: SkinnyConfig) -> tuple[Tensor, Tensor]:
-    """(h, rms_norm(h)) for h = residual + x @ weightᵀ, the norm done by the split-K reduce kernel.
-    cfg must split K (split_k > 1): without a reduce kernel there is nothing to fuse the norm into."""
-    assert cfg.split_k > 1, "the norm is fused into the split-K reduce"
-    m = x.shape[0]
-    n = weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    normed = torch.empty_like(y)
-    ws = _launch_gemm(x, weight, y, residual, True, cfg)
-    _split_reduce_norm_kernel[(m,)](ws, y, residual, norm_weight, normed, m, y.stride(0), residual.stride(0),
-                                    normed.stride(0), eps, N=n, SPLIT_K=cfg.split_k, BLOCK_M=row_block(m),
-                                    BLOCK=triton.next_power_of_2(n), num_warps=4, **pdl.launch_args(x.device))
-    return y, normed

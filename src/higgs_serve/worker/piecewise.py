@@ -41,23 +41,22 @@ def build_pieces(backbone, embed: Callable[[], Tensor], positions: Tensor, write
     K/V; `finish(hidden)` samples from the final-normed hidden states. State passes from one
     piece to the next through a dict (graph pool memory when captured)."""
     layers = backbone.layers
-    next_norms = backbone.next_norms()
-    state: dict[str, Tensor] = {}  # h: the residual stream, x: its normed copy for the next GEMM
+    state: dict[str, Tensor] = {}
 
     def up_to_attention(i: int) -> None:
-        q, k, v = layers[i].pre_attention(state["x"], state["cos"], state["sin"])
+        q, k, v = layers[i].pre_attention(state["h"], state["cos"], state["sin"])
         write_kv(i, k, v)
         io.q[: q.shape[0]].copy_(q)
 
     def after_attention(i: int) -> None:
         h = state["h"]
-        h, x = layers[i].o_proj_residual_norm(io.o[: h.shape[0]], h)
-        state["h"], state["x"] = layers[i].mlp_residual_norm(h, x, next_norms[i])
+        h = layers[i].o_proj_residual(io.o[: h.shape[0]], h)
+        state["h"] = layers[i].mlp_residual(h)
 
     def first() -> None:
         h = embed()
         state["cos"], state["sin"] = backbone.rotary(positions, h.dtype)
-        state["h"], state["x"] = h, layers[0].input_norm(h)
+        state["h"] = h
         up_to_attention(0)
 
     def middle(i: int) -> None:
@@ -66,7 +65,7 @@ def build_pieces(backbone, embed: Callable[[], Tensor], positions: Tensor, write
 
     def last() -> None:
         after_attention(len(layers) - 1)
-        finish(state.pop("x"))
+        finish(backbone.norm(state.pop("h")))
         state.clear()
 
     return [first, *(lambda i=i: middle(i) for i in range(1, len(layers))), last]

@@ -62,6 +62,7 @@ PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
 GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
+PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (model/pdl.py)
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -301,7 +302,7 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: Be
     fresh runner (its graphs are captured with that mode)."""
     if loaded.device.type == "cuda":
         loaded.talker.backbone.set_ops(GEMM_OPS[gemm])
-        pdl.set_mode(pdl_mode)
+        pdl.set_enabled(PDL_MODES[pdl_mode])
     policy = graph_policy_for(path, shape.batches, loaded.device, shape.max_num_batched_tokens)
     if loaded.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.device)  # this runner's peak (weights stay allocated)
@@ -354,9 +355,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
     p.add_argument("--gemm", nargs="+", choices=sorted(GEMM_OPS), default=["skinny"],
                    help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
-    p.add_argument("--pdl", nargs="+", choices=list(pdl.MODES), default=[pdl.DEFAULT_MODE],
-                   help="programmatic dependent launch between the Triton kernels (model/pdl.py; "
-                        f"{pdl.DEFAULT_MODE}: the engine's default on Hopper); several run side by side")
+    p.add_argument("--pdl", nargs="+", choices=list(PDL_MODES), default=["on"],
+                   help="programmatic dependent launch between the Triton kernels (on: the engine's default on "
+                        "Hopper); both values run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
@@ -373,7 +374,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if min(args.batch) < 1 or min(args.context) < 1:
         p.error("--batch and --context values must be >= 1")
-    if torch.device(args.device).type != "cuda" and (args.gemm != ["skinny"] or args.pdl != [pdl.DEFAULT_MODE]):
+    if torch.device(args.device).type != "cuda" and (args.gemm != ["skinny"] or args.pdl != ["on"]):
         p.error("--gemm and --pdl choose between CUDA kernels; on CPU the reference ops run (leave them out)")
     if max(args.context) + 1 > args.max_model_len:
         p.error(f"--context {max(args.context)} needs --max-model-len > {max(args.context)}")

@@ -35,7 +35,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release_light, pdl_release_light_start, pdl_wait
+    from higgs_serve.model.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -91,7 +91,6 @@ if triton is not None:
     @triton.jit
     def _rms_norm_kernel(X, W, Y, stride_x, stride_y, eps, D: tl.constexpr, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-        pdl_release_light_start(USE_PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < D
@@ -100,14 +99,13 @@ if triton is not None:
         x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
         normed = (x * inv).to(w.dtype)  # round to the activation dtype, then scale (as torch does)
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         tl.store(Y + row * stride_y + offs, (normed.to(tl.float32) * w.to(tl.float32)).to(w.dtype), mask=mask)
 
     @triton.jit
     def _qk_norm_rope_kernel(QKV, QW, KW, COS, SIN, Q, K, eps, stride_qkv, stride_cs, stride_q, stride_k,
                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                              USE_PDL: tl.constexpr):
-        pdl_release_light_start(USE_PDL)
         token = tl.program_id(0)
         head = tl.program_id(1)  # 0..Hq-1 are query heads, then Hkv key heads
         half: tl.constexpr = HEAD_DIM // 2
@@ -130,7 +128,7 @@ if triton is not None:
         # x*cos + rotate(x)*sin, each product rounded before the sum (torch rounds per op)
         out_lo = ((n_lo * cos).to(dtype).to(tl.float32) + (-n_hi * sin).to(dtype).to(tl.float32)).to(dtype)
         out_hi = ((n_hi * cos).to(dtype).to(tl.float32) + (n_lo * sin).to(dtype).to(tl.float32)).to(dtype)
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         if is_q:
             dst = Q + token * stride_q + head * HEAD_DIM
         else:
@@ -141,7 +139,6 @@ if triton is not None:
     @triton.jit
     def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, I: tl.constexpr, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-        pdl_release_light_start(USE_PDL)
         pdl_wait(USE_PDL)
         row = tl.program_id(0)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -151,7 +148,7 @@ if triton is not None:
         dtype = gate.dtype
         g = gate.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(dtype)  # F.silu rounds its output
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * up.to(tl.float32)).to(dtype), mask=mask)
 
 

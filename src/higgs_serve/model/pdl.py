@@ -44,24 +44,14 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-# Launch modes: off; on (every kernel releases its successor before its final stores); early
-# (as on, but the light kernels, norms, RoPE, SiLU, split reduces, KV write and decode attention,
-# release at their start, so the GEMM after them is placed while they run).
-MODES = {"off": 0, "on": 1, "early": 2}
-DEFAULT_MODE = "on"
-_override: int | None = None
-
-
-def set_mode(name: str | None) -> None:
-    """Force a launch mode from now on (None: the device decides). For benchmarks and tests; a
-    kernel variant per mode is compiled on first use."""
-    global _override
-    _override = None if name is None else MODES[name]
+_override: bool | None = None
 
 
 def set_enabled(flag: bool | None) -> None:
-    """set_mode with on/off: True is the default mode, False is off."""
-    set_mode(None if flag is None else DEFAULT_MODE if flag else "off")
+    """Force PDL on or off for launches from now on (None: the device decides). For benchmarks
+    and tests; a kernel variant per setting is compiled on first use."""
+    global _override
+    _override = flag
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,21 +59,16 @@ def _supported(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def level(device: torch.device) -> int:
-    """The launch mode's value on `device` (0 where PDL is unsupported)."""
-    if not _supported(device):
-        return 0
-    return MODES[DEFAULT_MODE] if _override is None else _override
-
-
 def enabled(device: torch.device) -> bool:
-    return level(device) > 0
+    if not _supported(device):
+        return False
+    return True if _override is None else _override
 
 
-def launch_args(device: torch.device) -> dict[str, int | bool]:
+def launch_args(device: torch.device) -> dict[str, bool]:
     """Keyword arguments for a Triton launch of a kernel that takes `USE_PDL: tl.constexpr`."""
-    mode = level(device)
-    return {"USE_PDL": mode, "launch_pdl": mode > 0}
+    flag = enabled(device)
+    return {"USE_PDL": flag, "launch_pdl": flag}
 
 
 if triton is not None:
@@ -99,16 +84,4 @@ if triton is not None:
     def pdl_release(USE_PDL: tl.constexpr):
         """Let the next kernel be placed (rule two): call it when the main work is done."""
         if USE_PDL:
-            gdc_launch_dependents()
-
-    @triton.jit
-    def pdl_release_light_start(USE_PDL: tl.constexpr):
-        """A light kernel's first statement: in the early mode it releases its successor here."""
-        if USE_PDL == 2:
-            gdc_launch_dependents()
-
-    @triton.jit
-    def pdl_release_light(USE_PDL: tl.constexpr):
-        """A light kernel's release before its final stores (the early mode released at the start)."""
-        if USE_PDL == 1:
             gdc_launch_dependents()

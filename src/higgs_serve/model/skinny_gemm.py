@@ -31,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_release_light, pdl_release_light_start, pdl_wait
+    from higgs_serve.model.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -135,14 +135,13 @@ if triton is not None:
     def _split_reduce_kernel(WS, Y, R, M, stride_y, stride_r, N: tl.constexpr, SPLIT_K: tl.constexpr,
                              HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
                              USE_PDL: tl.constexpr):
-        pdl_release_light_start(USE_PDL)
         pdl_wait(USE_PDL)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in range(SPLIT_K):  # a fixed order: the sum does not depend on timing
             acc += tl.load(WS + (s * BLOCK_M + row) * N + cols)
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         if HAS_RESIDUAL:
             acc += tl.load(R + row * stride_r + cols).to(tl.float32)
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))

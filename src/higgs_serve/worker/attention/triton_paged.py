@@ -51,7 +51,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_release_light, pdl_release_light_start, pdl_wait
+    from higgs_serve.model.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs: the backend refuses to start, the module still imports
     triton = None
 
@@ -80,7 +80,6 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        pdl_release_light_start(USE_PDL)
         pdl_wait(USE_PDL)
         token = tl.program_id(0)
         slot = tl.load(slot_mapping + token)  # int64
@@ -96,7 +95,7 @@ if triton is not None:
         if KV_FP8:  # saturate first: e4m3 has no infinity, an out-of-range cast would give NaN
             k = tl.minimum(tl.maximum(k.to(tl.float32), -_FP8_MAX), _FP8_MAX)
             v = tl.minimum(tl.maximum(v.to(tl.float32), -_FP8_MAX), _FP8_MAX)
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         k_dst = K_cache + block * stride_kcb + offset * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
         v_dst = V_cache + block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
         tl.store(k_dst, k.to(K_cache.dtype.element_ty), mask=mask)
@@ -114,7 +113,6 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        pdl_release_light_start(USE_PDL)
         pdl_wait(USE_PDL)
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -154,7 +152,7 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         # An empty slice (short context, many splits) leaves l_i = 0: write o = 0, lse = -inf.
         has_keys = l_i > 0.0
         out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -171,7 +169,6 @@ if triton is not None:
         stride_on, stride_oh,
         num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        pdl_release_light_start(USE_PDL)
         pdl_wait(USE_PDL)
         req = tl.program_id(0)
         head = tl.program_id(1)
@@ -188,7 +185,7 @@ if triton is not None:
             mask=live[:, None], other=0.0,
         )
         denom = tl.sum(w, 0)
-        pdl_release_light(USE_PDL)
+        pdl_release(USE_PDL)
         out = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
         tl.store(O + req * stride_on + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
 

@@ -31,7 +31,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
-from higgs_serve.codec import conv  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake  # noqa: E402
@@ -117,9 +116,6 @@ def main() -> None:
     ap.add_argument("--cudnn-benchmark", nargs="+", choices=["off", "on"], default=["off"],
                     help="torch.backends.cudnn.benchmark (cuDNN times its algorithms per shape at the first call); "
                          "both values run side by side")
-    ap.add_argument("--conv", nargs="+", choices=conv.BACKENDS, default=["triton"],
-                    help="the residual units' convolutions in float32/tf32: the tensor-core kernel of codec/conv.py "
-                         "(the engine's default) or cuDNN; several run side by side")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -138,15 +134,14 @@ def main() -> None:
     references = {w: ref64(codes[:err_batch, :w]).double() for w in args.windows}
     del ref64
     rows = []
-    for precision, tuned, conv_backend in itertools.product(args.precisions, args.cudnn_benchmark, args.conv):
-        conv.set_backend(conv_backend)
+    for precision, tuned in itertools.product(args.precisions, args.cudnn_benchmark):
         torch.backends.cudnn.benchmark = tuned == "on"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         dec = _decoder(spec, codec_tensors, precision, device)
-        fused_snake, fast_conv = dec.snake, dec.conv
+        fused_snake = dec.snake
         for path in paths:
-            dec.snake, dec.conv = (snake, conv.conv1d) if path == "torch" else (fused_snake, fast_conv)
+            dec.snake = snake if path == "torch" else fused_snake
             graphs = None
             if path == "graph":
                 graphs = _graphs(dec, device, args.windows, sorted({*args.batch, err_batch}), codes, hop)
@@ -157,11 +152,11 @@ def main() -> None:
                 for b in args.batch:
                     seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w]), args.iters, device)
                     audio_s = b * new / spec.codec.frame_rate
-                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "conv": conv_backend, "path": path,
+                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "path": path,
                                  "window_frames": w, "new_frames": new,
                                  "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
                                  "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-                    print(f"{precision:9s} cudnn-bench {tuned:3s} conv {conv_backend:6s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                    print(f"{precision:9s} cudnn-bench {tuned:3s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
                           f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
             del graphs
             if device.type == "cuda":
@@ -170,8 +165,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    conv.set_backend(None)
-    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("conv", "conv"), ("path", "path"), ("window_frames", "window"),
+    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("path", "path"), ("window_frames", "window"),
                                   ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
                                   ("err_rel_peak", "max err / peak")])
     print(table)

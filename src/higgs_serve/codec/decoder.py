@@ -4,8 +4,7 @@ RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 -> DAC decoder: c
 stride s a block Snake -> ConvTranspose1d(k=2s, stride s, padding ceil(s/2), output_padding s%2) ->
 three residual units (dilations 1, 3, 9); Snake; conv2; no tanh. Numerically the same as
 transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch; on CUDA the
-Snakes are one fused Triton kernel each (`codec/snake.py`) and in float32 the residual units'
-convolutions run on the tensor cores at float32 precision (`codec/conv.py`).
+Snakes are one fused Triton kernel each (`codec/snake.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
-from higgs_serve.codec.conv import ConvFn, conv1d, conv_for
 from higgs_serve.codec.snake import SnakeFn, snake, snake_for
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
@@ -48,13 +46,13 @@ def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
     return half - first, last + half  # conv1, at the frame rate
 
 
-def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake,
-                  conv: ConvFn = conv1d) -> Tensor:
+def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake) -> Tensor:
     """DAC residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))); length preserved."""
     y = snake(x, w[prefix + ".snake1.alpha"])
-    y = conv(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], dilation, 3 * dilation)
+    y = F.conv1d(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], padding=3 * dilation, dilation=dilation)
     y = snake(y, w[prefix + ".snake2.alpha"])
-    return conv(y, w[prefix + ".conv2.weight"], w[prefix + ".conv2.bias"], residual=x)
+    y = F.conv1d(y, w[prefix + ".conv2.weight"], w[prefix + ".conv2.bias"])
+    return x + y
 
 
 def check_codes(codes: Tensor, codebook_size: int) -> None:
@@ -79,16 +77,13 @@ class CodecDecoder(FlatWeights):
         super().__init__(expected_decoder_tensors(cfg), "decoder")
         self.cfg = cfg
         self.snake: SnakeFn = snake_for("cpu")
-        self.conv: ConvFn = conv_for("cpu")
 
     def _apply(self, fn, recurse=True):
-        """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake and
-        the residual convolutions for the new device and dtype once, so forward never asks which
-        device it runs on."""
+        """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake for
+        the new device and dtype once, so forward never asks which device it runs on."""
         super()._apply(fn, recurse)
         some = self.weights[next(iter(self.weights))]
         self.snake = snake_for(some.device, some.dtype)
-        self.conv = conv_for(some.device, some.dtype)
         return self
 
     @torch.no_grad()
@@ -109,7 +104,7 @@ class CodecDecoder(FlatWeights):
         no per-call host sync is done here so this stays graph-capturable."""
         if codes.ndim != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(f"codes must be [B, T, {self.cfg.num_quantizers}], got {list(codes.shape)}")
-        w, snake, conv = self._w(), self.snake, self.conv
+        w, snake = self._w(), self.snake
         latent = self.dequantize(codes.to(w["fc2.weight"].device))  # [B, T, hidden]
         x = F.linear(latent, w["fc2.weight"], w["fc2.bias"]).transpose(1, 2)  # [B, latent_dim, T]
         x = F.conv1d(x, w["acoustic_decoder.conv1.weight"], w["acoustic_decoder.conv1.bias"], padding=3)
@@ -120,7 +115,7 @@ class CodecDecoder(FlatWeights):
             x = F.conv_transpose1d(x, w[p + ".conv_t1.weight"], w[p + ".conv_t1.bias"], stride=s,
                                    padding=math.ceil(s / 2), output_padding=s % 2)
             for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
-                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake, conv)
+                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake)
         x = snake(x, w["acoustic_decoder.snake1.alpha"])
         x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=3)
         return x[:, 0, :]  # [B, T·hop]; no tanh (Higgs removes it)

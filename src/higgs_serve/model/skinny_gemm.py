@@ -12,7 +12,12 @@ once, as addmm does (float32 accumulation, one rounding of residual + product).
 Tried and dropped (measured on an H200, benchmarks/results/README.md): folding the RMSNorm before
 qkv / gate_up and the SiLU-and-multiply before down into this kernel's loads. Computing the dot's
 narrow operand in registers instead of loading it cost more than the three kernels it saved: the
-decode step at B = 1 went from 3.27 ms (separate kernels) to 4.55 ms.
+decode step at B = 1 went from 3.27 ms (separate kernels) to 4.55 ms. Also dropped: the split-K
+reduce adding the residual and then normalising the row for the next GEMM (one kernel instead of
+the reduce and the RMSNorm, bit-equal to them). The norm needs the whole row in one program, so
+the reduce ran on one program per row instead of five, and that cost what the saved launch
+gained: full decode graph at B = 1 2.95 → 3.02 ms GPU time, B = 16 3.26 → 3.34
+(step_reduce_norm_*_h200.json).
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the

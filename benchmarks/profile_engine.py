@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
-from higgs_serve.deploy_config import load_deploy_config  # noqa: E402
+from higgs_serve.cli import deploy_from_args  # noqa: E402
 from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
 
@@ -90,8 +90,9 @@ def main() -> None:
     args.top = 25 if args.top is None else args.top
     options = RuntimeOptions(load_format=args.load_format, device=args.device)
     loaded = load_model(args.model, options)
-    deploy = load_deploy_config(args.deploy_config, loaded.spec.model_type,
-                                cli_overrides={"0": {"max_num_seqs": args.batch}})
+    # as `higgs-serve serve --max-num-seqs B` would: the profile's capture sizes fitted to B
+    deploy = deploy_from_args(argparse.Namespace(deploy_config=args.deploy_config, stage_overrides=None,
+                                                 max_num_seqs=args.batch, device=args.device), loaded.model_dir)
     rows, profiles = [], {}
     for codec in ("real", "stubbed"):
         engine = SyncEngine(loaded, deploy, options)

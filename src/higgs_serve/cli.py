@@ -35,7 +35,9 @@ def _add_deploy_options(p: argparse.ArgumentParser) -> None:
                    help="Stage 0 kv_cache_dtype: auto (the model dtype) or fp8 (alias fp8_e4m3); overrides the YAML")
 
 
-def _deploy_from_args(args: argparse.Namespace, model_dir: Path):
+def deploy_from_args(args: argparse.Namespace, model_dir: Path):
+    """The deploy config the command-line flags select (--deploy-config, --stage-overrides,
+    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given)."""
     import torch
 
     from higgs_serve.deploy_config import load_deploy_config
@@ -112,7 +114,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from higgs_serve.sampling_params import SamplingParams
 
     model_dir = resolve_model_dir(args.model)
-    deploy = _deploy_from_args(args, model_dir)
+    deploy = deploy_from_args(args, model_dir)
     _log_graph_path(deploy)
     overrides = {k: v for k, v in dict(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -219,7 +221,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from higgs_serve.server.settings import ServerSettings
 
     model_dir = resolve_model_dir(args.model)
-    deploy = _deploy_from_args(args, model_dir)
+    deploy = deploy_from_args(args, model_dir)
     _log_graph_path(deploy)
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
@@ -238,7 +240,7 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 
     from higgs_serve.model.checkpoint import resolve_model_dir
 
-    deploy = _deploy_from_args(args, resolve_model_dir(args.model))
+    deploy = deploy_from_args(args, resolve_model_dir(args.model))
     print(json.dumps(deploy.to_dict(cuda_available=torch.cuda.is_available()), indent=2))
     return 0
 

@@ -43,11 +43,14 @@ class BoundAttention:
     def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> None:
         self.meta = meta
         self.kv_caches = kv_caches
+        self._checked = False
 
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        check_qkv(q, k, v, k_cache, v_cache)
-        self.check_inputs(q, k, v, k_cache)
+        if not self._checked:  # every layer of a step has the same shapes and cache layout
+            k_cache, v_cache = self.kv_caches[layer_idx]
+            check_qkv(q, k, v, k_cache, v_cache)
+            self.check_inputs(q, k, v, k_cache)
+            self._checked = True
         self.write(layer_idx, k, v)
         return self.attend(layer_idx, q)
 

@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from higgs_serve.errors import HiggsServeError

@@ -128,7 +128,7 @@ def get_backend(name: str) -> AttentionBackend:
 
         return TorchPagedAttention()
     if name == "triton":
-        from higgs_serve.worker.attention.triton_paged import TritonPagedAttention
+        from higgs_serve.worker.attention.triton_backend import TritonPagedAttention
 
         return TritonPagedAttention()
     raise ValueError(f"unknown attention backend {name!r}; expected 'torch' or 'triton'")

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache, softmax_scale
+from higgs_serve.worker.attention.backend import softmax_scale
 from higgs_serve.worker.attention.kv_cache_dtype import FP8_E4M3_MAX, is_fp8
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 
@@ -395,89 +395,3 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
         num_warps=4, **pdl.launch_args(q.device),
     )
     return out
-
-
-def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, meta: AttentionMetadata) -> None:
-    head_dim = q.shape[2]
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"triton attention needs head_dim a power of two >= 16, got {head_dim}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"triton attention needs {name} contiguous in head_dim, got strides {t.stride()}")
-    if not k_cache.is_contiguous():
-        raise ValueError("triton attention needs contiguous KV caches")
-    if meta.block_tables.stride(-1) != 1:
-        raise ValueError(f"block_tables must be contiguous in its last dim, got strides {meta.block_tables.stride()}")
-
-
-class TritonBoundAttention(BoundAttention):
-    """One step's `Attention` callable on the Triton kernels (decode path graph-capturable)."""
-
-    def __init__(self, meta: AttentionMetadata, kv_caches: list[KVCache], num_sms: int) -> None:
-        super().__init__(meta, kv_caches)
-        self.num_sms = num_sms
-        self._work: DecodeWorkspace | None = None
-        self._decodes: AttentionMetadata | None = None  # a mixed step's leading decodes
-
-    def _workspace(self, q: Tensor, num_kv_heads: int) -> DecodeWorkspace:
-        num_requests, num_heads, head_dim = q.shape
-        work = self._work
-        if work is None or work.partial.shape[0] != num_requests or work.partial.shape[2:] != (num_heads, head_dim):
-            splits = decode_num_splits(num_requests, num_kv_heads, self.num_sms)
-            work = self._work = DecodeWorkspace(num_requests, num_heads, head_dim, splits, q.device)
-        return work
-
-    def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor) -> None:
-        _check_triton_inputs(q, k, v, k_cache, self.meta)
-
-    def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
-        """Scatter this step's k/v into layer `layer_idx`'s pages (graph-capturable)."""
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        write_kv_triton(k, v, k_cache, v_cache, self.meta.slot_mapping)
-
-    def attend(self, layer_idx: int, q: Tensor, out: Tensor | None = None) -> Tensor:
-        """Attention over the pages already written (the piecewise path runs this eagerly)."""
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        meta = self.meta
-        if meta.is_pure_decode:
-            return paged_decode(q, k_cache, v_cache, meta, self._workspace(q, k_cache.shape[2]), out)
-        d = meta.num_decodes
-        if d == 0:
-            return paged_prefill(q, k_cache, v_cache, meta, out)
-        # A mixed step: the decode kernel for its leading one-token requests (the prefill kernel
-        # would stream each one's whole context through a mostly empty query tile), the prefill
-        # kernel for the chunks after them.
-        if out is None:
-            out = torch.zeros_like(q)
-        if self._decodes is None:
-            self._decodes = meta.leading(d)
-        paged_decode(q[:d], k_cache, v_cache, self._decodes, self._workspace(q[:d], k_cache.shape[2]), out[:d])
-        paged_prefill(q, k_cache, v_cache, meta, out, first_request=d)
-        return out
-
-
-class TritonPagedAttention(AttentionBackend):
-    name = "triton"
-
-    def __init__(self) -> None:
-        if triton is None:
-            raise RuntimeError("attention backend 'triton' needs the triton package (it ships with CUDA torch)")
-        self._num_sms: dict[int, int] = {}
-
-    def _sm_count(self, device: torch.device) -> int:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._num_sms:
-            self._num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        return self._num_sms[index]
-
-    def warm_up(self, kv_caches: list[KVCache], num_heads: int, max_requests: int, scratch_block: int,
-                block_table_width: int, q_dtype: torch.dtype) -> None:
-        k_cache, v_cache = kv_caches[0]  # every layer's cache has the same shape and dtype
-        warm_up_kernels(k_cache, v_cache, num_heads, max_requests, scratch_block, self._sm_count(k_cache.device),
-                        block_table_width, q_dtype)
-
-    def bind(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> TritonBoundAttention:
-        device = kv_caches[0][0].device
-        if device.type != "cuda":
-            raise ValueError(f"attention backend 'triton' needs CUDA caches, got device {device}")
-        return TritonBoundAttention(meta, kv_caches, self._sm_count(device))

@@ -39,7 +39,7 @@ def deploy_from_args(args: argparse.Namespace, model_dir: Path):
     --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given)."""
     import torch
 
-    from higgs_serve.deploy_config import load_deploy_config
+    from higgs_serve.deploy_loader import load_deploy_config
     from higgs_serve.model.hf_config import load_model_spec
 
     spec = load_model_spec(model_dir)

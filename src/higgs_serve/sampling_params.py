@@ -9,7 +9,7 @@ per request (`with_seed`) before the request reaches the worker.
 Lengths are counted in audio frames (one frame = 40 ms): `max_new_tokens` is the request's frame
 cap, `min_new_tokens` the earliest frame at which codebook 0 may end the utterance.
 
-The `*_problem` checkers are shared with `deploy_config.py`, so a profile's
+The `*_problem` checkers are shared with `deploy_loader.py`, so a profile's
 `default_sampling_params` obeys exactly the same limits as a request.
 """
 

@@ -14,10 +14,10 @@ from higgs_serve.deploy_config import (
     CudaGraphMode,
     GraphPath,
     list_shipped_profiles,
-    load_deploy_config,
     resolve_codec_graph_path,
     resolve_graph_path,
 )
+from higgs_serve.deploy_loader import load_deploy_config
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"

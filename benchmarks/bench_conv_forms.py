@@ -32,20 +32,24 @@ def taps_gemm(x, w, b, d):
     return y
 
 
-def im2col_gemm(x, w, b, d):
-    T, K = x.shape[-1], w.shape[-1]
+def _cols(x, K, d):
+    """The stacked taps of a padded, dilated k-tap conv: [B, C*K, T]."""
+    T = x.shape[-1]
     p = d * (K - 1) // 2
     xp = F.pad(x, (p, p))
-    cols = torch.stack([xp[:, :, k * d: k * d + T] for k in range(K)], dim=2).reshape(x.shape[0], -1, T)  # [B, C*K, T]
+    return torch.stack([xp[:, :, k * d: k * d + T] for k in range(K)], dim=2).reshape(x.shape[0], -1, T)
+
+
+def im2col_gemm(x, w, b, d):
+    T = x.shape[-1]
+    cols = _cols(x, w.shape[-1], d)
     return torch.baddbmm(b[None, :, None].expand(x.shape[0], -1, T), w.reshape(w.shape[0], -1).expand(x.shape[0], -1, -1), cols)
 
 
 def batch_flat(x, w, b, d):
     # one GEMM over all windows: [C_out, C_in*K] @ [C_in*K, B*T]
-    T, K = x.shape[-1], w.shape[-1]
-    p = d * (K - 1) // 2
-    xp = F.pad(x, (p, p))
-    cols = torch.stack([xp[:, :, k * d: k * d + T] for k in range(K)], dim=2).reshape(x.shape[0], -1, T)
+    T = x.shape[-1]
+    cols = _cols(x, w.shape[-1], d)
     cols = cols.permute(1, 0, 2).reshape(cols.shape[1], -1)
     y = torch.addmm(b[:, None], w.reshape(w.shape[0], -1), cols)
     return y.reshape(w.shape[0], x.shape[0], T).permute(1, 0, 2)

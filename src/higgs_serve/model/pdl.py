@@ -11,9 +11,10 @@ B = 1 goes from 3.12 to 2.95 ms, at B = 16 from 3.41 to 3.25 ms; B = 64 is uncha
 
 Tried and dropped: the skinny GEMM prefetching the start of its weight slice into L2 (a bulk
 prefetch) before its wait. It made the B = 1 step slower (3.26 against 2.95 ms GPU time): the
-prefetched lines did not survive until the loop read them, so the prefetch was extra traffic. Also dropped: the light kernels (norms, RoPE, SiLU, split reduces,
-KV write, decode attention) releasing their successor at their start while the GEMMs keep the
-late release, so that each GEMM is placed while the small kernel before it runs. GPU time at
+prefetched lines did not survive until the loop read them, so the prefetch was extra traffic.
+Also dropped: the light kernels (norms, RoPE, SiLU, split reduces, KV write, decode attention)
+releasing their successor at their start while the GEMMs keep the late release, so that each
+GEMM is placed while the small kernel before it runs. GPU time at
 B = 1 / 16 / 64: 2.93 / 3.33 / 4.08 ms against 2.96 / 3.27 / 4.13 with the late release
 everywhere, within run-to-run spread (step_pdl_early_h200.json and its repeat).
 

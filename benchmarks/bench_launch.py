@@ -1,7 +1,7 @@
 """Host cost per call of the eager decode path's pieces on CUDA (4B widths, one row): a plain
-Triton launch, our op wrappers around it (allocation, shape handling, launch), torch ops, and a
-launch through the kernel's compiled handle (what a launcher that skips Triton's per-call binding
-would cost). The loop is host-bound (each kernel's GPU time is a few microseconds), so time per
+Triton launch, the same launch through model/launcher.py's cache, our op wrappers around it
+(allocation, shape handling, launch), torch ops, and a launch through the kernel's compiled handle
+(the floor the cached launcher approaches). The loop is host-bound (each kernel's GPU time is a few microseconds), so time per
 call is host time; "incl. drain" adds the final synchronize.
 
   PYTHONPATH=src python3 benchmarks/bench_launch.py
@@ -12,6 +12,7 @@ import torch
 
 from higgs_serve.model import pdl
 from higgs_serve.model.fused_ops import TritonOps, _rms_norm_kernel
+from higgs_serve.model.launcher import Launcher
 
 
 def bench(name, fn, n=3000):
@@ -44,6 +45,8 @@ def main() -> None:
     bench("torch.empty_like", lambda: torch.empty_like(x))
     bench("pdl.launch_args", lambda: pdl.launch_args(dev))
     bench("raw _rms_norm_kernel[grid]", lambda: _rms_norm_kernel[(1,)](x, w, out, x.stride(0), out.stride(0), 1e-6, D=D, BLOCK=4096, num_warps=4, **la))
+    cached = Launcher(_rms_norm_kernel)
+    bench("Launcher(_rms_norm_kernel)(grid, ...)", lambda: cached((1,), x, w, out, x.stride(0), out.stride(0), 1e-6, D=D, BLOCK=4096, num_warps=4, **la))
     bench("TritonOps.rms_norm", lambda: TritonOps.rms_norm(x, w, 1e-6))
     bench("TritonOps.linear qkv (skinny)", lambda: TritonOps.linear(x, wq))
     bench("TritonOps.linear_residual o (split)", lambda: TritonOps.linear_residual(ao, wo, x))

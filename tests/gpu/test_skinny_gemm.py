@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from higgs_serve.model.fused_ops import CublasOps, TritonOps
-from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear
+from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear, swiglu_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -73,6 +73,24 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     _assert_close_to_fp32(skinny, ref)
     _assert_close_to_fp32(cublas, ref)
     _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_swiglu_epilogue_matches_the_two_kernels(m):
+    n, k = SHAPES_4B["gate_up"]
+    x, w, _ = _data(m, n, k, seed=5)
+    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    fused = skinny_linear(x, w, None, swiglu_config(cfg), swiglu=True)
+    two_kernels = TritonOps.silu_mul(skinny_linear(x, w, None, cfg))
+    assert fused.shape == (m, n // 2)
+    # the same roundings; the dot's tile is half as tall, so float32 sums may differ in order
+    err = (fused.float() - two_kernels.float()).abs()
+    assert torch.all(err <= two_kernels.float().abs() * 2 ** -7 + 1e-3), f"max err {err.max().item():.3e}"
+    gate_up = x.float() @ w.float().t()
+    ref = torch.nn.functional.silu(gate_up[:, :n // 2]) * gate_up[:, n // 2:]
+    _assert_close_to_fp32(fused, ref)
+    assert torch.equal(TritonOps.linear_silu_mul(x, w), fused)  # the ops route decode rows to it
+    assert torch.equal(CublasOps.linear_silu_mul(x, w), CublasOps.silu_mul(CublasOps.linear(x, w)))
 
 
 def test_capturable_in_a_cuda_graph():

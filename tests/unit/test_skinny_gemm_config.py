@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, default_config, row_block
+from higgs_serve.model.skinny_gemm import (MAX_ROWS, SkinnyConfig, config_for, default_config, row_block,
+                                            swiglu_config)
 
 # the four per-layer GEMMs of the 4B talker: (N, K)
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
@@ -44,3 +45,13 @@ def test_split_keeps_k_divisible():
     cfg = default_config(1, 2560, 9728, 132)  # 9728 = 2^9 * 19
     assert cfg is not None and 9728 % (cfg.split_k * cfg.block_k) == 0
     assert SkinnyConfig(64, 128, 3).fits(2560, 9728) is False
+
+
+def test_swiglu_launch_shape_keeps_the_grid_and_needs_whole_sums():
+    n, k = SHAPES_4B["gate_up"]
+    cfg = config_for(1, n, k, num_sms=132)
+    fused = swiglu_config(cfg)
+    assert fused is not None and fused.fits(n // 2, k)
+    assert (n // 2) // fused.block_n == n // cfg.block_n  # as many programs, each half gate, half up
+    assert swiglu_config(SkinnyConfig(64, 128, 4)) is None  # split K: the activation needs whole sums
+    assert swiglu_config(None) is None

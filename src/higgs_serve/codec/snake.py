@@ -25,6 +25,8 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+
+    from higgs_serve.model.launcher import Launcher
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -65,6 +67,8 @@ if triton is not None:
             s = tl.sin(a * x)  # Triton's interpreter (CPU) has no libdevice
         tl.store(Y + base + offs, (x + inv * (s * s)).to(x_in.dtype), mask=mask)
 
+    _snake = Launcher(_snake_kernel)
+
 
 def snake_triton(x: Tensor, alpha: Tensor) -> Tensor:
     """One-pass CUDA Snake: x [B, C, L] (float32/bfloat16/float16), alpha [1, C, 1] -> x's dtype."""
@@ -76,7 +80,7 @@ def snake_triton(x: Tensor, alpha: Tensor) -> Tensor:
     b, c, length = x.shape
     if x.numel():
         block = _SHORT_BLOCK if length <= _SHORT_BLOCK else _LONG_BLOCK
-        _snake_kernel[(b * c, triton.cdiv(length, block))](
+        _snake((b * c, triton.cdiv(length, block)),
             x, alpha.reshape(c), out, c, length, SNAKE_EPS, BLOCK=block, LIBDEVICE=not _INTERPRETED,
             num_warps=1 if block == _SHORT_BLOCK else 4,
             enable_fp_fusion=False)  # x + inv·s² rounded twice, as torch does, not one FMA

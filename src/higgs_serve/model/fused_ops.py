@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.model import pdl
-from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear
+from higgs_serve.model.launcher import Launcher, next_pow2
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
 
 try:
     import triton
@@ -78,6 +79,11 @@ class TorchOps:
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
         """residual + x @ weightᵀ."""
         return residual + F.linear(x, weight)
+
+    @classmethod
+    def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
+        """silu_mul(x @ gate_upᵀ): the MLP's first half, gate_up [2I, D] -> [N, I]."""
+        return cls.silu_mul(cls.linear(x, gate_up))
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -151,6 +157,10 @@ if triton is not None:
         pdl_release(USE_PDL)
         tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * up.to(tl.float32)).to(dtype), mask=mask)
 
+    _rms_norm = Launcher(_rms_norm_kernel)
+    _qk_norm_rope = Launcher(_qk_norm_rope_kernel)
+    _silu_mul = Launcher(_silu_mul_kernel)
+
 
 class TritonOps(TorchOps):
     """CUDA kernels; same signatures and rounding points as TorchOps."""
@@ -167,8 +177,8 @@ class TritonOps(TorchOps):
         out = torch.empty_like(rows)
         n = rows.shape[0]
         if n:
-            _rms_norm_kernel[(n,)](rows, weight, out, rows.stride(0), out.stride(0), eps, D=d, BLOCK=_pow2(d),
-                                   num_warps=4, **pdl.launch_args(x.device))
+            _rms_norm((n,), rows, weight, out, rows.stride(0), out.stride(0), eps, D=d, BLOCK=next_pow2(d),
+                      num_warps=4, **pdl.launch_args(x.device))
         return out if rows is x else out.view(x.shape)
 
     @staticmethod
@@ -179,7 +189,7 @@ class TritonOps(TorchOps):
         q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
         k = torch.empty(n, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
         if n:
-            _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
+            _qk_norm_rope((n, num_heads + num_kv_heads),
                 qkv, q_weight, k_weight, cos, sin, q, k, eps, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0),
                 NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, num_warps=1,
                 **pdl.launch_args(qkv.device))
@@ -193,9 +203,8 @@ class TritonOps(TorchOps):
         out = torch.empty(n, i, dtype=gate_up.dtype, device=gate_up.device)
         if n:
             block = 1024
-            _silu_mul_kernel[(n, triton.cdiv(i, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                        I=i, BLOCK=block, num_warps=4,
-                                                        **pdl.launch_args(gate_up.device))
+            _silu_mul((n, triton.cdiv(i, block)), gate_up, out, gate_up.stride(0), out.stride(0),
+                      I=i, BLOCK=block, num_warps=4, **pdl.launch_args(gate_up.device))
         return out
 
     @classmethod
@@ -209,6 +218,15 @@ class TritonOps(TorchOps):
         if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
             return torch.addmm(residual, x, weight.t())
         return skinny_linear(x, weight, residual, cfg)
+
+    @classmethod
+    def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
+        # Decode rows: the skinny GEMM applies SiLU-and-multiply in its epilogue (one kernel and
+        # one [N, 2I] round trip less a layer), rounding where the two kernels round.
+        cfg = swiglu_config(cls._skinny(x, gate_up))
+        if cfg is None:
+            return cls.silu_mul(cls.linear(x, gate_up))
+        return skinny_linear(x, gate_up, None, cfg, swiglu=True)
 
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
@@ -234,11 +252,6 @@ def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None
     if ops.skinny_gemm:
         for rows in range(1, MAX_ROWS + 1):
             run_gemms(rows)
-
-
-@functools.lru_cache(maxsize=None)
-def _pow2(n: int) -> int:
-    return triton.next_power_of_2(n)
 
 
 @functools.lru_cache(maxsize=None)

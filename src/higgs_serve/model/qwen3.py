@@ -109,8 +109,8 @@ class Qwen3Layer(nn.Module):
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
-        gate_up = self.ops.linear(self.post_attention_norm(h), self.gate_up_proj)  # [N, 2I]
-        return self.ops.linear_residual(self.ops.silu_mul(gate_up), self.down_proj, h)
+        act = self.ops.linear_silu_mul(self.post_attention_norm(h), self.gate_up_proj)  # [N, I]
+        return self.ops.linear_residual(act, self.down_proj, h)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
         return self.mlp_residual(self.attn_residual(h, cos, sin, attention))

@@ -41,6 +41,7 @@ except ImportError:  # CPU-only installs
     triton = None
 
 from higgs_serve.model import pdl
+from higgs_serve.model.launcher import Launcher
 
 # Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
 # tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
@@ -108,8 +109,11 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _skinny_kernel(X, W, Y, R, WS, M, stride_x, stride_y, stride_r,
                        N: tl.constexpr, K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        USE_PDL: tl.constexpr):
+        # SWIGLU: W is [gate; up], 2N rows; the program multiplies gate rows offs_n and up rows
+        # N + offs_n and stores silu(gate) * up [M, N] (SPLIT_K 1), rounding as _silu_mul_kernel
+        # rounds the separate GEMM's output
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_span: tl.constexpr = K // SPLIT_K
@@ -121,14 +125,23 @@ if triton is not None:
         w_ptrs = W + offs_n[:, None] * K + offs_k[None, :]  # [BLOCK_N, BLOCK_K], W is contiguous
         x_ptrs = X + offs_m[None, :] * stride_x + offs_k[:, None]  # [BLOCK_K, BLOCK_M]: xᵀ
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for _ in range(k_span // BLOCK_K):
             w = tl.load(w_ptrs)
             x = tl.load(x_ptrs, mask=row_ok, other=0.0)
             acc = tl.dot(w, x, acc)
+            if SWIGLU:
+                acc_up = tl.dot(tl.load(w_ptrs + N * K), x, acc_up)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
         pdl_release(USE_PDL)
-        if SPLIT_K == 1:
+        if SWIGLU:
+            dtype = Y.dtype.element_ty
+            gate = acc.to(dtype).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+            out = (act.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+            tl.store(Y + offs_m[None, :] * stride_y + offs_n[:, None], out, mask=row_ok)
+        elif SPLIT_K == 1:
             if HAS_RESIDUAL:
                 r = tl.load(R + offs_m[None, :] * stride_r + offs_n[:, None], mask=row_ok, other=0.0)
                 acc += r.to(tl.float32)
@@ -151,12 +164,27 @@ if triton is not None:
             acc += tl.load(R + row * stride_r + cols).to(tl.float32)
         tl.store(Y + row * stride_y + cols, acc.to(Y.dtype.element_ty))
 
+    _skinny = Launcher(_skinny_kernel)
+    _split_reduce = Launcher(_split_reduce_kernel)
 
-def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig) -> Tensor:
+
+def swiglu_config(cfg: SkinnyConfig | None) -> SkinnyConfig | None:
+    """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight whose plain
+    GEMM has launch shape cfg: each program reads as many weight rows as cfg's (half gate, half
+    up), so the grid is the same; None where cfg splits K (the activation needs whole sums)."""
+    if cfg is None or cfg.split_k != 1 or cfg.block_n % 32:
+        return None
+    return SkinnyConfig(cfg.block_n // 2, cfg.block_k, 1, cfg.num_warps, cfg.num_stages)
+
+
+def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig,
+                  swiglu: bool = False) -> Tensor:
     """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
-    x's rows must be contiguous and weight contiguous; cfg must fit (N, K)."""
+    With swiglu, weight is [gate; up] and the result silu(x @ gateᵀ) * (x @ upᵀ) [M, N / 2]
+    (no residual; cfg from swiglu_config). x's rows must be contiguous and weight contiguous;
+    cfg must fit (N, K), or (N / 2, K) with swiglu."""
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = row_block(m)
     has_residual = residual is not None
@@ -165,15 +193,13 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
     if cfg.split_k > 1:
         ws = torch.empty(cfg.split_k, block_m, n, dtype=torch.float32, device=x.device)
     launch = pdl.launch_args(x.device)
-    _skinny_kernel[(n // cfg.block_n, cfg.split_k)](
-        x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
-        N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
+    _skinny((n // cfg.block_n, cfg.split_k), x, weight, y, r, ws, m, x.stride(0), y.stride(0), r.stride(0),
+            N=n, K=k, SPLIT_K=cfg.split_k, HAS_RESIDUAL=has_residual, SWIGLU=swiglu,
+            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
     if cfg.split_k > 1:
         block = 512 if n % 512 == 0 else cfg.block_n
-        _split_reduce_kernel[(m, n // block)](ws, y, r, m, y.stride(0), r.stride(0), N=n, SPLIT_K=cfg.split_k,
-                                               HAS_RESIDUAL=has_residual, BLOCK_M=block_m, BLOCK=block,
-                                               num_warps=4, **launch)
+        _split_reduce((m, n // block), ws, y, r, m, y.stride(0), r.stride(0), N=n, SPLIT_K=cfg.split_k,
+                      HAS_RESIDUAL=has_residual, BLOCK_M=block_m, BLOCK=block, num_warps=4, **launch)
     return y
 

@@ -56,6 +56,7 @@ except ImportError:  # CPU-only installs: the backend refuses to start, the modu
     triton = None
 
 from higgs_serve.model import pdl
+from higgs_serve.model.launcher import Launcher, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32
@@ -254,9 +255,10 @@ if triton is not None:
         o_ptrs = O + (q_start + offs_m)[:, None] * stride_on + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_mask[:, None])
 
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+    _kv_write = Launcher(_kv_write_kernel)
+    _decode = Launcher(_decode_kernel)
+    _decode_reduce = Launcher(_decode_reduce_kernel)
+    _prefill = Launcher(_prefill_kernel)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -280,12 +282,12 @@ def write_kv_triton(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    _kv_write_kernel[(num_tokens,)](
+    _kv_write((num_tokens,),
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
+        BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEADS_PAD=next_pow2(num_kv_heads),
         HEAD_DIM=head_dim, KV_FP8=is_fp8(k_cache.dtype), **pdl.launch_args(k.device),
     )
 
@@ -311,7 +313,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
     splits = work.num_splits
     # One split: the kernel writes the final output itself ([B, 1, Hq, Dh] view of o).
     partial = work.partial if splits > 1 else out.unsqueeze(1)
-    _decode_kernel[(num_requests, num_kv_heads, splits)](
+    _decode((num_requests, num_kv_heads, splits),
         q, k_cache, v_cache, partial, work.lse, meta.block_tables, meta.seq_lens,
         softmax_scale(head_dim) * LOG2E,
         q.stride(0), q.stride(1),
@@ -320,18 +322,18 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
         meta.block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2),
         work.lse.stride(0), work.lse.stride(1), splits,
-        BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, _next_pow2(group)),
+        BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N,
         DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
         num_warps=4, **pdl.launch_args(q.device),
     )
     if splits > 1:
-        _decode_reduce_kernel[(num_requests, num_heads)](
+        _decode_reduce((num_requests, num_heads),
             work.partial, work.lse, out,
             work.partial.stride(0), work.partial.stride(1), work.partial.stride(2),
             work.lse.stride(0), work.lse.stride(1),
             out.stride(0), out.stride(1), splits,
-            SPLITS_PAD=_next_pow2(splits), HEAD_DIM=head_dim,
+            SPLITS_PAD=next_pow2(splits), HEAD_DIM=head_dim,
             num_warps=4, **pdl.launch_args(q.device),
         )
     return out
@@ -347,7 +349,7 @@ def warm_up_kernels(k_cache: Tensor, v_cache: Tensor, num_heads: int, max_reques
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     by_pad: dict[int, int] = {}
     for b in range(1, max_requests + 1):
-        by_pad.setdefault(_next_pow2(decode_num_splits(b, num_kv_heads, num_sms)), b)
+        by_pad.setdefault(next_pow2(decode_num_splits(b, num_kv_heads, num_sms)), b)
     device = k_cache.device
     for b in by_pad.values():
         meta = AttentionMetadata(
@@ -382,7 +384,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
         return out
     block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
     grid = (triton.cdiv(meta.max_query_len, block), meta.num_requests - first_request, num_heads)
-    _prefill_kernel[grid](
+    _prefill(grid,
         q, k_cache, v_cache, out, meta.block_tables, meta.query_start_loc, meta.seq_lens,
         softmax_scale(head_dim) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

@@ -1,0 +1,71 @@
+"""The cached Triton launcher (model/launcher.py): its call signature must separate every two
+calls Triton would compile differently. Checked against Triton's own specializer where Triton is
+installed (CI has none and skips those); the launches themselves are checked on CUDA in
+tests/gpu/test_launcher_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from higgs_serve.model.launcher import Launcher, next_pow2, signature
+
+
+def test_next_pow2():
+    assert [next_pow2(n) for n in (0, 1, 2, 3, 8, 9, 2560, 4096)] == [1, 1, 2, 4, 8, 16, 4096, 4096]
+
+
+def _pool() -> list:
+    ints = [0, 1, -1, 2, 15, 16, 17, 32, 2560, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -2**31, -2**31 - 1,
+            2**32, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 16]
+    base = torch.zeros(64, dtype=torch.float32)
+    tensors = [base.view(torch.uint8)[off:off + 32].view(dtype)
+               for off in (0, 1, 2, 4, 8, 16, 32) for dtype in (torch.uint8, torch.int8)]
+    tensors += [base[i:i + 8] for i in range(5)]  # float32 at byte offsets 0, 4, ... 16
+    tensors += [base.to(torch.bfloat16)[i:i + 8] for i in range(9)]  # bfloat16, offsets 0 .. 16
+    return ints + [True, False, 0.0, 1.0, 1.5, -2.0, None] + tensors
+
+
+def test_signature_refines_triton_specialization():
+    triton = pytest.importorskip("triton")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    del triton
+    pool = _pool()
+    for a, b in itertools.combinations(pool, 2):
+        if signature((a,), {}) != signature((b,), {}):
+            continue
+        for specialize in (True, False):  # do_not_specialize parameters pass False
+            assert native_specialize_impl(BaseBackend, a, False, specialize, True) == \
+                native_specialize_impl(BaseBackend, b, False, specialize, True), (a, b)
+
+
+def test_signature_tells_types_apart_that_python_equates():
+    assert len({signature((v,), {}) for v in (1, True, 1.0)}) == 3
+    assert len({signature((v,), {}) for v in (0, False, 0.0)}) == 3
+
+
+def test_signature_keeps_keyword_names():
+    assert signature((), {"A": 1, "B": 2}) != signature((), {"B": 1, "A": 2})
+    assert signature((), {"A": 1}) != signature((), {"A": 2})
+
+
+class _PlainKernel:
+    """Anything that is not a Triton JITFunction (e.g. an interpreted kernel): launched plainly."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.calls.append((grid, args, meta))
+
+
+def test_non_jit_kernels_are_launched_plainly_every_time():
+    kernel = _PlainKernel()
+    launch = Launcher(kernel)
+    for _ in range(3):
+        launch((2, 1), 5, BLOCK=4)
+    assert kernel.calls == [((2, 1), (5,), {"BLOCK": 4})] * 3

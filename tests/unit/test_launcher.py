@@ -69,3 +69,67 @@ def test_non_jit_kernels_are_launched_plainly_every_time():
     for _ in range(3):
         launch((2, 1), 5, BLOCK=4)
     assert kernel.calls == [((2, 1), (5,), {"BLOCK": 4})] * 3
+
+
+class _Param:
+    def __init__(self, name, default=None, has_default=False):
+        self.name, self.default, self.has_default = name, default, has_default
+
+
+class _Compiled:
+    """What Triton returns from a launch: its C launcher, function handle and packed metadata."""
+
+    def __init__(self, log):
+        self.function, self.packed_metadata = "fn-handle", "packed"
+        self.run = lambda *a: log.append(("fast", a))
+
+
+class _FakeJit:
+    """A JITFunction's launch surface: kernel(X, n, BLOCK: constexpr, FLAG: constexpr = 7)."""
+
+    params = [_Param("X"), _Param("n"), _Param("BLOCK"), _Param("FLAG", 7, True)]
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append(("triton", grid, args, meta))
+            return _Compiled(self.log)
+        return launch
+
+
+def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monkeypatch):
+    pytest.importorskip("triton")
+    from higgs_serve.model import launcher as launcher_module
+
+    monkeypatch.setattr(launcher_module, "JITFunction", _FakeJit)
+    monkeypatch.setattr(launcher_module, "_INTERPRETED", False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    kernel = _FakeJit()
+    launch = Launcher(kernel)
+    x = torch.zeros(16)
+    launch((3,), x, 5, BLOCK=64)
+    launch((4, 2), x, 5, BLOCK=64)  # same signature, new grid
+    launch((3,), x[1:], 5, BLOCK=64)  # 4-byte offset: a new signature
+    launch((3,), x, 6, BLOCK=64)  # another int value: a new signature
+    launch((3,), x, [5], BLOCK=64)  # unhashable: Triton's own path, not remembered
+    kinds = [entry[0] for entry in kernel.log]
+    assert kinds == ["triton", "fast", "triton", "triton", "triton"]
+    fast = kernel.log[1][1]
+    assert fast[:9] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None)
+    assert fast[9:] == (x, 5, 64, 7)  # positional args, then constexprs in order, defaults included
+    assert len(launch._compiled) == 3
+
+    from triton import knobs
+
+    def hook(*args):
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)  # a profiler's hook: every launch goes through Triton
+    try:
+        launch((3,), x, 5, BLOCK=64)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert kernel.log[-1][0] == "triton"

@@ -5,7 +5,7 @@ the eager codec) are host-bound: a kernel's GPU time is a few microseconds, its 
 `kernel[grid](...)` 14-22 us of host time on the H200 host, of which ~6 us is Triton's C launcher
 (benchmarks/results/launch_overhead_h200.txt). The rest is Triton re-deriving on every call what
 it derived on the last one: binding the arguments, the specialization key, `str(options)`, the
-check that no global the kernel read has changed.
+check that no global the kernel read has changed, and calling its (empty) launch-hook chains.
 
 `Launcher(kernel)` remembers, per call signature, the compiled kernel Triton ran for it, and
 later calls with the same signature go straight to that kernel's C launcher. The signature must
@@ -54,6 +54,15 @@ def signature(args: tuple, meta: dict[str, Any]) -> tuple:
                   a if a.__class__ is int else (a.__class__, a) for a in args]), tuple(meta.items())
 
 
+def _hooks_set() -> bool:
+    """Whether a launch hook is registered (a profiler such as proton): the fast path calls none.
+    Triton 3.6 keeps each hook as a chain, empty unless something registered."""
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(enter is not None and getattr(enter, "calls", True)) or \
+        bool(leave is not None and getattr(leave, "calls", True))
+
+
 class Launcher:
     """`Launcher(kernel)(grid, *args, **meta)` does what `kernel[grid](*args, **meta)` does:
     positional arguments are the kernel's leading runtime parameters, keywords its constexprs
@@ -67,7 +76,7 @@ class Launcher:
         self._compiled: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple[int, ...], *args, **meta) -> None:
-        if self._fast and knobs.runtime.launch_enter_hook is None:
+        if self._fast and not _hooks_set():
             device = torch._C._cuda_getDevice()
             try:
                 key = (device, signature(args, meta))
@@ -75,10 +84,10 @@ class Launcher:
             except TypeError:  # an unhashable argument: Triton's own path handles it
                 entry = key = None
             if entry is not None:
-                compiled, tail = entry
-                compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                             torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                             compiled.packed_metadata, None, None, None, *args, *tail)
+                run, function, packed_metadata, tail = entry
+                run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                    torch._C._cuda_getCurrentRawStream(device), function, packed_metadata, None, None, None,
+                    *args, *tail)
                 return
             compiled = self.kernel[grid](*args, **meta)
             if key is not None and len(self._compiled) < MAX_SIGNATURES:
@@ -100,4 +109,5 @@ class Launcher:
                 tail.append(self._defaults[name])
             else:  # a parameter neither passed nor defaulted: Triton would have raised already
                 return
-        self._compiled[key] = (compiled, tuple(tail))
+        # the launch has run, so the compiled kernel's handles are loaded: keep them, not it
+        self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tuple(tail))

@@ -83,12 +83,14 @@ def test_swiglu_epilogue_matches_the_two_kernels(m):
     fused = skinny_linear(x, w, None, swiglu_config(cfg), swiglu=True)
     two_kernels = TritonOps.silu_mul(skinny_linear(x, w, None, cfg))
     assert fused.shape == (m, n // 2)
-    # the same roundings; the dot's tile is half as tall, so float32 sums may differ in order
+    # the same roundings; the dot's tile is half as tall, so float32 sums may differ in order and
+    # flip a rounding of gate, up or the activation (an ulp, 2^-8, each)
     err = (fused.float() - two_kernels.float()).abs()
-    assert torch.all(err <= two_kernels.float().abs() * 2 ** -7 + 1e-3), f"max err {err.max().item():.3e}"
+    assert torch.all(err <= two_kernels.float().abs() * 2 ** -6 + 1e-3), f"max err {err.max().item():.3e}"
     gate_up = x.float() @ w.float().t()
     ref = torch.nn.functional.silu(gate_up[:, :n // 2]) * gate_up[:, n // 2:]
-    _assert_close_to_fp32(fused, ref)
+    err = (fused.float() - ref).abs()  # four bf16 roundings (gate, up, activation, product)
+    assert torch.all(err <= ref.abs() * 2 ** -6 + 1e-2), f"max err {err.max().item():.3e}"
     assert torch.equal(TritonOps.linear_silu_mul(x, w), fused)  # the ops route decode rows to it
     assert torch.equal(CublasOps.linear_silu_mul(x, w), CublasOps.silu_mul(CublasOps.linear(x, w)))
 

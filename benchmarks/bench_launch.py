@@ -68,6 +68,30 @@ def main() -> None:
     bench("prebuilt runner(*args)", lambda: runner(*full))
     s = torch.cuda.current_stream().cuda_stream
     bench("prebuilt runner(*args, stream=)", lambda: runner(*full, stream=s))
+    # the high-throughput profile's per-layer MLP graph against the same ops launched eagerly,
+    # and a one-kernel graph (what a replay itself costs on the host)
+    wgu = torch.randn(2 * I, D, device=dev, dtype=torch.bfloat16) * D ** -0.5
+    wd = torch.randn(D, I, device=dev, dtype=torch.bfloat16) * I ** -0.5
+
+    def mlp():
+        return TritonOps.linear_residual(TritonOps.linear_silu_mul(TritonOps.rms_norm(x, w, 1e-6), wgu), wd, x)
+
+    def norm():
+        return TritonOps.rms_norm(x, w, 1e-6)
+
+    graphs = {}
+    for name, fn in (("mlp", mlp), ("norm", norm)):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            fn()
+    bench("MLP eager (norm, gate_up+SiLU, down)", mlp, n=500)
+    bench("MLP graph replay", graphs["mlp"].replay, n=500)
+    bench("one-kernel graph replay", graphs["norm"].replay)
 
 
 if __name__ == "__main__":

@@ -47,11 +47,10 @@ def test_split_keeps_k_divisible():
     assert SkinnyConfig(64, 128, 3).fits(2560, 9728) is False
 
 
-def test_swiglu_launch_shape_keeps_the_grid_and_needs_whole_sums():
+def test_swiglu_launch_shape_keeps_the_tile_and_needs_whole_sums():
     n, k = SHAPES_4B["gate_up"]
     cfg = config_for(1, n, k, num_sms=132)
-    fused = swiglu_config(cfg)
-    assert fused is not None and fused.fits(n // 2, k)
-    assert (n // 2) // fused.block_n == n // cfg.block_n  # as many programs, each half gate, half up
-    assert swiglu_config(SkinnyConfig(64, 128, 4)) is None  # split K: the activation needs whole sums
-    assert swiglu_config(None) is None
+    assert swiglu_config(cfg, n, k) == cfg  # the plain tile for gate rows, as many up rows
+    assert swiglu_config(SkinnyConfig(64, 128, 4), n, k) is None  # split K: the activation needs whole sums
+    assert swiglu_config(SkinnyConfig(64, 128, 1), 2 * 96, k) is None  # 96 gate rows: no whole tiles
+    assert swiglu_config(None, n, k) is None

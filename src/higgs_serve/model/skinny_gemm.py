@@ -168,13 +168,15 @@ if triton is not None:
     _split_reduce = Launcher(_split_reduce_kernel)
 
 
-def swiglu_config(cfg: SkinnyConfig | None) -> SkinnyConfig | None:
+def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int) -> SkinnyConfig | None:
     """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight whose plain
-    GEMM has launch shape cfg: each program reads as many weight rows as cfg's (half gate, half
-    up), so the grid is the same; None where cfg splits K (the activation needs whole sums)."""
-    if cfg is None or cfg.split_k != 1 or cfg.block_n % 32:
+    GEMM has launch shape cfg: cfg's tile for the gate rows and as many up rows, so half the
+    programs, each reading twice the weight, for a weight [n, k]; None where cfg splits K (the
+    activation needs whole sums) or its tile does not divide the n / 2 gate rows. Measured on an H200 (full decode graph, GPU time): with these tiles B = 1 / 16 went
+    2.95 / 3.26 -> 2.92 / 3.22 ms; with half-height tiles (the plain GEMM's grid) it did not move."""
+    if cfg is None or cfg.split_k != 1 or not cfg.fits(n // 2, k):
         return None
-    return SkinnyConfig(cfg.block_n // 2, cfg.block_k, 1, cfg.num_warps, cfg.num_stages)
+    return cfg
 
 
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig,

@@ -7,7 +7,9 @@ projections are the worst: 2560 output rows leave too few tiles to keep every SM
 benchmarks/results/profile_step_h200.txt). This kernel swaps the operands, so W is the tall side of
 the MMA and the rows the narrow side, and splits K when N alone gives too few programs. Split
 partials go to a float32 workspace that one small kernel sums, adds the residual to and rounds
-once, as addmm does (float32 accumulation, one rounding of residual + product).
+once, as addmm does (float32 accumulation, one rounding of residual + product). For the MLP's
+[gate; up] weight the program can also multiply the up rows matching its gate rows and store
+silu(gate) * up (`swiglu=True`): one kernel and one [M, 2I] round trip less a layer.
 
 Tried and dropped (measured on an H200, benchmarks/results/README.md): folding the RMSNorm before
 qkv / gate_up and the SiLU-and-multiply before down into this kernel's loads. Computing the dot's

@@ -171,11 +171,13 @@ if triton is not None:
 
 
 def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int) -> SkinnyConfig | None:
-    """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight whose plain
-    GEMM has launch shape cfg: cfg's tile for the gate rows and as many up rows, so half the
-    programs, each reading twice the weight, for a weight [n, k]; None where cfg splits K (the
-    activation needs whole sums) or its tile does not divide the n / 2 gate rows. Measured on an H200 (full decode graph, GPU time): with these tiles B = 1 / 16 went
-    2.95 / 3.26 -> 2.92 / 3.22 ms; with half-height tiles (the plain GEMM's grid) it did not move."""
+    """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight [n, k] whose
+    plain GEMM has launch shape cfg: cfg's tile for the gate rows and as many up rows, so half
+    the programs, each reading twice the weight (and each sum in the plain GEMM's order: the same
+    bits). None where cfg splits K (the activation needs whole sums) or its tile does not divide
+    the n / 2 gate rows. Measured on an H200 (full decode graph, GPU time): B = 1 / 16 went
+    2.95 / 3.26 -> 2.92 / 3.22 ms; with half-height tiles (the plain GEMM's grid) it did not move
+    (benchmarks/results/step_graph_*_h200.json)."""
     if cfg is None or cfg.split_k != 1 or not cfg.fits(n // 2, k):
         return None
     return cfg

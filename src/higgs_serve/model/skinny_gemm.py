@@ -43,7 +43,7 @@ except ImportError:  # CPU-only installs
     triton = None
 
 from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher
+from higgs_serve.model.launcher import Launcher, next_pow2
 
 # Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
 # tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
@@ -64,7 +64,7 @@ class SkinnyConfig:
 
 def row_block(m: int) -> int:
     """The MMA's narrow side for m rows: a power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, 1 << (m - 1).bit_length())
+    return max(16, next_pow2(m))
 
 
 # Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):

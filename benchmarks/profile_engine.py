@@ -4,7 +4,10 @@ the codec stubbed out (windows delivered as silence at once), so the difference 
 costs Stage 0 (GPU sharing and its thread's share of the GIL). Optionally a cProfile of the
 engine thread (`--profile`, run separately: profiling slows Python down).
 
-Reported per run: wall s, engine steps, mean step ms (wall / steps), rows per step.
+Reported per run: wall s, engine steps, mean step ms (wall / steps), rows per step, and where
+the first audio's time goes: time to the first chunk (TTFA without HTTP), the first engine step's
+wall ms (the prefill: with one-step lookahead it launches the prefill and returns) and the
+steps taken before the first chunk, with the p50 of the steps after the first.
 
   PYTHONPATH=src python3 benchmarks/profile_engine.py --model /tmp/h4b --load-format dummy \\
       --deploy-config higgs_multimodal_qwen3_full_and_piecewise --batch 64 --frames 250 --profile
@@ -19,6 +22,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -39,16 +43,59 @@ def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
     engine.core.codec.submit = submit
 
 
+def timed_steps(engine: SyncEngine) -> tuple[list[tuple[float, float]], Callable[[], None]]:
+    """Record (start, end) of every engine step from now on; returns the spans and the undo."""
+    spans: list[tuple[float, float]] = []
+    step = engine.core.step
+
+    def timed_step() -> bool:
+        t0 = time.perf_counter()
+        try:
+            return step()
+        finally:
+            spans.append((t0, time.perf_counter()))
+
+    engine.core.step = timed_step
+
+    def undo() -> None:
+        engine.core.step = step
+
+    return spans, undo
+
+
+def first_audio(spans: list[tuple[float, float]], t_submit: float, t_first: float) -> dict:
+    """TTFA and its parts from the step spans of a run (`spans` starts with the run's first step)."""
+    spans = [s for s in spans if s[0] >= t_submit]
+    before = [s for s in spans if s[1] <= t_first]
+    later = [1e3 * (b[1] - a[1]) for a, b in zip(spans[1:], spans[2:])]
+    return {"ttfa_ms": 1e3 * (t_first - t_submit),
+            "queue_ms": 1e3 * (spans[0][0] - t_submit) if spans else None,
+            "first_step_ms": 1e3 * (spans[0][1] - spans[0][0]) if spans else None,
+            "steps_before_first_chunk": len(before),
+            "step_p50_ms": float(np.median(later)) if later else None}
+
+
 def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
     requests = fixed_length_requests(batch, frames, tag)
+    first: list[float] = []
+
+    def on_chunk(request_id, chunk) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
     steps0 = engine.core.counters.steps
-    t0 = time.perf_counter()
-    results = engine.generate_batch(requests)
-    wall = time.perf_counter() - t0
+    spans, undo = timed_steps(engine)
+    try:
+        t0 = time.perf_counter()
+        results = engine.generate_batch(requests, on_chunk)
+        wall = time.perf_counter() - t0
+    finally:
+        undo()
     steps = engine.core.counters.steps - steps0
     rows = sum(len(r.rows) for r in results)
     return {"run": tag, "batch": batch, "wall_s": wall, "steps": steps, "step_ms": 1e3 * wall / steps,
-            "rows_per_step": rows / steps, "audio_s_per_s": sum(len(r.frames) for r in results) / FRAMES_PER_SECOND / wall}
+            "rows_per_step": rows / steps, "audio_s_per_s": sum(len(r.frames) for r in results) / FRAMES_PER_SECOND / wall,
+            **first_audio(spans, t0, first[0])}
 
 
 def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) -> tuple[dict, str]:
@@ -69,7 +116,9 @@ def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) ->
     finally:
         engine.core.step = step
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
     return row, out.getvalue()
 
 
@@ -81,6 +130,7 @@ def main() -> None:
     p.add_argument("--deploy-config", default=None)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--frames", type=int, default=250)
+    p.add_argument("--codec", nargs="+", choices=["real", "stubbed"], default=["real", "stubbed"])
     p.add_argument("--profile", action="store_true", help="also one cProfiled run per codec mode")
     p.add_argument("--top", type=int, default=None, help="functions listed per profile (with --profile; default 25)")
     p.add_argument("--out", default=None)
@@ -94,7 +144,7 @@ def main() -> None:
     deploy = deploy_from_args(argparse.Namespace(deploy_config=args.deploy_config, stage_overrides=None,
                                                  max_num_seqs=args.batch, device=args.device), loaded.model_dir)
     rows, profiles = [], {}
-    for codec in ("real", "stubbed"):
+    for codec in args.codec:
         engine = SyncEngine(loaded, deploy, options)
         try:
             if codec == "stubbed":
@@ -111,7 +161,9 @@ def main() -> None:
             engine.close()
     print(markdown_table(rows, [("codec", "codec"), ("run", "run"), ("batch", "B"), ("wall_s", "wall s"),
                                 ("steps", "steps"), ("step_ms", "step ms"), ("rows_per_step", "rows/step"),
-                                ("audio_s_per_s", "audio s/s")]))
+                                ("audio_s_per_s", "audio s/s"), ("ttfa_ms", "TTFA ms"),
+                                ("first_step_ms", "first step ms"), ("steps_before_first_chunk", "steps to 1st chunk"),
+                                ("step_p50_ms", "step p50 ms")]))
     if args.out:
         write_json(args.out, {"tool": "profile_engine", "command": command_line(), "git_commit": git_commit(),
                               "device": device_description(), "time": now_iso(), "rows": rows,

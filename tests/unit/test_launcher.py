@@ -76,30 +76,45 @@ class _Param:
         self.name, self.default, self.has_default = name, default, has_default
 
 
-class _Compiled:
-    """What Triton returns from a launch: its C launcher, function handle and packed metadata."""
+class _Runner:
+    """Triton's CudaLauncher: its Python wrapper (`__call__`) around the C `launch`."""
 
-    def __init__(self, log):
+    def __init__(self, log, scratch: int):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.launch = lambda *a: log.append(("c", a))
+        self.log = log
+
+    def __call__(self, *a):
+        self.log.append(("wrapper", a))
+
+
+class _Compiled:
+    """What Triton returns from a launch: its launcher, function handle and packed metadata."""
+
+    def __init__(self, log, scratch: int | None):
         self.function, self.packed_metadata = "fn-handle", "packed"
-        self.run = lambda *a: log.append(("fast", a))
+        self.run = (lambda *a: log.append(("wrapper", a))) if scratch is None else _Runner(log, scratch)
 
 
 class _FakeJit:
-    """A JITFunction's launch surface: kernel(X, n, BLOCK: constexpr, FLAG: constexpr = 7)."""
+    """A JITFunction's launch surface: kernel(X, n, BLOCK: constexpr, FLAG: constexpr = 7).
+    `scratch`: None for a launcher without a C `launch` attribute, else its scratch bytes."""
 
     params = [_Param("X"), _Param("n"), _Param("BLOCK"), _Param("FLAG", 7, True)]
 
-    def __init__(self):
+    def __init__(self, scratch: int | None = None):
         self.log = []
+        self.scratch = scratch
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
             self.log.append(("triton", grid, args, meta))
-            return _Compiled(self.log)
+            return _Compiled(self.log, self.scratch)
         return launch
 
 
-def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monkeypatch):
+def _fake_cuda(monkeypatch):
     pytest.importorskip("triton")
     from higgs_serve.model import launcher as launcher_module
 
@@ -107,6 +122,10 @@ def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monke
     monkeypatch.setattr(launcher_module, "_INTERPRETED", False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+
+
+def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monkeypatch):
+    _fake_cuda(monkeypatch)
     kernel = _FakeJit()
     launch = Launcher(kernel)
     x = torch.zeros(16)
@@ -116,7 +135,7 @@ def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monke
     launch((3,), x, 6, BLOCK=64)  # another int value: a new signature
     launch((3,), x, [5], BLOCK=64)  # unhashable: Triton's own path, not remembered
     kinds = [entry[0] for entry in kernel.log]
-    assert kinds == ["triton", "fast", "triton", "triton", "triton"]
+    assert kinds == ["triton", "wrapper", "triton", "triton", "triton"]
     fast = kernel.log[1][1]
     assert fast[:9] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None)
     assert fast[9:] == (x, 5, 64, 7)  # positional args, then constexprs in order, defaults included
@@ -133,3 +152,21 @@ def test_second_launch_of_a_signature_goes_straight_to_the_compiled_kernel(monke
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert kernel.log[-1][0] == "triton"
+
+
+@pytest.mark.parametrize("scratch", [0, 128])
+def test_fast_path_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkeypatch, scratch):
+    _fake_cuda(monkeypatch)
+    kernel = _FakeJit(scratch)
+    launch = Launcher(kernel)
+    x = torch.zeros(16)
+    launch((3,), x, 5, BLOCK=64)
+    launch((4, 2), x, 5, BLOCK=64)
+    kind, args = kernel.log[1]
+    if scratch:  # scratch memory is allocated by Triton's wrapper: keep it
+        assert kind == "wrapper"
+        assert args == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, x, 5, 64, 7)
+    else:  # what the wrapper would pass on: flags, no scratch, packed metadata, no hooks
+        assert kind == "c"
+        assert args == (4, 2, 1, 1234, "fn-handle", False, True, None, None, "packed", None, None, None,
+                        x, 5, 64, 7)

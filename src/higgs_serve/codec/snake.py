@@ -26,7 +26,7 @@ try:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from higgs_serve.model.launcher import Launcher
+    from higgs_serve.model.launcher import Launcher, cdiv
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -80,7 +80,7 @@ def snake_triton(x: Tensor, alpha: Tensor) -> Tensor:
     b, c, length = x.shape
     if x.numel():
         block = _SHORT_BLOCK if length <= _SHORT_BLOCK else _LONG_BLOCK
-        _snake((b * c, triton.cdiv(length, block)),
+        _snake((b * c, cdiv(length, block)),
             x, alpha.reshape(c), out, c, length, SNAKE_EPS, BLOCK=block, LIBDEVICE=not _INTERPRETED,
             num_warps=1 if block == _SHORT_BLOCK else 4,
             enable_fp_fusion=False)  # x + inv·s² rounded twice, as torch does, not one FMA

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher, next_pow2
+from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
 from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
 
 try:
@@ -76,9 +76,9 @@ class TorchOps:
         return F.linear(x, weight)
 
     @staticmethod
-    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        """residual + x @ weightᵀ."""
-        return residual + F.linear(x, weight)
+    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
+        """residual + x @ weightᵀ, into `out` when given (rows not aliasing x or residual)."""
+        return torch.add(residual, F.linear(x, weight), out=out)
 
     @classmethod
     def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
@@ -203,7 +203,7 @@ class TritonOps(TorchOps):
         out = torch.empty(n, i, dtype=gate_up.dtype, device=gate_up.device)
         if n:
             block = 1024
-            _silu_mul((n, triton.cdiv(i, block)), gate_up, out, gate_up.stride(0), out.stride(0),
+            _silu_mul((n, cdiv(i, block)), gate_up, out, gate_up.stride(0), out.stride(0),
                       I=i, BLOCK=block, num_warps=4, **pdl.launch_args(gate_up.device))
         return out
 
@@ -213,11 +213,11 @@ class TritonOps(TorchOps):
         return F.linear(x, weight) if cfg is None else skinny_linear(x, weight, None, cfg)
 
     @classmethod
-    def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+    def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
         cfg = cls._skinny(x, weight)
         if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
-            return torch.addmm(residual, x, weight.t())
-        return skinny_linear(x, weight, residual, cfg)
+            return torch.addmm(residual, x, weight.t(), out=out)
+        return skinny_linear(x, weight, residual, cfg, out=out)
 
     @classmethod
     def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:

@@ -56,7 +56,7 @@ except ImportError:  # CPU-only installs: the backend refuses to start, the modu
     triton = None
 
 from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher, next_pow2
+from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32
@@ -383,7 +383,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
     if num_tokens == 0 or meta.max_query_len == 0:
         return out
     block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
-    grid = (triton.cdiv(meta.max_query_len, block), meta.num_requests - first_request, num_heads)
+    grid = (cdiv(meta.max_query_len, block), meta.num_requests - first_request, num_heads)
     _prefill(grid,
         q, k_cache, v_cache, out, meta.block_tables, meta.query_start_loc, meta.seq_lens,
         softmax_scale(head_dim) * LOG2E,

@@ -98,14 +98,16 @@ class Qwen3Layer(nn.Module):
         return self.ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
                                      self.num_heads, self.num_kv_heads, self.head_dim)
 
-    def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention) -> Tensor:
-        """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D]."""
+    def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention,
+                      dest: Tensor | None = None) -> Tensor:
+        """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D], into `dest` when
+        given (an [N, D] buffer that is not h)."""
         q, k, v = self.pre_attention(h, cos, sin)
-        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h)
+        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h, dest)
 
-    def o_proj_residual(self, out: Tensor, h: Tensor) -> Tensor:
-        """h + o_proj(out) for the attention output out [N, Hq, Dh]."""
-        return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h)
+    def o_proj_residual(self, out: Tensor, h: Tensor, dest: Tensor | None = None) -> Tensor:
+        """h + o_proj(out) for the attention output out [N, Hq, Dh] (into `dest` when given)."""
+        return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h, dest)
 
     def mlp_residual(self, h: Tensor) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays."""
@@ -118,7 +120,11 @@ class Qwen3Layer(nn.Module):
 
 class MLPRunner(Protocol):
     """mlp(layer_idx, h [N, D]) -> h + MLP(norm(h)): lets a caller replay the post-attention
-    half of a layer (e.g. as a CUDA graph) without the model knowing how it is run."""
+    half of a layer (e.g. as a CUDA graph) without the model knowing how it is run.
+    `input_rows(n)`: an [n, D] buffer the attention half may write h into (a replayed graph's
+    static input: no copy), or None."""
+
+    def input_rows(self, n: int) -> Tensor | None: ...
 
     def __call__(self, layer_idx: int, h: Tensor) -> Tensor: ...
 
@@ -143,7 +149,11 @@ class Qwen3Backbone(nn.Module):
         """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
         cos, sin = self.rotary(positions, embeds.dtype)
         h = embeds
-        for layer in self.layers:
-            h = layer.attn_residual(h, cos, sin, attention)
-            h = layer.mlp_residual(h) if mlp is None else mlp(layer.layer_idx, h)
+        if mlp is None:
+            for layer in self.layers:
+                h = layer.mlp_residual(layer.attn_residual(h, cos, sin, attention))
+        else:
+            dest = mlp.input_rows(h.shape[0])
+            for layer in self.layers:
+                h = mlp(layer.layer_idx, layer.attn_residual(h, cos, sin, attention, dest))
         return self.norm(h)

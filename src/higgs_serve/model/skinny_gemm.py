@@ -29,6 +29,7 @@ bucket, so a row's result does not depend on the other rows of its bucket.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,7 @@ def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
     return SkinnyConfig(block_n, block_k, split)
 
 
+@functools.lru_cache(maxsize=4096)  # eager steps ask ~150 times a step for a few shapes
 def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
     """The config for m rows against W [n, k], or None where the kernel does not apply."""
     if not 1 <= m <= MAX_ROWS:
@@ -184,14 +186,21 @@ def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int) -> SkinnyConfig | No
 
 
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig,
-                  swiglu: bool = False) -> Tensor:
+                  swiglu: bool = False, out: Tensor | None = None) -> Tensor:
     """x [M, K] @ weight [N, K]ᵀ (+ residual [M, N]) -> [M, N] in x's dtype, with launch shape cfg.
     With swiglu, weight is [gate; up] and the result silu(x @ gateᵀ) * (x @ upᵀ) [M, N / 2]
     (no residual; cfg from swiglu_config). x's rows must be contiguous and weight contiguous;
-    cfg must fit (N, K), or (N / 2, K) with swiglu."""
+    cfg must fit (N, K), or (N / 2, K) with swiglu. `out`: where to write the result (rows with
+    unit column stride, not aliasing x or residual), else a new tensor."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out is None:
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit column stride, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    else:
+        y = out
     block_m = row_block(m)
     has_residual = residual is not None
     r = residual if has_residual else y

@@ -5,6 +5,10 @@ Two mutually exclusive paths (SPEC §2.1, seed/deploy_profiles.md):
   RMSNorm + SwiGLU MLP replays a graph captured per padded batch size.
 - Full decode graph (low latency): the whole decode step, audio-embedding feedback, backbone,
   audio head and the delay/sampling state machine, replays as one graph per padded batch size.
+With either, the steps whose forward runs eagerly (the MLP-graph decodes, prefills, mixed steps)
+replay their sampling tail (audio head, delay-pattern masks, sampler, audio-state update: ~100
+small ops, ~2 ms of host time a step when launched one by one) as a graph per padded sample count
+of the same sizes. The forward itself is as the profile says; only the per-row sampling is replayed.
 And, as an explicit option beyond the two profiles, piecewise graphs (`worker/piecewise.py`):
 the whole step but its attention kernels, per padded token count, for any mix of prefill and
 decode; alone, or under the full decode graph for the steps it cannot serve.
@@ -86,7 +90,9 @@ class MLPGraphs:
 
     All layers of one size share a static input and output buffer: layers run one after the
     other, so the output of layer i has been consumed (added into the next residual) before
-    layer i + 1 overwrites it.
+    layer i + 1 overwrites it. The attention half writes its result straight into the input
+    buffer (`input_rows`): a copy there cost ~1/3 of the graph's own host time a layer, 36 times
+    a step.
     """
 
     def __init__(self, layers, hidden_size: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device):
@@ -97,6 +103,7 @@ class MLPGraphs:
         self.out = torch.zeros(max_n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.padded = 0  # the size the current step replays
+        self._rows: dict[int, tuple[Tensor, Tensor]] = {}  # n -> (inp[:n], out[:n]), made once
 
     def capture(self, pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
         for n in sorted(self.sizes, reverse=True):
@@ -108,20 +115,36 @@ class MLPGraphs:
                 per_layer.append(capture_one(body, pool, stream, num_warmups))
             self.graphs[n] = per_layer
 
+    def input_rows(self, n: int) -> Tensor:
+        return self._views(n)[0]
+
+    def _views(self, n: int) -> tuple[Tensor, Tensor]:
+        views = self._rows.get(n)
+        if views is None:
+            views = self._rows[n] = (self.inp[:n], self.out[:n])
+        return views
+
     def __call__(self, layer_idx: int, h: Tensor) -> Tensor:
-        n = h.shape[0]
-        self.inp[:n].copy_(h)
+        inp, out = self._views(h.shape[0])
+        if h.data_ptr() != inp.data_ptr():
+            inp.copy_(h)
         self.graphs[self.padded][layer_idx].replay()
-        return self.out[:n]
+        return out
 
 
-class FullDecodeGraphs:
-    """One whole-decode-step graph per padded batch size; `body(n)` runs the step on the
-    runner's static buffers for batch n and writes the packed output rows."""
+class SizedGraphs:
+    """One graph of `body(n)` per padded size n, on the runner's static buffers: the whole decode
+    step per batch size, or the sampling tail of an eagerly run step per sample count."""
 
     def __init__(self, sizes: tuple[int, ...]):
         self.sizes = sizes
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def padded(self, n: int) -> int | None:
+        """The captured size that serves n, or None above the largest."""
+        if n > self.sizes[-1]:
+            return None
+        return self.sizes[bisect.bisect_left(self.sizes, n)]
 
     def capture(self, body: Callable[[int], None], pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
         for n in sorted(self.sizes, reverse=True):

@@ -21,7 +21,7 @@ from higgs_serve.model.talker import Talker
 from higgs_serve.worker.attention.backend import AttentionBackend
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
-from higgs_serve.worker.cuda_graphs import FullDecodeGraphs, GraphPolicy, MLPGraphs, StepMode, timed_capture
+from higgs_serve.worker.cuda_graphs import GraphPolicy, MLPGraphs, SizedGraphs, StepMode, timed_capture
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces
 from higgs_serve.worker.step_staging import Staged, StepStager
@@ -93,7 +93,9 @@ class ModelRunner:
         self._out_hosts = [torch.zeros(out_shape, dtype=torch.int64, pin_memory=device.type == "cuda")
                            for _ in range(2)]
         self._mlp_graphs: MLPGraphs | None = None
-        self._full_graphs: FullDecodeGraphs | None = None
+        self._full_graphs: SizedGraphs | None = None
+        self._sampler_graphs: SizedGraphs | None = None  # sampling tails of eager steps
+        self._sample_hidden: torch.Tensor | None = None  # their static input rows
         self._piecewise: PiecewiseGraphs | None = None
         self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
         self.capture_info: list[dict] = []
@@ -149,6 +151,9 @@ class ModelRunner:
         elif mode is StepMode.PIECEWISE:
             self._run_piecewise(plan, staged, padded)
         else:
+            sampler = self._sampler_graphs.padded(len(staged.sample_ids)) if self._sampler_graphs else None
+            if sampler is not None:
+                self.stager.fill_sample_padding(len(staged.sample_ids), sampler)
             inputs = self._upload(staged, len(plan.chunks))
             mlp = None
             if mode is StepMode.MLP_GRAPHS:
@@ -156,7 +161,7 @@ class ModelRunner:
                 mlp = self._mlp_graphs
             attention = self._step_attention(inputs, staged)
             hidden = self.talker(self._embed(inputs), inputs.positions, attention, mlp)
-            self._sample_eager(inputs, hidden)
+            self._sample_eager(inputs, hidden, sampler)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
 
     def _upload(self, staged: Staged, num_seqs: int) -> StepInputs:
@@ -221,12 +226,23 @@ class ModelRunner:
         max_seq_len = int(self.buffers.host_seq_lens()[: inputs.num_seqs].max())
         return self._attention(inputs, int(np.max(np.diff(qsl))), max_seq_len, staged.num_decodes)
 
-    def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
+    def _sample_eager(self, inputs: StepInputs, hidden: torch.Tensor, padded: int | None) -> None:
+        """Sample the step's rows from its hidden states: by replaying the sampling graph of
+        `padded` rows (its sample slots padded at staging), or op by op when it is None."""
         s = inputs.num_samples
         if s == 0:
             return
+        if padded is not None:
+            torch.index_select(hidden, 0, inputs.sample_token_index, out=self._sample_hidden[:s])
+            self._sampler_graphs.replay(padded)
+            return
         logits = self.talker.audio_logits(hidden[inputs.sample_token_index])
         self._sample_into_out(inputs.sample_slots, logits, s)
+
+    def _sample_body(self, n: int) -> None:
+        """The sampling tail of n (padded) rows from the static hidden rows (captured)."""
+        logits = self.talker.audio_logits(self._sample_hidden[:n])
+        self._sample_into_out(self.buffers.dev("sample_slots", n), logits, n)
 
     def _sample_into_out(self, slots: torch.Tensor, logits: torch.Tensor, s: int) -> None:
         rows, done = self.audio_state.step(slots, logits)
@@ -305,9 +321,17 @@ class ModelRunner:
             info = timed_capture("MLP", sizes, lambda: self._mlp_graphs.capture(pool, policy.num_warmups, stream), self.device)
             self.capture_info.append(info)
         if policy.full_decode:
-            self._full_graphs = FullDecodeGraphs(sizes)
+            self._full_graphs = SizedGraphs(sizes)
             info = timed_capture("full decode", sizes,
                                  lambda: self._full_graphs.capture(self._decode_body, pool, policy.num_warmups, stream),
+                                 self.device)
+            self.capture_info.append(info)
+        if sizes:
+            self._sample_hidden = torch.zeros(sizes[-1], self.talker.text_cfg.hidden_size, dtype=self.dtype,
+                                              device=self.device)
+            self._sampler_graphs = SizedGraphs(sizes)
+            info = timed_capture("sampling", sizes,
+                                 lambda: self._sampler_graphs.capture(self._sample_body, pool, policy.num_warmups, stream),
                                  self.device)
             self.capture_info.append(info)
         if policy.piecewise_sizes:

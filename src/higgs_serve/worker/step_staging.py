@@ -164,6 +164,11 @@ class StepStager:
         buf.host("sample_token_index")[num_samples:padded_samples] = 0
         buf.host("sample_slots")[num_samples:padded_samples] = self.pad_slot
 
+    def fill_sample_padding(self, num_samples: int, padded_samples: int) -> None:
+        """Sampled rows [num_samples, padded_samples) step the always-done pad slot (a sampling
+        graph of padded_samples rows replayed for an eagerly run step)."""
+        self.buffers.host("sample_slots")[num_samples:padded_samples] = self.pad_slot
+
     def fill_decode_padding(self, start: int, padded: int) -> None:
         """Rows [start, padded) of a padded decode batch: the always-done pad slot, K/V written
         to the scratch block, one context token, so they cost a little work and touch nothing real."""

@@ -59,14 +59,17 @@ class TritonBoundAttention(BoundAttention):
         meta = self.meta
         if meta.is_pure_decode:
             return paged_decode(q, k_cache, v_cache, meta, self._workspace(q, k_cache.shape[2]), out)
+        if out is None:
+            # Without `out` the step runs eagerly, where every row of q is a token of one of its
+            # requests (only the piecewise graphs pad, and they pass `out`): the kernels write
+            # every row, so no zero fill (a launch and ~20 us of host time a layer).
+            out = torch.empty_like(q)
         d = meta.num_decodes
         if d == 0:
             return paged_prefill(q, k_cache, v_cache, meta, out)
         # A mixed step: the decode kernel for its leading one-token requests (the prefill kernel
         # would stream each one's whole context through a mostly empty query tile), the prefill
         # kernel for the chunks after them.
-        if out is None:
-            out = torch.zeros_like(q)
         if self._decodes is None:
             self._decodes = meta.leading(d)
         paged_decode(q[:d], k_cache, v_cache, self._decodes, self._workspace(q[:d], k_cache.shape[2]), out[:d])

@@ -95,8 +95,9 @@ def run(loaded, policy: GraphPolicy, batch: int, steps: int, profile: bool, ctx:
         host_top: int = 0, prefills: int = 0, prefill_tokens: int = 64) -> float:
     blocks_per = (ctx + steps + 64) // BLOCK + 1
     spare = prefill_tokens // BLOCK + 1
+    # two slots past the decoding batch of up to 64: the --prefills requests
     runner = ModelRunner(loaded.talker, get_backend("triton" if loaded.device.type == "cuda" else "torch"), KVCacheSpec(batch * blocks_per + spare + 2, BLOCK),
-                         max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
+                         max_num_seqs=64 + 2, max_num_batched_tokens=8192, max_model_len=8192,
                          device=loaded.device, dtype=loaded.dtype, graphs=policy)
     runner.capture_graphs()
     sampling = SamplingParams(temperature=0.8, seed=1, max_new_tokens=2048, min_new_tokens=2000)

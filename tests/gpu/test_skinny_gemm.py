@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from higgs_serve.model.fused_ops import CublasOps, TritonOps
-from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear, swiglu_config
+from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, SkinnyConfig, config_for, default_config, skinny_linear,
+                                            swiglu_config)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -31,12 +32,12 @@ def _assert_close_to_fp32(y: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES_4B))
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 40, 64])  # above 16: the eager GEMMs' configs
 @pytest.mark.parametrize("residual", [False, True])
 def test_matches_fp32_reference(name, m, residual):
     n, k = SHAPES_4B[name]
     x, w, r = _data(m, n, k)
-    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, EAGER_MAX_ROWS)
     y = skinny_linear(x, w, r if residual else None, cfg)
     ref = x.float() @ w.float().t() + (r.float() if residual else 0)
     _assert_close_to_fp32(y, ref)
@@ -61,9 +62,15 @@ def test_first_principles_config_agrees(m):
 
 def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     n, k = SHAPES_4B["o"]
-    x, w, r = _data(64, n, k)
+    x, w, r = _data(65, n, k)
     assert TritonOps._skinny(x[:16], w) is not None
-    assert TritonOps._skinny(x, w) is None  # 64 rows: cuBLAS is as fast
+    assert TritonOps._skinny(x[:64], w) is not None  # eager: host time counts, the launch is cheaper
+    assert TritonOps._skinny(x, w) is None  # 65 rows: cuBLAS
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # captured: GPU time counts, cuBLAS is as fast at 64 rows
+        assert TritonOps._skinny(x[:64], w) is None
+        assert TritonOps._skinny(x[:16], w) is not None
+    x, r = x[:64], r[:64]
     assert TritonOps._skinny(x[:16].float(), w.float()) is None  # float32 stays exact on cuBLAS
     assert CublasOps._skinny(x[:16], w) is None
     x, r = x[:16], r[:16]
@@ -75,11 +82,11 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 20, 64])
 def test_swiglu_epilogue_matches_the_two_kernels(m):
     n, k = SHAPES_4B["gate_up"]
     x, w, _ = _data(m, n, k, seed=5)
-    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, EAGER_MAX_ROWS)
     fused = skinny_linear(x, w, None, swiglu_config(cfg, n, k), swiglu=True)
     two_kernels = TritonOps.silu_mul(skinny_linear(x, w, None, cfg))
     assert fused.shape == (m, n // 2)

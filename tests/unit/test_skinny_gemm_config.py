@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from higgs_serve.model.skinny_gemm import (MAX_ROWS, SkinnyConfig, config_for, default_config, row_block,
-                                            swiglu_config)
+from higgs_serve.model.fused_ops import warm_up_rows
+from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, MAX_ROWS, SkinnyConfig, config_for, default_config,
+                                            row_block, swiglu_config)
 
 # the four per-layer GEMMs of the 4B talker: (N, K)
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
@@ -54,3 +55,20 @@ def test_swiglu_launch_shape_keeps_the_tile_and_needs_whole_sums():
     assert swiglu_config(SkinnyConfig(64, 128, 4), n, k) is None  # split K: the activation needs whole sums
     assert swiglu_config(SkinnyConfig(64, 128, 1), 2 * 96, k) is None  # 96 gate rows: no whole tiles
     assert swiglu_config(None, n, k) is None
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES_4B))
+@pytest.mark.parametrize("m", [17, 40, 64])
+def test_eager_gemms_of_up_to_64_rows_get_the_tuned_64_row_config(name, m):
+    n, k = SHAPES_4B[name]
+    assert config_for(m, n, k, 132) is None  # captured: cuBLAS above MAX_ROWS
+    cfg = config_for(m, n, k, 132, max_rows=EAGER_MAX_ROWS)
+    assert cfg is not None and cfg.fits(n, k) and cfg is not config_for(MAX_ROWS, n, k, 132)
+    assert config_for(EAGER_MAX_ROWS + 1, n, k, 132, max_rows=EAGER_MAX_ROWS) is None
+
+
+def test_warm_up_covers_every_row_bucket():
+    rows = warm_up_rows()
+    assert rows[:MAX_ROWS] == list(range(1, MAX_ROWS + 1))
+    assert {row_block(m) for m in rows} == {row_block(m) for m in range(1, EAGER_MAX_ROWS + 1)}
+    assert max(rows) == EAGER_MAX_ROWS

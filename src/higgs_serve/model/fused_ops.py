@@ -30,7 +30,8 @@ from torch import Tensor
 
 from higgs_serve.model import pdl
 from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
-from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
+from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, MAX_ROWS, SkinnyConfig, config_for, skinny_linear,
+                                            swiglu_config)
 
 try:
     import triton
@@ -230,12 +231,15 @@ class TritonOps(TorchOps):
 
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
-        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS
-        rows, float32 (tl.dot would round to TF32 where cuBLAS does not), layouts it does not take."""
+        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more rows than the
+        kernel takes (MAX_ROWS while a graph is captured, EAGER_MAX_ROWS eagerly, where host
+        time counts: skinny_gemm.py), float32 (tl.dot would round to TF32 where cuBLAS does
+        not), layouts it does not take."""
         if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
                 or x.stride(1) != 1 or not weight.is_contiguous():
             return None
-        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
+        max_rows = MAX_ROWS if torch.cuda.is_current_stream_capturing() else EAGER_MAX_ROWS
+        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device), max_rows)
 
 
 class CublasOps(TritonOps):
@@ -250,8 +254,16 @@ def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None
     variant per launch shape on first use, which must happen at start-up, not on live traffic.
     A no-op for ops without the kernel."""
     if ops.skinny_gemm:
-        for rows in range(1, MAX_ROWS + 1):
+        for rows in warm_up_rows():
             run_gemms(rows)
+
+
+def warm_up_rows() -> list[int]:
+    """Row counts that compile every variant the engine can launch: each count up to MAX_ROWS,
+    then one per larger row bucket of the eager GEMMs (the kernels take the count itself
+    unspecialized: a variant per bucket)."""
+    return [*range(1, MAX_ROWS + 1), *(next_pow2(m) for m in range(MAX_ROWS + 1, EAGER_MAX_ROWS + 1)
+                                       if next_pow2(m) == m)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,6 +49,11 @@ from higgs_serve.model.launcher import Launcher, next_pow2
 # Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
 # tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
 MAX_ROWS = 16
+# Rows up to which an eagerly launched GEMM takes this kernel anyway. There the host is the
+# bottleneck, and a launch through model/launcher.py costs about half of torch's addmm / linear
+# call, while at 64 rows the kernel's GPU time is within 0-2 us of cuBLAS's (gemm_h200.json).
+# Captured GEMMs stay on cuBLAS above MAX_ROWS: in a graph only GPU time counts.
+EAGER_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -70,11 +75,16 @@ def row_block(m: int) -> int:
 
 # Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
 # per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
+# The 64-row entries serve eager GEMMs of 17-64 rows (EAGER_MAX_ROWS).
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
-    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
-    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),),  # o: 8.9 us, cuBLAS 11.5
-    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),),  # gate_up: 24.8 us, cuBLAS 28.7
-    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),),  # down: 16.2 us, cuBLAS 19.2
+    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),  # qkv: 10.7 us, cuBLAS 11.0
+                   (64, SkinnyConfig(64, 128, 2, num_stages=3))),  # 64 rows: 13.1 us, cuBLAS 10.9
+    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),  # o: 8.9 us, cuBLAS 11.5
+                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 64 rows: 10.8 us, cuBLAS 10.8
+    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),  # gate_up: 24.8 us, cuBLAS 28.7
+                    (64, SkinnyConfig(64, 128, 1, num_stages=5))),  # 64 rows: 31.3 us, cuBLAS 30.7
+    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),  # down: 16.2 us, cuBLAS 19.2
+                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 64 rows: 19.6 us, cuBLAS 20.7
 }
 
 
@@ -98,9 +108,10 @@ def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
 
 
 @functools.lru_cache(maxsize=4096)  # eager steps ask ~150 times a step for a few shapes
-def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
-    """The config for m rows against W [n, k], or None where the kernel does not apply."""
-    if not 1 <= m <= MAX_ROWS:
+def config_for(m: int, n: int, k: int, num_sms: int, max_rows: int = MAX_ROWS) -> SkinnyConfig | None:
+    """The config for m rows against W [n, k], or None where the kernel does not apply (more
+    than `max_rows` rows: MAX_ROWS for a captured GEMM, EAGER_MAX_ROWS for an eager one)."""
+    if not 1 <= m <= max_rows:
         return None
     for max_m, cfg in TUNED.get((n, k), ()):
         if m <= max_m and cfg.fits(n, k):

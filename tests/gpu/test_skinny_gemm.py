@@ -87,7 +87,7 @@ def test_swiglu_epilogue_matches_the_two_kernels(m):
     n, k = SHAPES_4B["gate_up"]
     x, w, _ = _data(m, n, k, seed=5)
     cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, EAGER_MAX_ROWS)
-    fused = skinny_linear(x, w, None, swiglu_config(cfg, n, k), swiglu=True)
+    fused = skinny_linear(x, w, None, swiglu_config(cfg, n, k, rows=m), swiglu=True)
     two_kernels = TritonOps.silu_mul(skinny_linear(x, w, None, cfg))
     assert fused.shape == (m, n // 2)
     # the same roundings (test below: the same bits); at most an ulp (2^-8) of gate, up or the

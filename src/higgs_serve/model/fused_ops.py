@@ -224,7 +224,7 @@ class TritonOps(TorchOps):
     def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
         # Decode rows: the skinny GEMM applies SiLU-and-multiply in its epilogue (one kernel and
         # one [N, 2I] round trip less a layer), rounding where the two kernels round.
-        cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape)
+        cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape, rows=x.shape[0])
         if cfg is None:
             return cls.silu_mul(cls.linear(x, gate_up))
         return skinny_linear(x, gate_up, None, cfg, swiglu=True)

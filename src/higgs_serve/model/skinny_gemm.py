@@ -30,7 +30,7 @@ bucket, so a row's result does not depend on the other rows of its bucket.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -183,17 +183,33 @@ if triton is not None:
     _split_reduce = Launcher(_split_reduce_kernel)
 
 
-def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int) -> SkinnyConfig | None:
+def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int, rows: int = MAX_ROWS) -> SkinnyConfig | None:
     """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight [n, k] whose
     plain GEMM has launch shape cfg: cfg's tile for the gate rows and as many up rows, so half
     the programs, each reading twice the weight (and each sum in the plain GEMM's order: the same
     bits). None where cfg splits K (the activation needs whole sums) or its tile does not divide
     the n / 2 gate rows. Measured on an H200 (full decode graph, GPU time): B = 1 / 16 went
     2.95 / 3.26 -> 2.92 / 3.22 ms; with half-height tiles (the plain GEMM's grid) it did not move
-    (benchmarks/results/step_graph_*_h200.json)."""
+    (benchmarks/results/step_graph_*_h200.json). `rows`: the GEMM's row count (its tile shares
+    each pipeline stage with the two weight tiles)."""
     if cfg is None or cfg.split_k != 1 or not cfg.fits(n // 2, k):
         return None
-    return cfg
+    # a stage holds a gate and an up tile beside the rows' tile: fewer stages where the plain
+    # GEMM's would not fit (the 64-row config's five needed 240 KB on an H200, which has 227)
+    stages = cfg.num_stages
+    while stages > 2 and _stage_bytes(cfg, rows, swiglu=True) * stages > SHARED_MEMORY_BUDGET:
+        stages -= 1
+    return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
+
+
+# Shared memory a program's pipeline stages may take: an H100/H200 block gets up to 227 KB, and
+# Triton's requirement for this kernel is the stages' tiles (measured: 5 x 48 KB = 245760 bytes).
+SHARED_MEMORY_BUDGET = 200 * 1024
+
+
+def _stage_bytes(cfg: SkinnyConfig, rows: int, swiglu: bool) -> int:
+    """Bytes of one pipeline stage: the weight tile(s) and the rows' tile, 16-bit elements."""
+    return 2 * cfg.block_k * ((2 if swiglu else 1) * cfg.block_n + row_block(rows))
 
 
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig,

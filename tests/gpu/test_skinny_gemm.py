@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_serve.model.fused_ops import CublasOps, TritonOps
+from higgs_serve.model.fused_ops import CublasOps, TritonOps, graphed_gemms
 from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, SkinnyConfig, config_for, default_config, skinny_linear,
                                             swiglu_config)
 
@@ -66,10 +66,10 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     assert TritonOps._skinny(x[:16], w) is not None
     assert TritonOps._skinny(x[:64], w) is not None  # eager: host time counts, the launch is cheaper
     assert TritonOps._skinny(x, w) is None  # 65 rows: cuBLAS
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # captured: GPU time counts, cuBLAS is as fast at 64 rows
+    with graphed_gemms():  # a graph's warm-up and capture: GPU time counts, cuBLAS is as fast at 64 rows
         assert TritonOps._skinny(x[:64], w) is None
         assert TritonOps._skinny(x[:16], w) is not None
+    assert TritonOps._skinny(x[:64], w) is not None
     x, r = x[:64], r[:64]
     assert TritonOps._skinny(x[:16].float(), w.float()) is None  # float32 stays exact on cuBLAS
     assert CublasOps._skinny(x[:16], w) is None
@@ -128,3 +128,19 @@ def test_capturable_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_graphs_of_more_rows_than_the_kernel_takes_capture_cublas_warmed_up(m):
+    # The warm-up runs what the capture records (cuBLAS above 16 rows): warming up with the eager
+    # choice left cuBLAS's first call on the stream inside the capture, which invalidated it.
+    from higgs_serve.worker.cuda_graphs import capture_one
+
+    n, k = SHAPES_4B["down"]
+    x, w, r = _data(m, n, k, seed=7)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    graph = capture_one(lambda: out.copy_(TritonOps.linear_residual(x, w, r)), None, torch.cuda.Stream(), 1)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close_to_fp32(out, x.float() @ w.float().t() + r.float())

@@ -86,3 +86,18 @@ def test_warm_up_covers_every_row_bucket():
     assert rows[:MAX_ROWS] == list(range(1, MAX_ROWS + 1))
     assert {row_block(m) for m in rows} == {row_block(m) for m in range(1, EAGER_MAX_ROWS + 1)}
     assert max(rows) == EAGER_MAX_ROWS
+
+
+def test_graphed_gemms_switches_the_choice_for_its_block_only():
+    from higgs_serve.model.fused_ops import _gemm_choice, graphed_gemms
+
+    assert not _gemm_choice.graphed
+    with graphed_gemms():
+        assert _gemm_choice.graphed
+        with graphed_gemms():
+            assert _gemm_choice.graphed
+        assert _gemm_choice.graphed
+    assert not _gemm_choice.graphed
+    with pytest.raises(RuntimeError), graphed_gemms():
+        raise RuntimeError("capture failed")
+    assert not _gemm_choice.graphed

@@ -21,8 +21,10 @@ On Hopper every kernel here (and the skinny GEMM's) launches with programmatic d
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -232,14 +234,35 @@ class TritonOps(TorchOps):
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
         """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more rows than the
-        kernel takes (MAX_ROWS while a graph is captured, EAGER_MAX_ROWS eagerly, where host
-        time counts: skinny_gemm.py), float32 (tl.dot would round to TF32 where cuBLAS does
-        not), layouts it does not take."""
+        kernel takes (MAX_ROWS for a graph's GEMMs, `graphed_gemms`; EAGER_MAX_ROWS eagerly,
+        where host time counts: skinny_gemm.py), float32 (tl.dot would round to TF32 where
+        cuBLAS does not), layouts it does not take."""
         if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
                 or x.stride(1) != 1 or not weight.is_contiguous():
             return None
-        max_rows = MAX_ROWS if torch.cuda.is_current_stream_capturing() else EAGER_MAX_ROWS
+        max_rows = MAX_ROWS if _gemm_choice.graphed else EAGER_MAX_ROWS
         return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device), max_rows)
+
+
+class _GemmChoice(threading.local):
+    graphed = False
+
+
+_gemm_choice = _GemmChoice()
+
+
+@contextlib.contextmanager
+def graphed_gemms() -> Iterator[None]:
+    """Choose GEMM kernels for GPU time, as for a CUDA graph: wrap a graph's warm-up runs and its
+    capture alike. The warm-up must run the kernels the capture records: a cuBLAS GEMM whose
+    first call on the capture stream came inside the capture invalidated it (H200, 4B MLP
+    graphs of 32 and 64 rows)."""
+    previous = _gemm_choice.graphed
+    _gemm_choice.graphed = True
+    try:
+        yield
+    finally:
+        _gemm_choice.graphed = previous
 
 
 class CublasOps(TritonOps):

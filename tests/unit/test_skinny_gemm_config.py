@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from higgs_serve.model.fused_ops import warm_up_rows
-from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, MAX_ROWS, SHARED_MEMORY_BUDGET, SkinnyConfig, _stage_bytes,
-                                            config_for, default_config, row_block, swiglu_config)
+from higgs_serve.model.skinny_gemm import (MAX_ROWS, SkinnyConfig, config_for, default_config, row_block,
+                                            swiglu_config)
 
 # the four per-layer GEMMs of the 4B talker: (N, K)
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
@@ -55,49 +54,3 @@ def test_swiglu_launch_shape_keeps_the_tile_and_needs_whole_sums():
     assert swiglu_config(SkinnyConfig(64, 128, 4), n, k) is None  # split K: the activation needs whole sums
     assert swiglu_config(SkinnyConfig(64, 128, 1), 2 * 96, k) is None  # 96 gate rows: no whole tiles
     assert swiglu_config(None, n, k) is None
-
-
-@pytest.mark.parametrize("name", sorted(SHAPES_4B))
-@pytest.mark.parametrize("m", [17, 40, 64])
-def test_eager_gemms_of_up_to_64_rows_get_the_tuned_64_row_config(name, m):
-    n, k = SHAPES_4B[name]
-    assert config_for(m, n, k, 132) is None  # captured: cuBLAS above MAX_ROWS
-    cfg = config_for(m, n, k, 132, max_rows=EAGER_MAX_ROWS)
-    assert cfg is not None and cfg.fits(n, k) and cfg is not config_for(MAX_ROWS, n, k, 132)
-    assert config_for(EAGER_MAX_ROWS + 1, n, k, 132, max_rows=EAGER_MAX_ROWS) is None
-
-
-@pytest.mark.parametrize("m", [1, 16, 17, 64])
-def test_swiglu_stages_fit_shared_memory(m):
-    n, k = SHAPES_4B["gate_up"]
-    plain = config_for(m, n, k, 132, max_rows=EAGER_MAX_ROWS)
-    fused = swiglu_config(plain, n, k, rows=m)
-    assert fused is not None and (fused.block_n, fused.block_k, fused.split_k) == (plain.block_n, plain.block_k, 1)
-    assert _stage_bytes(fused, m, swiglu=True) * fused.num_stages <= SHARED_MEMORY_BUDGET
-    if m <= MAX_ROWS:
-        assert fused == plain  # the decode configs fit as they are
-    if m == 64:  # five stages of two weight tiles and the rows' tile: 240 KB, over an H200's 227
-        assert _stage_bytes(plain, m, swiglu=True) * plain.num_stages == 245760
-        assert fused.num_stages == 4
-
-
-def test_warm_up_covers_every_row_bucket():
-    rows = warm_up_rows()
-    assert rows[:MAX_ROWS] == list(range(1, MAX_ROWS + 1))
-    assert {row_block(m) for m in rows} == {row_block(m) for m in range(1, EAGER_MAX_ROWS + 1)}
-    assert max(rows) == EAGER_MAX_ROWS
-
-
-def test_graphed_gemms_switches_the_choice_for_its_block_only():
-    from higgs_serve.model.fused_ops import _gemm_choice, graphed_gemms
-
-    assert not _gemm_choice.graphed
-    with graphed_gemms():
-        assert _gemm_choice.graphed
-        with graphed_gemms():
-            assert _gemm_choice.graphed
-        assert _gemm_choice.graphed
-    assert not _gemm_choice.graphed
-    with pytest.raises(RuntimeError), graphed_gemms():
-        raise RuntimeError("capture failed")
-    assert not _gemm_choice.graphed

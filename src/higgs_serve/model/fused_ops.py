@@ -21,10 +21,8 @@ On Hopper every kernel here (and the skinny GEMM's) launches with programmatic d
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +30,7 @@ from torch import Tensor
 
 from higgs_serve.model import pdl
 from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
-from higgs_serve.model.skinny_gemm import (EAGER_MAX_ROWS, MAX_ROWS, SkinnyConfig, config_for, skinny_linear,
-                                            swiglu_config)
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
 
 try:
     import triton
@@ -226,43 +223,19 @@ class TritonOps(TorchOps):
     def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
         # Decode rows: the skinny GEMM applies SiLU-and-multiply in its epilogue (one kernel and
         # one [N, 2I] round trip less a layer), rounding where the two kernels round.
-        cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape, rows=x.shape[0])
+        cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape)
         if cfg is None:
             return cls.silu_mul(cls.linear(x, gate_up))
         return skinny_linear(x, gate_up, None, cfg, swiglu=True)
 
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
-        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more rows than the
-        kernel takes (MAX_ROWS for a graph's GEMMs, `graphed_gemms`; EAGER_MAX_ROWS eagerly,
-        where host time counts: skinny_gemm.py), float32 (tl.dot would round to TF32 where
-        cuBLAS does not), layouts it does not take."""
+        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS
+        rows, float32 (tl.dot would round to TF32 where cuBLAS does not), layouts it does not take."""
         if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
                 or x.stride(1) != 1 or not weight.is_contiguous():
             return None
-        max_rows = MAX_ROWS if _gemm_choice.graphed else EAGER_MAX_ROWS
-        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device), max_rows)
-
-
-class _GemmChoice(threading.local):
-    graphed = False
-
-
-_gemm_choice = _GemmChoice()
-
-
-@contextlib.contextmanager
-def graphed_gemms() -> Iterator[None]:
-    """Choose GEMM kernels for GPU time, as for a CUDA graph: wrap a graph's warm-up runs and its
-    capture alike. The warm-up must run the kernels the capture records: a cuBLAS GEMM whose
-    first call on the capture stream came inside the capture invalidated it (H200, 4B MLP
-    graphs of 32 and 64 rows)."""
-    previous = _gemm_choice.graphed
-    _gemm_choice.graphed = True
-    try:
-        yield
-    finally:
-        _gemm_choice.graphed = previous
+        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
 
 
 class CublasOps(TritonOps):
@@ -277,16 +250,8 @@ def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None
     variant per launch shape on first use, which must happen at start-up, not on live traffic.
     A no-op for ops without the kernel."""
     if ops.skinny_gemm:
-        for rows in warm_up_rows():
+        for rows in range(1, MAX_ROWS + 1):
             run_gemms(rows)
-
-
-def warm_up_rows() -> list[int]:
-    """Row counts that compile every variant the engine can launch: each count up to MAX_ROWS,
-    then one per larger row bucket of the eager GEMMs (the kernels take the count itself
-    unspecialized: a variant per bucket)."""
-    return [*range(1, MAX_ROWS + 1), *(next_pow2(m) for m in range(MAX_ROWS + 1, EAGER_MAX_ROWS + 1)
-                                       if next_pow2(m) == m)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,7 +19,11 @@ reduce adding the residual and then normalising the row for the next GEMM (one k
 the reduce and the RMSNorm, bit-equal to them). The norm needs the whole row in one program, so
 the reduce ran on one program per row instead of five, and that cost what the saved launch
 gained: full decode graph at B = 1 2.95 → 3.02 ms GPU time, B = 16 3.26 → 3.34
-(step_reduce_norm_*_h200.json).
+(step_reduce_norm_*_h200.json). Also dropped: eager GEMMs of 17-64 rows on this kernel (for host
+time; captured ones on cuBLAS). The low-latency eager prefill did not move (TTFA 43.9 against
+43.4 / 43.7 ms in one call), and a split-K launch pair costs about what one addmm call does.
+If it comes back: a graph's warm-up must choose the GEMMs its capture records, or cuBLAS's first
+call on the capture stream lands inside the capture and invalidates it (seen on the H200).
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -30,7 +34,7 @@ bucket, so a row's result does not depend on the other rows of its bucket.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -49,11 +53,6 @@ from higgs_serve.model.launcher import Launcher, next_pow2
 # Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
 # tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
 MAX_ROWS = 16
-# Rows up to which an eagerly launched GEMM takes this kernel anyway. There the host is the
-# bottleneck, and a launch through model/launcher.py costs about half of torch's addmm / linear
-# call, while at 64 rows the kernel's GPU time is within 0-2 us of cuBLAS's (gemm_h200.json).
-# Captured GEMMs stay on cuBLAS above MAX_ROWS: in a graph only GPU time counts.
-EAGER_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -75,16 +74,11 @@ def row_block(m: int) -> int:
 
 # Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
 # per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
-# The 64-row entries serve eager GEMMs of 17-64 rows (EAGER_MAX_ROWS).
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
-    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),  # qkv: 10.7 us, cuBLAS 11.0
-                   (64, SkinnyConfig(64, 128, 2, num_stages=3))),  # 64 rows: 13.1 us, cuBLAS 10.9
-    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),  # o: 8.9 us, cuBLAS 11.5
-                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 64 rows: 10.8 us, cuBLAS 10.8
-    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),  # gate_up: 24.8 us, cuBLAS 28.7
-                    (64, SkinnyConfig(64, 128, 1, num_stages=5))),  # 64 rows: 31.3 us, cuBLAS 30.7
-    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),  # down: 16.2 us, cuBLAS 19.2
-                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 64 rows: 19.6 us, cuBLAS 20.7
+    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
+    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),),  # o: 8.9 us, cuBLAS 11.5
+    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),),  # gate_up: 24.8 us, cuBLAS 28.7
+    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),),  # down: 16.2 us, cuBLAS 19.2
 }
 
 
@@ -108,10 +102,9 @@ def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
 
 
 @functools.lru_cache(maxsize=4096)  # eager steps ask ~150 times a step for a few shapes
-def config_for(m: int, n: int, k: int, num_sms: int, max_rows: int = MAX_ROWS) -> SkinnyConfig | None:
-    """The config for m rows against W [n, k], or None where the kernel does not apply (more
-    than `max_rows` rows: MAX_ROWS for a captured GEMM, EAGER_MAX_ROWS for an eager one)."""
-    if not 1 <= m <= max_rows:
+def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
+    """The config for m rows against W [n, k], or None where the kernel does not apply."""
+    if not 1 <= m <= MAX_ROWS:
         return None
     for max_m, cfg in TUNED.get((n, k), ()):
         if m <= max_m and cfg.fits(n, k):
@@ -183,33 +176,17 @@ if triton is not None:
     _split_reduce = Launcher(_split_reduce_kernel)
 
 
-def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int, rows: int = MAX_ROWS) -> SkinnyConfig | None:
+def swiglu_config(cfg: SkinnyConfig | None, n: int, k: int) -> SkinnyConfig | None:
     """The launch shape of `skinny_linear(..., swiglu=True)` for a [gate; up] weight [n, k] whose
     plain GEMM has launch shape cfg: cfg's tile for the gate rows and as many up rows, so half
     the programs, each reading twice the weight (and each sum in the plain GEMM's order: the same
     bits). None where cfg splits K (the activation needs whole sums) or its tile does not divide
     the n / 2 gate rows. Measured on an H200 (full decode graph, GPU time): B = 1 / 16 went
     2.95 / 3.26 -> 2.92 / 3.22 ms; with half-height tiles (the plain GEMM's grid) it did not move
-    (benchmarks/results/step_graph_*_h200.json). `rows`: the GEMM's row count (its tile shares
-    each pipeline stage with the two weight tiles)."""
+    (benchmarks/results/step_graph_*_h200.json)."""
     if cfg is None or cfg.split_k != 1 or not cfg.fits(n // 2, k):
         return None
-    # a stage holds a gate and an up tile beside the rows' tile: fewer stages where the plain
-    # GEMM's would not fit (the 64-row config's five needed 240 KB on an H200, which has 227)
-    stages = cfg.num_stages
-    while stages > 2 and _stage_bytes(cfg, rows, swiglu=True) * stages > SHARED_MEMORY_BUDGET:
-        stages -= 1
-    return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
-
-
-# Shared memory a program's pipeline stages may take: an H100/H200 block gets up to 227 KB, and
-# Triton's requirement for this kernel is the stages' tiles (measured: 5 x 48 KB = 245760 bytes).
-SHARED_MEMORY_BUDGET = 200 * 1024
-
-
-def _stage_bytes(cfg: SkinnyConfig, rows: int, swiglu: bool) -> int:
-    """Bytes of one pipeline stage: the weight tile(s) and the rows' tile, 16-bit elements."""
-    return 2 * cfg.block_k * ((2 if swiglu else 1) * cfg.block_n + row_block(rows))
+    return cfg
 
 
 def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: SkinnyConfig,

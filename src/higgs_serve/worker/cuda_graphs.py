@@ -28,8 +28,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from higgs_serve.model.fused_ops import graphed_gemms
-
 logger = logging.getLogger(__name__)
 
 
@@ -75,17 +73,15 @@ class GraphPolicy:
 
 
 def capture_one(fn: Callable[[], None], pool, stream: torch.cuda.Stream, num_warmups: int = 0) -> torch.cuda.CUDAGraph:
-    """Warm `fn` up eagerly on a side stream, then capture it into `pool` (both with the GEMMs
-    chosen for graphs)."""
-    with graphed_gemms():
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(num_warmups):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+    """Warm `fn` up eagerly on a side stream, then capture it into `pool`."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(num_warmups):
             fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        fn()
     return graph
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from higgs_serve.model.fused_ops import graphed_gemms
 from higgs_serve.worker.cuda_graphs import capture_one
 
 
@@ -85,13 +84,12 @@ class PiecewiseGraphs:
             pieces = pieces_for(n)
             # Warm the whole chain up before capturing any piece: a piece's warm-up run would
             # otherwise hand the next capture eager tensors instead of the previous capture's.
-            with graphed_gemms():  # the GEMMs the captures will record (fused_ops.graphed_gemms)
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(num_warmups):
-                        for piece in pieces:
-                            piece()
-                torch.cuda.current_stream().wait_stream(stream)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(num_warmups):
+                    for piece in pieces:
+                        piece()
+            torch.cuda.current_stream().wait_stream(stream)
             self.graphs[n] = [capture_one(piece, pool, stream) for piece in pieces]
 
     def replay(self, n: int, attention: Callable[[int], None]) -> None:

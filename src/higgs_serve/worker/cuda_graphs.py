@@ -62,14 +62,21 @@ class GraphPolicy:
     def dispatch(self, num_tokens: int, is_pure_decode: bool) -> tuple[StepMode, int]:
         """(mode, padded size) for a step: a decode-only step takes the full decode graph or the
         MLP graphs when they serve its size, any step the piecewise graphs when they do."""
-        sizes = self.capture_sizes
-        if is_pure_decode and sizes and num_tokens <= sizes[-1] and (self.full_decode or self.mlp):
-            padded = sizes[bisect.bisect_left(sizes, num_tokens)]
+        padded = padded_size(self.capture_sizes, num_tokens)
+        if is_pure_decode and padded is not None and (self.full_decode or self.mlp):
             return (StepMode.FULL_GRAPH if self.full_decode else StepMode.MLP_GRAPHS), padded
-        pieces = self.piecewise_sizes
-        if pieces and num_tokens <= pieces[-1]:
-            return StepMode.PIECEWISE, pieces[bisect.bisect_left(pieces, num_tokens)]
+        padded = padded_size(self.piecewise_sizes, num_tokens)
+        if padded is not None:
+            return StepMode.PIECEWISE, padded
         return StepMode.EAGER, num_tokens
+
+
+def padded_size(sizes: tuple[int, ...], n: int) -> int | None:
+    """The smallest of the ascending captured `sizes` that serves n, or None (none captured, or
+    n above the largest)."""
+    if not sizes or n > sizes[-1]:
+        return None
+    return sizes[bisect.bisect_left(sizes, n)]
 
 
 def capture_one(fn: Callable[[], None], pool, stream: torch.cuda.Stream, num_warmups: int = 0) -> torch.cuda.CUDAGraph:
@@ -142,9 +149,7 @@ class SizedGraphs:
 
     def padded(self, n: int) -> int | None:
         """The captured size that serves n, or None above the largest."""
-        if n > self.sizes[-1]:
-            return None
-        return self.sizes[bisect.bisect_left(self.sizes, n)]
+        return padded_size(self.sizes, n)
 
     def capture(self, body: Callable[[int], None], pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
         for n in sorted(self.sizes, reverse=True):

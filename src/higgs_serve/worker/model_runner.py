@@ -151,9 +151,10 @@ class ModelRunner:
         elif mode is StepMode.PIECEWISE:
             self._run_piecewise(plan, staged, padded)
         else:
-            sampler = self._sampler_graphs.padded(len(staged.sample_ids)) if self._sampler_graphs else None
+            samples = len(staged.sample_ids)
+            sampler = self._sampler_graphs.padded(samples) if self._sampler_graphs and samples else None
             if sampler is not None:
-                self.stager.fill_sample_padding(len(staged.sample_ids), sampler)
+                self.stager.fill_sample_padding(samples, sampler)
             inputs = self._upload(staged, len(plan.chunks))
             mlp = None
             if mode is StepMode.MLP_GRAPHS:

@@ -70,3 +70,16 @@ def test_padding_rows_write_nothing_real():
     np.testing.assert_array_equal(buf.host("audio_src_slot")[2:4], 4)
     np.testing.assert_array_equal(buf.host_block_tables()[2:4, 0], 99)
     np.testing.assert_array_equal(buf.host_seq_lens()[2:4], 1)
+
+
+def test_sample_padding_steps_the_pad_slot_and_leaves_the_real_rows():
+    stager = _stager()
+    plan = StepPlan(step_id=1, new_requests=(), released_slots=(), chunks=(
+        ScheduledChunk("r1", 1, 9, 1, (20, 21, 22), samples=True),
+        ScheduledChunk("r3", 3, 4, 1, (40, 41), samples=True),
+    ))
+    staged = stager.stage(plan)
+    slots = stager.buffers.host("sample_slots")
+    real = slots[:2].copy()
+    stager.fill_sample_padding(len(staged.sample_ids), 4)  # a sampling graph of 4 rows
+    assert np.array_equal(slots[:2], real) and list(slots[2:4]) == [4, 4]

@@ -1,13 +1,16 @@
 """Helpers shared by the benchmark tools: provenance (command, commit, device), percentiles,
-JSON output and markdown tables. Standard library + numpy only, so the HTTP client
+JSON output, markdown tables and cProfile listings. Standard library + numpy only, so the HTTP client
 (bench_serving) never needs torch.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
 import shlex
 import shutil
 import subprocess
@@ -119,3 +122,13 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> 
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_cell(row.get(key)) for key, _ in columns) + " |" for row in rows]
     return "\n".join([header, rule, *body])
+
+
+def profile_listing(prof: cProfile.Profile, top: int, cumulative: bool = True) -> str:
+    """A cProfile's `top` functions by own time and, with `cumulative`, by cumulative time."""
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    if cumulative:
+        stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()

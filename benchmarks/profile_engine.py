@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
-from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
+from common import (command_line, device_description, git_commit, markdown_table, now_iso,  # noqa: E402
+                    profile_listing, write_json)
 
 from higgs_serve.cli import deploy_from_args  # noqa: E402
 from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
@@ -115,11 +114,7 @@ def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) ->
         row = run(engine, batch, frames, tag)
     finally:
         engine.core.step = step
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return row, out.getvalue()
+    return row, profile_listing(prof, top)
 
 
 def main() -> None:

@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from higgs_serve.engine.builder import RuntimeOptions, load_model
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan
-from higgs_serve.model.tiny import write_tiny_model
-from higgs_serve.sampling_params import SamplingParams
-from higgs_serve.worker.attention.backend import get_backend
-from higgs_serve.worker.cuda_graphs import GraphPolicy
-from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import profile_listing  # noqa: E402
+
+from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
+from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
+from higgs_serve.sampling_params import SamplingParams  # noqa: E402
+from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
+from higgs_serve.worker.cuda_graphs import GraphPolicy  # noqa: E402
+from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 
 BLOCK = 16
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -50,11 +53,7 @@ def host_profile(runner: ModelRunner, chunks, pos: int, steps: int, top: int) ->
     for s in range(steps):
         runner.execute(_decode(chunks, pos + s, 2000 + s))
     prof.disable()
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return out.getvalue()
+    return profile_listing(prof, top)
 
 
 def time_prefills(runner: ModelRunner, device: torch.device, batch: int, count: int, tokens: int, first_block: int, host_top: int) -> None:
@@ -86,9 +85,7 @@ def time_prefills(runner: ModelRunner, device: torch.device, batch: int, count: 
     print(f"prefill {tokens} tokens: launch p50 {statistics.median(launch_ms):.2f} ms, "
           f"launch + wait p50 {statistics.median(total_ms):.2f} ms", flush=True)
     if prof is not None:
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(host_top)
-        print(out.getvalue(), flush=True)
+        print(profile_listing(prof, host_top, cumulative=False), flush=True)
 
 
 def run(loaded, policy: GraphPolicy, batch: int, steps: int, profile: bool, ctx: int = 128,
@@ -144,6 +141,8 @@ def main() -> None:
     ap.add_argument("--preset", choices=["4b", "tiny"], default="4b")
     ap.add_argument("--device", default="cuda", help="cpu: a quick check of this script (eager path only)")
     args = ap.parse_args()
+    if args.device != "cuda" and set(args.paths) != {"eager"}:
+        ap.error(f"--device {args.device} runs the eager path only (graphs need CUDA): add --paths eager")
     model_dir = tempfile.mkdtemp()
     write_tiny_model(model_dir, preset=args.preset, config_only=True)
     loaded = load_model(model_dir, RuntimeOptions(load_format="dummy", device=args.device,

@@ -225,7 +225,7 @@ class TritonOps(TorchOps):
         # one [N, 2I] round trip less a layer), rounding where the two kernels round.
         cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape)
         if cfg is None:
-            return cls.silu_mul(cls.linear(x, gate_up))
+            return super().linear_silu_mul(x, gate_up)
         return skinny_linear(x, gate_up, None, cfg, swiglu=True)
 
     @classmethod

@@ -21,7 +21,9 @@ the reduce ran on one program per row instead of five, and that cost what the sa
 gained: full decode graph at B = 1 2.95 → 3.02 ms GPU time, B = 16 3.26 → 3.34
 (step_reduce_norm_*_h200.json). Also dropped: eager GEMMs of 17-64 rows on this kernel (for host
 time; captured ones on cuBLAS). The low-latency eager prefill did not move (TTFA 43.9 against
-43.4 / 43.7 ms in one call), and a split-K launch pair costs about what one addmm call does.
+43.4 / 43.7 ms in one call), and a split-K launch pair is no cheaper on the host than cuBLAS
+(53.6 us for the o GEMM's pair against 19.6 us for F.linear, launch_overhead_fae6e58_h200.txt,
+before the launcher called Triton's C launcher directly).
 If it comes back: a graph's warm-up must choose the GEMMs its capture records, or cuBLAS's first
 call on the capture stream lands inside the capture and invalidates it (seen on the H200).
 

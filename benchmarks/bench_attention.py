@@ -11,13 +11,14 @@ A dense SDPA (contiguous KV, same bytes) is timed the same way as a baseline.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 
 import torch
 import torch.nn.functional as F
 
-from higgs_serve.worker.attention import build_attention_metadata, get_backend
+from higgs_serve.worker.attention import build_attention_metadata, get_backend, triton_backend, triton_paged
 from higgs_serve.worker.attention.triton_paged import decode_num_splits
 
 HQ, HKV, DH, BLOCK_SIZE = 32, 8, 128, 16
@@ -101,6 +102,45 @@ def bench_sdpa(batch: int, context: int, layers: int, iters: int) -> float:
     return time_graph(step, iters) / layers
 
 
+def sweep(batches: list[int], contexts: list[int], layers: int, iters: int, bandwidth: float) -> list[dict]:
+    """The decode kernel's launch shape (BLOCK_N, warps, pipeline stages) and split count per
+    (batch, context), each timed as `bench_paged` times the shipped one."""
+    shipped = (triton_paged.DECODE_BLOCK_N, triton_paged.DECODE_NUM_WARPS, triton_paged.DECODE_NUM_STAGES)
+    default_splits = triton_backend.decode_num_splits
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    try:
+        for batch in batches:
+            for context in contexts:
+                floor = batch * context * HKV * DH * 2 * DTYPE.itemsize / bandwidth
+                base = default_splits(batch, HKV, sms)
+                for block_n, warps, stages, splits in itertools.product((16, 32, 64, 128), (4, 8), (1, 2, 3, 4),
+                                                                        sorted({base, 2 * base, 4 * base})):
+                    triton_paged.DECODE_BLOCK_N, triton_paged.DECODE_NUM_WARPS = block_n, warps
+                    triton_paged.DECODE_NUM_STAGES = stages
+                    triton_backend.decode_num_splits = lambda *_, n=splits: n
+                    try:
+                        us = bench_paged(batch, context, layers, iters) * 1e6
+                    except Exception as exc:  # a shape the kernel cannot take (shared memory): skip it
+                        print(f"B={batch} L={context} {block_n}/{warps}/{stages}/{splits}: {type(exc).__name__}")
+                        continue
+                    finally:
+                        torch.cuda.empty_cache()
+                    rows.append(dict(batch=batch, context=context, block_n=block_n, warps=warps, stages=stages,
+                                     splits=splits, triton_us=us, floor_us=floor * 1e6,
+                                     shipped=(block_n, warps, stages) == shipped and splits == base))
+                best = sorted((r for r in rows if (r["batch"], r["context"]) == (batch, context)),
+                              key=lambda r: r["triton_us"])
+                ship = next((r for r in best if r["shipped"]), None)
+                print(f"B={batch} L={context}: shipped {ship and round(ship['triton_us'], 1)} us; best "
+                      + ", ".join(f"{r['block_n']}/{r['warps']}/{r['stages']}/{r['splits']} {r['triton_us']:.1f}"
+                                  for r in best[:5]), flush=True)
+    finally:
+        triton_paged.DECODE_BLOCK_N, triton_paged.DECODE_NUM_WARPS, triton_paged.DECODE_NUM_STAGES = shipped
+        triton_backend.decode_num_splits = default_splits
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=36)
@@ -108,12 +148,20 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--no-sdpa", action="store_true", help="skip the dense SDPA baseline")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time the decode kernel's BLOCK_N x warps x stages x splits instead (BLOCK_N/warps/stages/splits)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
 
     bandwidth = copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write), {sms} SMs")
+    if args.sweep:
+        rows = sweep(args.batches, args.contexts, args.layers, args.iters, bandwidth)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(0), copy_bandwidth=bandwidth, rows=rows), f, indent=2)
+        return
     print(
         f"{'batch':>5} {'ctx':>5} {'splits':>6} {'KV MB':>7} {'floor us':>9} "
         f"{'triton us':>10} {'eff':>5} {'sdpa us':>8}"

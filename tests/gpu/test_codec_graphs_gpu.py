@@ -23,6 +23,18 @@ from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
 HOP = 960
 
 
+@pytest.fixture(autouse=True)
+def _float32_convolutions():
+    """Real float32 convolutions, as the engine's float32 codec runs them (engine/builder.py turns
+    cuDNN's TF32 off at load). torch's default lets cuDNN use TF32, and its algorithms for a batch
+    of 2 and a batch of 1 then differ by ~1e-3 of peak, so without this these tests passed only
+    where an engine had been built earlier in the same process."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
 def _decoder(dtype: torch.dtype = torch.float32) -> CodecDecoder:
     cfg = CodecConfig()
     dec = CodecDecoder(cfg).to(device="cuda", dtype=dtype).eval()
@@ -108,3 +120,4 @@ def test_runner_with_graphs_keeps_order_and_trims():
         # a window decoded in a batch of 2 against alone: cuDNN may pick another algorithm per batch
         np.testing.assert_allclose(audio, want, rtol=0, atol=1e-4 * max(float(np.abs(want).max()), 1.0))
     assert runner.graphs.num_replays >= 1
+

@@ -61,6 +61,8 @@ from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
 LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32
 DECODE_BLOCK_N = 64
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 3  # Triton's default for Hopper; benchmarks/bench_attention.py --sweep varies these
 
 
 if triton is not None:
@@ -325,7 +327,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMet
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, BLOCK_N=DECODE_BLOCK_N,
         DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-        num_warps=4, **pdl.launch_args(q.device),
+        num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )
     if splits > 1:
         _decode_reduce((num_requests, num_heads),

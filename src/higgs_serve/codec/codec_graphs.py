@@ -82,7 +82,7 @@ class CodecGraphs:
         on the device: a view of the static output, valid until the next replay. Call it on
         `stream` (the runner's decode does)."""
         batch, frames, _ = codes.shape
-        self._codes[frames][:batch].copy_(codes, non_blocking=True)  # from pinned memory: stream-ordered
+        self._codes[frames][:batch].copy_(codes)
         self._graphs[(frames, batch)].replay()
         self.num_replays += 1
         return self._audio[frames][:batch]

@@ -181,19 +181,13 @@ class CodecRunner:
     def decode_batch(self, frames: np.ndarray) -> np.ndarray:
         """frames [B, T, 8] int64 → audio [B, T*960] float32 (host)."""
         codes = torch.from_numpy(frames)
-        if self._stream is None:
-            return self.decoder(codes.to(self.device)).float().numpy()
-        # Both copies go through pinned memory and the wait is on an event: a copy to or from
-        # pageable memory is synchronous inside the driver, and this thread runs beside Stage 0's.
-        codes = codes.pin_memory()
-        with torch.cuda.stream(self._stream):
-            if self.graphs is not None and self.graphs.serves(*frames.shape[:2]):
-                wave = self.graphs.replay(codes)  # a view of the static output: copied out next
-            else:
-                wave = self.decoder(codes.to(self.device, non_blocking=True))
-            host = torch.empty(wave.shape, dtype=torch.float32, pin_memory=True)
-            host.copy_(wave, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-        done.synchronize()
-        return host.numpy().copy()  # the pinned block goes back to torch's cache, the audio stays
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                if self.graphs is not None and self.graphs.serves(*frames.shape[:2]):
+                    wave = self.graphs.replay(codes)  # a view of the static output: copied out next
+                else:
+                    wave = self.decoder(codes.to(self.device, non_blocking=True))
+                out = wave.float().cpu()
+        else:
+            out = self.decoder(codes.to(self.device)).float()
+        return out.numpy()

@@ -120,4 +120,3 @@ def test_runner_with_graphs_keeps_order_and_trims():
         # a window decoded in a batch of 2 against alone: cuDNN may pick another algorithm per batch
         np.testing.assert_allclose(audio, want, rtol=0, atol=1e-4 * max(float(np.abs(want).max()), 1.0))
     assert runner.graphs.num_replays >= 1
-

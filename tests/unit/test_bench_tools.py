@@ -116,6 +116,14 @@ def test_bench_step_refuses_a_cuda_kernel_choice_on_cpu(tiny_model_dir: Path, ca
     assert "--gemm and --pdl choose between CUDA kernels" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
+def test_bench_overlap_says_it_needs_cuda(tiny_model_dir: Path, monkeypatch):
+    bench_overlap = _load("bench_overlap")
+    monkeypatch.setattr(sys, "argv", ["bench_overlap.py", "--model", str(tiny_model_dir)])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench_overlap.main()
+
+
 def test_bench_step_runs_eager_on_cpu(step_json: Path):
     data = json.loads(step_json.read_text())
     rows = data["rows"]

@@ -86,9 +86,10 @@ def _decode_fn(path: str, dec: CodecDecoder, graphs: CodecGraphs | None, codes: 
 
 
 def _graphs(dec: CodecDecoder, device: torch.device, windows: list[int], batches: list[int],
-            codes: torch.Tensor, hop: int) -> CodecGraphs:
-    """Eager warm-up of every shape (cuDNN plans, Triton compiles), then capture, as the runner does."""
-    stream = torch.cuda.Stream(device)
+            codes: torch.Tensor, hop: int, stream: torch.cuda.Stream | None = None) -> CodecGraphs:
+    """Eager warm-up of every shape (cuDNN plans, Triton compiles), then capture, as the runner
+    does, on `stream` (default: a new one)."""
+    stream = stream or torch.cuda.Stream(device)
     with torch.cuda.stream(stream):
         for w in windows:
             for b in batches:

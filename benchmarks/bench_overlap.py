@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codec import _decoder  # noqa: E402
+from bench_codec import _decoder, _graphs  # noqa: E402
 from bench_step import BenchShape, PlanMaker, build_runner, graph_policy_for  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
@@ -90,8 +90,8 @@ def probe_green(dec, codes: torch.Tensor, device: torch.device, num_sms: int) ->
     with torch.cuda.stream(stream):
         eager = dec(codes).float()
     stream.synchronize()
-    graphs = CodecGraphs(dec, device, stream, codes.shape[-1], ref.shape[-1] // codes.shape[1])
-    graphs.capture((codes.shape[1],), (codes.shape[0],))
+    batch, frames, _ = codes.shape
+    graphs = _graphs(dec, device, [frames], [batch], codes, ref.shape[-1] // frames, stream)
     with torch.cuda.stream(stream):
         replayed = graphs.replay(codes).clone()
     stream.synchronize()
@@ -147,13 +147,13 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = args.codec_dtype == "tf32"
     _, codec_tensors = build_dummy_tensors(loaded.spec, dtype=torch.float32, device="cpu", seed=0)
     dec = _decoder(loaded.spec, codec_tensors, args.codec_dtype, device)
-    codec_stream = torch.cuda.Stream(device)
     codes = torch.randint(0, 1024, (args.codec_batch, args.window, 8), device=device)
-    with torch.cuda.stream(codec_stream):
-        dec(codes)  # cuDNN plans before capture
-    torch.cuda.synchronize(device)
-    graphs = CodecGraphs(dec, device, codec_stream, 8, loaded.spec.codec.hop_length)
-    graphs.capture((args.window,), (args.codec_batch,))
+
+    def captured(stream: torch.cuda.Stream | None = None) -> CodecGraphs:
+        return _graphs(dec, device, [args.window], [args.codec_batch], codes, loaded.spec.codec.hop_length, stream)
+
+    graphs = captured()
+    codec_stream = graphs.stream
     work = Round(step_graph, args.steps, graphs, codes, windows // args.codec_batch)
 
     greens: dict[int, tuple[object, torch.cuda.Stream, CodecGraphs]] = {}
@@ -163,12 +163,7 @@ def main() -> None:
         captured on another stream and replayed there was measured not to be confined)."""
         if k not in greens:
             context, stream = green_stream(k, device)
-            with torch.cuda.stream(stream):
-                dec(codes)
-            stream.synchronize()
-            captured = CodecGraphs(dec, device, stream, 8, loaded.spec.codec.hop_length)
-            captured.capture((args.window,), (args.codec_batch,))
-            greens[k] = (context, stream, captured)
+            greens[k] = (context, stream, captured(stream))
         return greens[k][1:]
 
     def run(mode: str):

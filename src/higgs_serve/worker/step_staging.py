@@ -162,7 +162,7 @@ class StepStager:
         buf.host("slot_mapping")[pad] = -1
         buf.host("ref_row_index")[pad] = -1
         buf.host("sample_token_index")[num_samples:padded_samples] = 0
-        buf.host("sample_slots")[num_samples:padded_samples] = self.pad_slot
+        self.fill_sample_padding(num_samples, padded_samples)
 
     def fill_sample_padding(self, num_samples: int, padded_samples: int) -> None:
         """Sampled rows [num_samples, padded_samples) step the always-done pad slot (a sampling

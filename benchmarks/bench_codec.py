@@ -12,6 +12,9 @@ Windows (`--window`, frames) default to the steady-state streaming window (L + C
 25 new). "audio s/s" counts only the new frames each window contributes, as in serving: by
 default 25 for a 54-frame window and max(1, T - 29) for a T-frame one (L + H = 29 frames of
 context; the 5-frame first window adds 1), or `--new-frames` (one value, or one per window).
+`--keep new` (the runner's way) decodes only what a window's new frames need (they end
+`--holdback` frames before the window's end); `--keep window` decodes the whole window and cuts
+after, as the runner did before; both run side by side when given both.
 
   PYTHONPATH=src python3 benchmarks/bench_codec.py --model /tmp/h4b --out codec.json
   PYTHONPATH=src python3 benchmarks/bench_codec.py --model /tmp/h4b --batch 1 16 64 --window 5 54 \\
@@ -31,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
+from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake  # noqa: E402
@@ -73,30 +77,39 @@ def _new_frames(windows: list[int], given: list[int] | None) -> list[int]:
     return given
 
 
-def _decode_fn(path: str, dec: CodecDecoder, graphs: CodecGraphs | None, codes: torch.Tensor):
-    """The call one path times: codes [B, T, 8] on the device -> audio [B, T·960]."""
+def window_shape(frames: int, new_frames: int, holdback: int, keep: str) -> WindowShape:
+    """`keep` "new": the window's new frames, which end `holdback` frames before its end (at most
+    the window); "window": all of it."""
+    if keep == "window":
+        return WindowShape(frames, 0, frames)
+    end = max(min(new_frames, frames), frames - holdback)
+    return WindowShape(frames, max(0, end - new_frames), end)
+
+
+def _decode_fn(path: str, dec: CodecDecoder, graphs: CodecGraphs | None, codes: torch.Tensor, shape: WindowShape):
+    """The call one path times: codes [B, T, 8] on the device -> audio [B, kept·960]."""
     if path == "graph":
         def replay():
             with torch.cuda.stream(graphs.stream):
-                audio = graphs.replay(codes)
+                audio = graphs.replay(codes, shape)
             torch.cuda.current_stream().wait_stream(graphs.stream)  # the caller reads it on this stream
             return audio
         return replay
-    return lambda: dec(codes)
+    return lambda: dec(codes, shape.keep)
 
 
-def _graphs(dec: CodecDecoder, device: torch.device, windows: list[int], batches: list[int],
+def _graphs(dec: CodecDecoder, device: torch.device, shapes: list[WindowShape], batches: list[int],
             codes: torch.Tensor, hop: int, stream: torch.cuda.Stream | None = None) -> CodecGraphs:
     """Eager warm-up of every shape (cuDNN plans, Triton compiles), then capture, as the runner
     does, on `stream` (default: a new one)."""
     stream = stream or torch.cuda.Stream(device)
     with torch.cuda.stream(stream):
-        for w in windows:
+        for shape in shapes:
             for b in batches:
-                dec(codes[:b, :w])
+                dec(codes[:b, :shape.frames], shape.keep)
     torch.cuda.synchronize(device)
     graphs = CodecGraphs(dec, device, stream, num_codebooks=codes.shape[-1], samples_per_frame=hop)
-    stats = graphs.capture(tuple(windows), tuple(batches))
+    stats = graphs.capture(tuple(shapes), tuple(batches))
     print(f"captured {stats['graphs']} graphs in {stats['capture_s']:.2f} s, reserved memory "
           f"{stats['pool_bytes'] / 2**20:+.0f} MiB", flush=True)
     return graphs
@@ -112,6 +125,9 @@ def main() -> None:
                     help="window lengths in frames (default 54 = L + C + H)")
     ap.add_argument("--new-frames", type=int, nargs="+", default=None,
                     help="frames each window adds to the stream (one, or one per window)")
+    ap.add_argument("--keep", nargs="+", choices=["new", "window"], default=["new"],
+                    help="decode only what the new frames need (the runner) or the whole window")
+    ap.add_argument("--holdback", type=int, default=4, help="frames after a window's new ones (H)")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--cudnn-benchmark", nargs="+", choices=["off", "on"], default=["off"],
@@ -134,6 +150,7 @@ def main() -> None:
     ref64 = _decoder(spec, codec_tensors, "float64", device)
     references = {w: ref64(codes[:err_batch, :w]).double() for w in args.windows}
     del ref64
+    shapes = [window_shape(w, new, args.holdback, keep) for keep in args.keep for w, new in zip(args.windows, new_frames)]
     rows = []
     for precision, tuned in itertools.product(args.precisions, args.cudnn_benchmark):
         torch.backends.cudnn.benchmark = tuned == "on"
@@ -145,19 +162,21 @@ def main() -> None:
             dec.snake = snake if path == "torch" else fused_snake
             graphs = None
             if path == "graph":
-                graphs = _graphs(dec, device, args.windows, sorted({*args.batch, err_batch}), codes, hop)
-            for w, new in zip(args.windows, new_frames):
-                reference = references[w]
+                graphs = _graphs(dec, device, shapes, sorted({*args.batch, err_batch}), codes, hop)
+            for shape, new in zip(shapes, new_frames * len(args.keep)):
+                w = shape.frames
+                reference = references[w][:, shape.keep_start * hop : shape.keep_end * hop]
                 peak = reference.abs().max().item()
-                err = (_decode_fn(path, dec, graphs, codes[:err_batch, :w])().double() - reference).abs().max().item()
+                err = (_decode_fn(path, dec, graphs, codes[:err_batch, :w], shape)().double() - reference).abs().max().item()
+                keep = "window" if shape.keep == (0, w) else "new"
                 for b in args.batch:
-                    seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w]), args.iters, device)
+                    seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w], shape), args.iters, device)
                     audio_s = b * new / spec.codec.frame_rate
                     rows.append({"precision": precision, "cudnn_benchmark": tuned, "path": path,
-                                 "window_frames": w, "new_frames": new,
+                                 "window_frames": w, "new_frames": new, "keep": keep, "keep_frames": list(shape.keep),
                                  "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
                                  "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-                    print(f"{precision:9s} cudnn-bench {tuned:3s} {path:5s} T={w:3d} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                    print(f"{precision:9s} cudnn-bench {tuned:3s} {path:5s} T={w:3d} keep {keep:6s} B={b:3d} {seconds * 1e3:8.2f} ms  "
                           f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
             del graphs
             if device.type == "cuda":
@@ -166,7 +185,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("path", "path"), ("window_frames", "window"),
+    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("path", "path"), ("window_frames", "window"), ("keep", "keep"),
                                   ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
                                   ("err_rel_peak", "max err / peak")])
     print(table)

@@ -34,10 +34,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codec import _decoder, _graphs  # noqa: E402
+from bench_codec import _decoder, _graphs, window_shape  # noqa: E402
 from bench_step import BenchShape, PlanMaker, build_runner, graph_policy_for  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
+from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
 from higgs_serve.model.tiny import build_dummy_tensors  # noqa: E402
@@ -57,9 +58,9 @@ class Round:
     """Enqueues one round's Stage 0 steps and codec calls on the streams it is given."""
 
     def __init__(self, step_graph: torch.cuda.CUDAGraph, steps: int, graphs: CodecGraphs, codes: torch.Tensor,
-                 calls: int):
+                 shape: WindowShape, calls: int):
         self.step_graph, self.steps = step_graph, steps
-        self.graphs, self.codes, self.calls = graphs, codes, calls
+        self.graphs, self.codes, self.shape, self.calls = graphs, codes, shape, calls
 
     def stage0(self, stream: torch.cuda.Stream, paced: bool = False) -> None:
         """`paced`: the host waits for step k - 1 after launching step k, as the engine's
@@ -79,7 +80,7 @@ class Round:
         graphs = graphs or self.graphs
         with torch.cuda.stream(stream):
             for _ in range(self.calls):
-                graphs.replay(self.codes)
+                graphs.replay(self.codes, self.shape)
 
 
 def probe_green(dec, codes: torch.Tensor, device: torch.device, num_sms: int) -> dict:
@@ -91,9 +92,10 @@ def probe_green(dec, codes: torch.Tensor, device: torch.device, num_sms: int) ->
         eager = dec(codes).float()
     stream.synchronize()
     batch, frames, _ = codes.shape
-    graphs = _graphs(dec, device, [frames], [batch], codes, ref.shape[-1] // frames, stream)
+    whole = WindowShape(frames, 0, frames)
+    graphs = _graphs(dec, device, [whole], [batch], codes, ref.shape[-1] // frames, stream)
     with torch.cuda.stream(stream):
-        replayed = graphs.replay(codes).clone()
+        replayed = graphs.replay(codes, whole).clone()
     stream.synchronize()
     return {"eager_max_abs_diff": (eager - ref).abs().max().item(),
             "captured_max_abs_diff": (replayed - ref).abs().max().item()}
@@ -119,6 +121,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=25, help="Stage 0 steps a round")
     ap.add_argument("--window", type=int, default=39, help="codec window frames (L + C + H)")
     ap.add_argument("--new-frames", type=int, default=25, help="frames a window adds to its stream (C)")
+    ap.add_argument("--keep", choices=["new", "window"], default="new",
+                    help="the codec decodes only what the new frames need (the runner) or the whole window")
     ap.add_argument("--codec-batch", type=int, default=16, help="windows per codec call (max_batch_windows)")
     ap.add_argument("--codec-dtype", choices=["float32", "tf32", "bfloat16"], default="float32")
     ap.add_argument("--modes", nargs="+", default=["stage0", "codec", "serial", "streams", "green:32", "green:48", "green:64",
@@ -148,13 +152,14 @@ def main() -> None:
     _, codec_tensors = build_dummy_tensors(loaded.spec, dtype=torch.float32, device="cpu", seed=0)
     dec = _decoder(loaded.spec, codec_tensors, args.codec_dtype, device)
     codes = torch.randint(0, 1024, (args.codec_batch, args.window, 8), device=device)
+    window = window_shape(args.window, args.new_frames, 4, args.keep)
 
     def captured(stream: torch.cuda.Stream | None = None) -> CodecGraphs:
-        return _graphs(dec, device, [args.window], [args.codec_batch], codes, loaded.spec.codec.hop_length, stream)
+        return _graphs(dec, device, [window], [args.codec_batch], codes, loaded.spec.codec.hop_length, stream)
 
     graphs = captured()
     codec_stream = graphs.stream
-    work = Round(step_graph, args.steps, graphs, codes, windows // args.codec_batch)
+    work = Round(step_graph, args.steps, graphs, codes, window, windows // args.codec_batch)
 
     greens: dict[int, tuple[object, torch.cuda.Stream, CodecGraphs]] = {}
 

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 from codec_fixtures import random_codec_tensors  # noqa: E402
 
+from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
 from higgs_serve.codec.codec_runner import CodecRunner  # noqa: E402
@@ -55,39 +56,60 @@ def test_graph_replay_equals_eager(dtype):
         for frames in (5, 30):
             for batch in (1, 2, 3):
                 dec(torch.zeros(batch, frames, 8, dtype=torch.int64, device="cuda"))
+    first, ramp = WindowShape(5, 0, 1), WindowShape(30, 1, 26)  # the streaming window's first two
     graphs = CodecGraphs(dec, torch.device("cuda"), stream, num_codebooks=8, samples_per_frame=HOP)
-    graphs.capture((5, 30), batch_sizes=(1, 2, 3))
-    assert graphs.shapes == [(5, 1), (5, 2), (5, 3), (30, 1), (30, 2), (30, 3)]
-    for (batch, frames), seed in [((1, 5), 0), ((3, 30), 1), ((2, 30), 2), ((3, 5), 3)]:
-        codes = _codes(batch, frames, seed)
-        eager = runner.decode_batch(codes)  # runner without graphs: eager
+    graphs.capture((first, ramp), batch_sizes=(1, 2, 3))
+    assert graphs.shapes == [(first, 1), (first, 2), (first, 3), (ramp, 1), (ramp, 2), (ramp, 3)]
+    for (batch, shape), seed in [((1, first), 0), ((3, ramp), 1), ((2, ramp), 2), ((3, first), 3)]:
+        codes = _codes(batch, shape.frames, seed)
+        eager = runner.decode_batch(codes, shape)  # runner without graphs: eager
         with torch.cuda.stream(stream):
-            replayed = graphs.replay(torch.from_numpy(codes)).cpu().numpy()
+            replayed = graphs.replay(torch.from_numpy(codes), shape).cpu().numpy()
         peak = float(np.abs(eager).max())
         diff = float(np.abs(replayed - eager).max())
-        print(f"\n{dtype} B={batch} T={frames}: max |graph - eager| = {diff:.2e} (peak {peak:.2f})")
-        assert replayed.shape == (batch, frames * HOP)
+        print(f"\n{dtype} B={batch} {shape}: max |graph - eager| = {diff:.2e} (peak {peak:.2f})")
+        assert replayed.shape == (batch, (shape.keep_end - shape.keep_start) * HOP)
         assert diff <= 1e-6 * max(peak, 1.0)
+
+
+@pytest.mark.parametrize("keep", [(10, 35), (25, 50), (0, 1), (1, 26), (10, 39)], ids=str)
+def test_decoding_only_the_kept_frames_equals_cutting_a_whole_window_decode(keep):
+    """The real geometry on cuDNN in float32: the narrowed decode (`decoder.decode_range`) gives
+    the kept frames of a whole-window decode, to float rounding (cuDNN picks its algorithm per
+    length)."""
+    dec = _decoder()
+    frames = 54 if keep[1] > 39 else 39
+    codes = torch.from_numpy(_codes(4, frames, 7)).cuda()
+    with torch.inference_mode():
+        whole = dec(codes)[:, keep[0] * HOP : keep[1] * HOP]
+        kept = dec(codes, keep)
+    assert kept.shape == whole.shape
+    diff = float((kept - whole).abs().max())
+    print(f"\nkeep {keep} of {frames}: max |kept - whole| = {diff:.2e} (peak {float(whole.abs().max()):.2f})")
+    assert diff <= 2e-6 * max(float(whole.abs().max()), 1.0)
 
 
 def test_runner_replays_warmed_shapes_and_captures_nothing_new():
     dec = _decoder()
     runner = CodecRunner(dec, torch.device("cuda"), max_batch_windows=4, samples_per_frame=HOP, cuda_graphs=True)
     eager = CodecRunner(dec, torch.device("cuda"), max_batch_windows=4, samples_per_frame=HOP)
-    seconds = runner.warm_up((5, 54), num_codebooks=8)
+    first, steady = WindowShape(5, 0, 1), WindowShape(54, 25, 50)
+    seconds = runner.warm_up((first, steady), num_codebooks=8)
     graphs = runner.graphs
     assert graphs is not None and seconds > 0
-    assert graphs.num_captures == 8 and graphs.shapes == [(5, b) for b in range(1, 5)] + [(54, b) for b in range(1, 5)]
+    assert graphs.num_captures == 8
+    assert graphs.shapes == [(first, b) for b in range(1, 5)] + [(steady, b) for b in range(1, 5)]
     replays = graphs.num_replays
-    for batch, frames in [(1, 5), (4, 54), (3, 54), (1, 54)]:
-        codes = _codes(batch, frames, batch * 100 + frames)
-        got = runner.decode_batch(codes)
-        want = eager.decode_batch(codes)
+    for batch, shape in [(1, first), (4, steady), (3, steady), (1, steady)]:
+        codes = _codes(batch, shape.frames, batch * 100 + shape.frames)
+        got = runner.decode_batch(codes, shape)
+        want = eager.decode_batch(codes, shape)
         assert np.abs(got - want).max() <= 1e-6 * max(float(np.abs(want).max()), 1.0)
     assert graphs.num_replays == replays + 4 and graphs.num_captures == 8  # replayed, nothing captured
-    # a shape that was not warmed up (a final window of 7 frames) decodes eagerly
-    codes = _codes(2, 7, 9)
-    np.testing.assert_allclose(runner.decode_batch(codes), eager.decode_batch(codes), rtol=0, atol=1e-6)
+    # shapes that were not warmed up (a final window of 7 frames; a 54-frame final window, which
+    # keeps its last frames too) decode eagerly
+    for codes, shape in [(_codes(2, 7, 9), None), (_codes(2, 54, 10), WindowShape(54, 25, 54))]:
+        np.testing.assert_allclose(runner.decode_batch(codes, shape), eager.decode_batch(codes, shape), rtol=0, atol=1e-6)
     assert graphs.num_replays == replays + 4 and graphs.num_captures == 8
 
 
@@ -97,7 +119,7 @@ def test_runner_with_graphs_keeps_order_and_trims():
 
     dec = _decoder()
     runner = CodecRunner(dec, torch.device("cuda"), max_batch_windows=2, samples_per_frame=HOP, cuda_graphs=True)
-    runner.warm_up((5,), num_codebooks=8)
+    runner.warm_up((WindowShape(5, 1, 5),), num_codebooks=8)
     eager = CodecRunner(dec, torch.device("cuda"), max_batch_windows=2, samples_per_frame=HOP)
     log: list = []
 

@@ -146,10 +146,16 @@ def test_params_validation_and_from_config():
     assert WindowParams.from_config(config) == WindowParams(20, 10, 3, 2)
 
 
-def test_streaming_window_lengths_are_the_first_chunk_ramp_and_steady_state():
-    from higgs_serve.codec.chunker import streaming_window_lengths
+def test_streaming_window_shapes_are_the_first_chunk_ramp_and_steady_state():
+    from higgs_serve.codec.chunker import WindowShape, streaming_window_shapes
 
-    # SPEC §1.9 defaults: first window I + H, then min(L, I) + C + H, then L + C + H
-    assert streaming_window_lengths(WindowParams()) == (5, 30, 54)
-    assert streaming_window_lengths(WindowParams(initial_chunk_frames=0)) == (29, 54)
-    assert streaming_window_lengths(WindowParams(left_context_frames=0, right_holdback_frames=0)) == (1, 25)
+    # SPEC §1.9 defaults: first window I + H, then min(L, I) + C + H, then L + C + H; each keeps
+    # its new frames (after its left context, before its holdback)
+    assert streaming_window_shapes(WindowParams()) == (WindowShape(5, 0, 1), WindowShape(30, 1, 26),
+                                                       WindowShape(54, 25, 50))
+    assert streaming_window_shapes(WindowParams(initial_chunk_frames=0)) == (WindowShape(29, 0, 25),
+                                                                             WindowShape(54, 25, 50))
+    assert streaming_window_shapes(WindowParams(left_context_frames=0, right_holdback_frames=0)) == (
+        WindowShape(1, 0, 1), WindowShape(25, 0, 25))
+    assert streaming_window_shapes(WindowParams(left_context_frames=10)) == (
+        WindowShape(5, 0, 1), WindowShape(30, 1, 26), WindowShape(39, 10, 35))

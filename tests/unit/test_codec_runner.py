@@ -1,11 +1,13 @@
-"""Stage 1 scheduling: per-request order, shortest windows first, batches capped."""
+"""Stage 1 scheduling: per-request order, shortest windows first, batches capped, each window's
+own frames cut out of its batch's decode."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, next_batch
+from higgs_serve.codec.chunker import WindowShape
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, batch_shape, next_batch
 
 
 def _job(request_id: str, frames: int, log: list | None = None, trim_front: int = 0) -> CodecJob:
@@ -33,10 +35,12 @@ def test_next_batch_caps_the_batch():
 
 
 class _Echo(torch.nn.Module):
-    """A stand-in decoder: frame t of window row b becomes 960 samples equal to its code 0."""
+    """A stand-in decoder: frame t of window row b becomes 960 samples equal to its code 0; with
+    `keep`, only the kept frames' samples, as the real decoder returns them."""
 
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T, 8] -> [B, T * 960]
-        return codes[:, :, 0].float().repeat_interleave(960, dim=1)
+    def forward(self, codes: torch.Tensor, keep: tuple[int, int] | None = None) -> torch.Tensor:
+        first, end = keep or (0, codes.shape[1])
+        return codes[:, first:end, 0].float().repeat_interleave(960, dim=1)  # [B, kept * 960]
 
 
 def test_runner_delivers_each_requests_chunks_in_order():
@@ -59,8 +63,25 @@ def test_runner_delivers_each_requests_chunks_in_order():
         assert np.all(audio == frames % 1024)
 
 
+def test_a_batch_decodes_the_union_of_its_windows_kept_frames_and_each_gets_its_own():
+    log: list = []
+
+    def deliver(job, audio, error=None):
+        assert error is None
+        log.append((job.request_id, audio))
+
+    frames = np.repeat(np.arange(39, dtype=np.int64)[:, None], 8, axis=1)  # frame t's codes are t
+    steady = CodecJob("a", frames, 10, 4, False, deliver)  # keeps frames 10-34
+    final = CodecJob("b", frames, 12, 0, True, deliver)  # keeps frames 12-38
+    assert batch_shape([steady, final]) == WindowShape(39, 10, 39)
+    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=4, samples_per_frame=960)
+    runner._decode_and_deliver([steady, final])
+    got = {rid: audio[::960].astype(int).tolist() for rid, audio in log}
+    assert got == {"a": list(range(10, 35)), "b": list(range(12, 39))}
+
+
 class _Broken(torch.nn.Module):
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+    def forward(self, codes: torch.Tensor, keep: tuple[int, int] | None = None) -> torch.Tensor:
         raise RuntimeError("decoder exploded")
 
 
@@ -87,7 +108,7 @@ def test_cuda_graphs_fall_back_to_eager_off_cuda():
     every batch decodes eagerly."""
     runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=2, samples_per_frame=960, cuda_graphs=True)
     assert runner.cuda_graphs is False
-    assert runner.warm_up((5, 54), num_codebooks=8) == 0.0
+    assert runner.warm_up((WindowShape(5, 0, 1), WindowShape(54, 25, 50)), num_codebooks=8) == 0.0
     assert runner.graphs is None
     frames = np.stack([np.full((5, 8), 3, dtype=np.int64)] * 2)
     audio = runner.decode_batch(frames)

@@ -19,6 +19,7 @@ window.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
 
@@ -59,6 +60,19 @@ class WindowParams:
         return self.chunk_frames
 
 
+class WindowShape(NamedTuple):
+    """What a codec call computes: a `frames`-frame window of which frames [keep_start, keep_end)
+    are kept (the decoder computes no more than those need)."""
+
+    frames: int
+    keep_start: int
+    keep_end: int
+
+    @property
+    def keep(self) -> tuple[int, int]:
+        return self.keep_start, self.keep_end
+
+
 @dataclass(frozen=True)
 class Window:
     """One codec call: decode frames [start_frame, end_frame), keep the middle `new_frames`."""
@@ -75,6 +89,10 @@ class Window:
         return self.end_frame - self.start_frame
 
     @property
+    def shape(self) -> WindowShape:
+        return WindowShape(self.num_frames, self.trim_front_frames, self.num_frames - self.trim_back_frames)
+
+    @property
     def new_start_frame(self) -> int:
         """First frame whose audio this window contributes to the stream."""
         return self.start_frame + self.trim_front_frames
@@ -88,19 +106,20 @@ class Window:
         return self.trim_back_frames * SAMPLES_PER_FRAME
 
 
-def streaming_window_lengths(params: WindowParams, windows: int = 4) -> tuple[int, ...]:
-    """Frame counts of the first `windows` non-final windows of a stream that gains one frame
-    at a time (first chunk, the ramp of left context, steady state): the codec shapes almost
-    every streaming call has, worth compiling before traffic arrives."""
+def streaming_window_shapes(params: WindowParams, windows: int = 4) -> tuple[WindowShape, ...]:
+    """Shapes of the first `windows` non-final windows of a stream that gains one frame at a time
+    (first chunk, the ramp of left context, steady state): the codec shapes almost every
+    streaming call has, worth compiling before traffic arrives."""
     chunker = StreamChunker(params)
-    lengths: list[int] = []
-    available = 0
-    while len(lengths) < windows:
+    shapes: set[WindowShape] = set()
+    available = emitted = 0
+    while emitted < windows:
         available += 1
         window = chunker.push(available, finished=False)
         if window is not None:
-            lengths.append(window.num_frames)
-    return tuple(sorted(set(lengths)))
+            shapes.add(window.shape)
+            emitted += 1
+    return tuple(sorted(shapes))
 
 
 class StreamChunker:

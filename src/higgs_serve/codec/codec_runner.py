@@ -1,7 +1,7 @@
 """Stage 1: decodes codec windows of many requests in batched calls, on its own thread and stream.
 
 Each window is a stateless decode (SPEC §1.9), so windows of different requests with the same
-length stack into one batch. Windows of one request are delivered in the order they were
+length stack into one batch; the batch computes only what the frames its windows keep need. Windows of one request are delivered in the order they were
 submitted. The thread never waits on Stage 0: the talker keeps stepping while windows decode.
 On CUDA with `cuda_graphs`, batches of a shape warmed up at start-up replay a captured graph of
 the whole decoder (`codec_graphs.py`); any other shape decodes eagerly.
@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from higgs_serve.codec.chunker import WindowShape
 from higgs_serve.codec.codec_graphs import CodecGraphs
 from higgs_serve.codec.decoder import CodecDecoder
 
@@ -53,6 +54,14 @@ def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
             eligible.append(job)
     length = min(len(job.frames) for job in eligible)
     return [job for job in eligible if len(job.frames) == length][:max_batch]
+
+
+def batch_shape(batch: list[CodecJob]) -> WindowShape:
+    """The frames a batch of same-length windows decodes: from the earliest any window keeps to
+    the last (each job then cuts its own)."""
+    frames = len(batch[0].frames)
+    return WindowShape(frames, min(job.trim_front_frames for job in batch),
+                       frames - min(job.trim_back_frames for job in batch))
 
 
 class CodecRunner:
@@ -140,24 +149,27 @@ class CodecRunner:
             for job in batch:
                 job.deliver(job, np.zeros(0, dtype=np.float32), None)
             return
+        shape = batch_shape(batch)
         try:
-            wave = self.decode_batch(np.stack([job.frames for job in batch]))
+            wave = self.decode_batch(np.stack([job.frames for job in batch]), shape)
         except (RuntimeError, ValueError) as exc:
             logger.exception("codec decode of %d windows failed", len(batch))
             for job in batch:
                 job.deliver(job, None, exc)
             return
         for row, job in enumerate(batch):
-            job.deliver(job, self._trim(wave[row], job), None)
+            job.deliver(job, self._trim(wave[row], job, shape), None)
 
-    def _trim(self, wave: np.ndarray, job: CodecJob) -> np.ndarray:
+    def _trim(self, wave: np.ndarray, job: CodecJob, shape: WindowShape) -> np.ndarray:
+        """The job's own kept frames out of the batch's decoded range."""
         spf = self.samples_per_frame
-        end = len(wave) - job.trim_back_frames * spf
-        return wave[job.trim_front_frames * spf : end]
+        start = job.trim_front_frames - shape.keep_start
+        end = shape.frames - job.trim_back_frames - shape.keep_start
+        return wave[start * spf : end * spf]
 
-    def warm_up(self, window_lengths: tuple[int, ...], num_codebooks: int) -> float:
+    def warm_up(self, window_shapes: tuple[WindowShape, ...], num_codebooks: int) -> float:
         """Decode silence once for every batch size up to max_batch_windows and each window
-        length, before traffic: a convolution's first call at a new shape builds its cuDNN plan
+        shape, before traffic: a convolution's first call at a new shape builds its cuDNN plan
         (tens of ms for the whole decoder), which would otherwise stall live streams. With
         `cuda_graphs`, then capture each of those shapes (one after the other, on this thread:
         call it before `start`, after Stage 0's captures). Returns the seconds it took (0 off
@@ -165,29 +177,31 @@ class CodecRunner:
         if self.device.type != "cuda":
             return 0.0
         t0 = time.perf_counter()
-        for length in window_lengths:
+        for shape in window_shapes:
             for batch in range(1, self.max_batch_windows + 1):
-                self.decode_batch(np.zeros((batch, length, num_codebooks), dtype=np.int64))
+                self.decode_batch(np.zeros((batch, shape.frames, num_codebooks), dtype=np.int64), shape)
         if self.cuda_graphs:
             graphs = CodecGraphs(self.decoder, self.device, self._stream, num_codebooks, self.samples_per_frame)
-            graphs.capture(window_lengths, tuple(range(1, self.max_batch_windows + 1)))
+            graphs.capture(window_shapes, tuple(range(1, self.max_batch_windows + 1)))
             self.graphs = graphs
         seconds = time.perf_counter() - t0
-        logger.info("codec warmed up for window lengths %s x batch 1-%d in %.2f s (%s)", list(window_lengths),
+        logger.info("codec warmed up for window shapes %s x batch 1-%d in %.2f s (%s)", list(window_shapes),
                     self.max_batch_windows, seconds, "CUDA graphs" if self.graphs is not None else "eager")
         return seconds
 
     @torch.inference_mode()
-    def decode_batch(self, frames: np.ndarray) -> np.ndarray:
-        """frames [B, T, 8] int64 → audio [B, T*960] float32 (host)."""
+    def decode_batch(self, frames: np.ndarray, shape: WindowShape | None = None) -> np.ndarray:
+        """frames [B, T, 8] int64 → audio [B, kept·960] float32 (host) of the frames `shape` keeps
+        (all T when None)."""
         codes = torch.from_numpy(frames)
+        shape = shape or WindowShape(frames.shape[1], 0, frames.shape[1])
         if self._stream is not None:
             with torch.cuda.stream(self._stream):
-                if self.graphs is not None and self.graphs.serves(*frames.shape[:2]):
-                    wave = self.graphs.replay(codes)  # a view of the static output: copied out next
+                if self.graphs is not None and self.graphs.serves(frames.shape[0], shape):
+                    wave = self.graphs.replay(codes, shape)  # a view of the static output: copied out next
                 else:
-                    wave = self.decoder(codes.to(self.device, non_blocking=True))
+                    wave = self.decoder(codes.to(self.device, non_blocking=True), shape.keep)
                 out = wave.float().cpu()
         else:
-            out = self.decoder(codes.to(self.device)).float()
+            out = self.decoder(codes.to(self.device), shape.keep).float()
         return out.numpy()

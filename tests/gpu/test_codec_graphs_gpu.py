@@ -142,3 +142,18 @@ def test_runner_with_graphs_keeps_order_and_trims():
         # a window decoded in a batch of 2 against alone: cuDNN may pick another algorithm per batch
         np.testing.assert_allclose(audio, want, rtol=0, atol=1e-4 * max(float(np.abs(want).max()), 1.0))
     assert runner.graphs.num_replays >= 1
+
+
+def test_gemm_convs_decode_what_cudnn_decodes():
+    """float32 on CUDA: the wide residual-unit convs as GEMMs (`decoder.conv7_gemm`, the
+    decoder's default there) against every conv on cuDNN, same real-geometry window."""
+    dec = _decoder()
+    assert dec.gemm_conv_min_channels is not None
+    codes = torch.from_numpy(_codes(3, 39, 11)).cuda()
+    with torch.inference_mode():
+        gemm = dec(codes, (10, 35))
+        dec.gemm_conv_min_channels = None
+        cudnn = dec(codes, (10, 35))
+    diff = float((gemm - cudnn).abs().max())
+    print(f"\nmax |gemm - cudnn| = {diff:.2e} (peak {float(cudnn.abs().max()):.2f})")
+    assert diff <= 2e-6 * max(float(cudnn.abs().max()), 1.0)

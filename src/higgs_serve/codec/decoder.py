@@ -6,7 +6,10 @@ three residual units (dilations 1, 3, 9); Snake; conv2; no tanh. Numerically the
 transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch; on CUDA the
 Snakes are one fused Triton kernel each (`codec/snake.py`).
 
-The convolutions stay on cuDNN. Tried and dropped: the residual units' convolutions (~75 % of the
+In float32 on CUDA the residual units' k7 convolutions of 256 channels and more run as one batched
+SGEMM over the stacked taps (`conv7_gemm`, the same float32 arithmetic): cuDNN's float32 kernels
+reach 19 TFLOP/s there against ~36 for the GEMM (benchmarks/results/conv_forms_h200.txt); below
+256 channels cuDNN is the faster. Tried and dropped: the residual units' convolutions (~75 % of the
 arithmetic) as a Triton implicit GEMM on the tensor cores with the "tf32x3" dot, which is as exact
 as float32 (max error against float64 through the real-geometry decoder 8.2e-6 against cuDNN
 float32's 8.6e-6) but slower: 64 windows of 39 frames took 86.3 ms against cuDNN's 61.1 ms in
@@ -33,6 +36,7 @@ __all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "DecodeRange", "check_codes", "
 RESIDUAL_DILATIONS = (1, 3, 9)
 OUTER_KERNEL = 7  # conv1 and conv2
 OUTER_HALF = OUTER_KERNEL // 2
+GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in float32 on an H200
 
 
 def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
@@ -111,10 +115,26 @@ def _cut(x: Tensor, start: int, span: tuple[int, int]) -> Tensor:
     return x[..., span[0] - start : span[1] - start]
 
 
-def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake) -> Tensor:
-    """DAC residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))); length preserved."""
+def conv7_gemm(x: Tensor, weight: Tensor, bias: Tensor, dilation: int) -> Tensor:
+    """F.conv1d(x, weight, bias, padding=3·dilation, dilation=dilation) for a k7 weight, as one
+    batched GEMM: bias + W [C_out, C_in·7] @ taps [B, C_in·7, T]."""
+    batch, _, length = x.shape
+    taps = weight.shape[-1]
+    padded = F.pad(x, (dilation * (taps // 2),) * 2)
+    cols = torch.stack([padded[..., j * dilation : j * dilation + length] for j in range(taps)], dim=2)
+    return torch.baddbmm(bias[None, :, None], weight.reshape(weight.shape[0], -1).expand(batch, -1, -1),
+                         cols.reshape(batch, -1, length))
+
+
+def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake,
+                  gemm: bool = False) -> Tensor:
+    """DAC residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))); length preserved. `gemm`:
+    the k7 conv as `conv7_gemm`."""
     y = snake(x, w[prefix + ".snake1.alpha"])
-    y = F.conv1d(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], padding=3 * dilation, dilation=dilation)
+    if gemm:
+        y = conv7_gemm(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], dilation)
+    else:
+        y = F.conv1d(y, w[prefix + ".conv1.weight"], w[prefix + ".conv1.bias"], padding=3 * dilation, dilation=dilation)
     y = snake(y, w[prefix + ".snake2.alpha"])
     y = F.conv1d(y, w[prefix + ".conv2.weight"], w[prefix + ".conv2.bias"])
     return x + y
@@ -142,14 +162,22 @@ class CodecDecoder(FlatWeights):
         super().__init__(expected_decoder_tensors(cfg), "decoder")
         self.cfg = cfg
         self.snake: SnakeFn = snake_for("cpu")
+        # k7 convs of this many channels and more run as a GEMM (None: never); see the module doc
+        self.gemm_conv_min_channels: int | None = None
 
     def _apply(self, fn, recurse=True):
-        """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake for
-        the new device and dtype once, so forward never asks which device it runs on."""
+        """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake and
+        the conv form for the new device and dtype once, so forward never asks which device it
+        runs on. (A TF32 codec turns the GEMM form off: cuDNN's TF32 convs are the faster.)"""
         super()._apply(fn, recurse)
         some = self.weights[next(iter(self.weights))]
         self.snake = snake_for(some.device, some.dtype)
+        wide = some.device.type == "cuda" and some.dtype == torch.float32
+        self.gemm_conv_min_channels = GEMM_CONV_MIN_CHANNELS if wide else None
         return self
+
+    def _gemm(self, channels: int) -> bool:
+        return self.gemm_conv_min_channels is not None and channels >= self.gemm_conv_min_channels
 
     @torch.no_grad()
     def dequantize(self, codes: Tensor) -> Tensor:
@@ -186,8 +214,9 @@ class CodecDecoder(FlatWeights):
             x = F.conv_transpose1d(x, w[p + ".conv_t1.weight"], w[p + ".conv_t1.bias"], stride=s,
                                    padding=math.ceil(s / 2), output_padding=s % 2)
             start = span[0] * s
+            gemm = self._gemm(x.shape[1])
             for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
-                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake)
+                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake, gemm)
         x = snake(_cut(x, start, plan.conv2_input), w["acoustic_decoder.snake1.alpha"])
         x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=OUTER_HALF)
         return _cut(x, plan.conv2_input[0], plan.keep)[:, 0, :]  # no tanh (Higgs removes it)

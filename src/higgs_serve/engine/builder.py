@@ -119,6 +119,8 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
     codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
+    if codec_precision == "tf32":
+        codec.gemm_conv_min_channels = None  # cuDNN's TF32 convs beat a float32 GEMM
     codec.load_state(cast_tensors(codec_tensors, codec_dtype, codec_device))
     codec.eval()
     encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}

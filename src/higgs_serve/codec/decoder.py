@@ -84,7 +84,7 @@ def decode_range(strides: tuple[int, ...], frames: int, keep_frames: tuple[int, 
 
     Each stage runs on a slice with its own "same" zero padding. Where a slice edge is the
     window's edge that padding is the whole-window decode's own; elsewhere it corrupts a margin
-    next to the edge, which the slice is widened to cover: k positions for a k7 conv (k = 3),
+    next to the edge, which the slice is widened to cover: 3 positions for a k7 conv,
     and for a block ConvTranspose1d(k = 2s, stride s, padding p) + residual units: an output t
     reads inputs floor((t + p) / s) - 1 and floor((t + p) / s), then the units spread by
     Σ 3·dilation = 39 positions. Results equal the whole-window decode's to float rounding.

@@ -72,6 +72,10 @@ class WindowShape(NamedTuple):
     def keep(self) -> tuple[int, int]:
         return self.keep_start, self.keep_end
 
+    @property
+    def kept_frames(self) -> int:
+        return self.keep_end - self.keep_start
+
 
 @dataclass(frozen=True)
 class Window:

@@ -4,15 +4,16 @@ At batch 1 the decoder is bound by kernel launches (~150 of them: 29 Snakes, ~60
 the RVQ dequantise), ~5 ms for the 5-frame first window that sits on time to first audio. One
 graph per shape the runner warms up (`streaming_window_shapes` × batch 1..max_batch_windows)
 turns those launches into one. A shape is the window length and the frames it keeps: the graph
-computes only what those frames need (`decoder.decode_range`). Everything is captured at start-up, after the eager warm-up has
-built every cuDNN plan and compiled every Triton kernel, largest shape first, into one shared
-memory pool, on the codec's own stream; never lazily on live traffic. A batch of any other shape
+computes only what those frames need (`decoder.decode_range`). Everything is captured at
+start-up, after the eager warm-up has built every cuDNN plan and compiled every Triton kernel,
+largest shape first, into one shared memory pool, on the codec's own stream; never lazily on
+live traffic. A batch of any other shape
 (a final window, which keeps its last frames too) runs eagerly.
 
 Each window length has one static codes buffer [max_batch, T, Q] int64 and each shape one static
-audio buffer [max_batch, kept frames·hop] float32; batch b reads and writes their first b rows. The graphs of
-one pool replay one at a time on the codec thread, so they may share intermediate memory; the
-audio a replay leaves is copied to the host before the next replay overwrites it.
+audio buffer [max_batch, kept frames·hop] float32; batch b reads and writes their first b rows.
+The graphs of one pool replay one at a time on the codec thread, so they may share intermediate
+memory; the audio a replay leaves is copied to the host before the next replay overwrites it.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class CodecGraphs:
                 self._codes[shape.frames] = torch.zeros(max_batch, shape.frames, self.num_codebooks, dtype=torch.int64,
                                                         device=self.device)
             codes = self._codes[shape.frames]
-            kept = (shape.keep_end - shape.keep_start) * self.samples_per_frame
-            audio = self._audio[shape] = torch.zeros(max_batch, kept, dtype=torch.float32, device=self.device)
+            audio = self._audio[shape] = torch.zeros(max_batch, shape.kept_frames * self.samples_per_frame,
+                                                     dtype=torch.float32, device=self.device)
             for batch in sorted(set(batch_sizes), reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream):

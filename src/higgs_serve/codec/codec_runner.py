@@ -1,10 +1,11 @@
 """Stage 1: decodes codec windows of many requests in batched calls, on its own thread and stream.
 
 Each window is a stateless decode (SPEC §1.9), so windows of different requests with the same
-length stack into one batch; the batch computes only what the frames its windows keep need. Windows of one request are delivered in the order they were
-submitted. The thread never waits on Stage 0: the talker keeps stepping while windows decode.
-On CUDA with `cuda_graphs`, batches of a shape warmed up at start-up replay a captured graph of
-the whole decoder (`codec_graphs.py`); any other shape decodes eagerly.
+length stack into one batch; the batch computes only what the frames its windows keep need.
+Windows of one request are delivered in the order they were submitted. The thread never waits on
+Stage 0: the talker keeps stepping while windows decode. On CUDA with `cuda_graphs`, batches of a
+shape warmed up at start-up replay a captured graph of the whole decoder (`codec_graphs.py`); any
+other shape decodes eagerly.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ YAML shape (names follow vllm-omni's deploy YAML):
     connectors:
       talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
         extra: {codec_chunk_frames, codec_left_context_frames,
-                codec_right_holdback_frames, initial_codec_chunk_frames}   # SPEC §1.9
+                codec_right_holdback_frames, initial_codec_chunk_frames,   # SPEC §1.9
+                codec_chunk_doubling}                                      # codec/chunker.py
     stages:
       - stage_id: 0                  # talker: see TalkerStageConfig
       - stage_id: 1                  # codec: see CodecStageConfig
@@ -183,6 +184,9 @@ class StreamingWindowConfig:
     codec_left_context_frames: int = 25  # L: frames re-decoded before a chunk, then cut
     codec_right_holdback_frames: int = 4  # H: frames held back until more arrive
     initial_codec_chunk_frames: int = 1  # I: first chunk size (time to first audio)
+    # later chunks as long as all audio sent before them, up to C: no stream runs dry at start
+    # (false: SPEC §1.9's plain rule, C after the first chunk; see codec/chunker.py)
+    codec_chunk_doubling: bool = True
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ def _build_streaming(connectors: Section) -> StreamingWindowConfig:
         codec_left_context_frames=extra.integer("codec_left_context_frames", 25, 0),
         codec_right_holdback_frames=extra.integer("codec_right_holdback_frames", 4, 0),
         initial_codec_chunk_frames=extra.integer("initial_codec_chunk_frames", 1, 1),
+        codec_chunk_doubling=extra.boolean("codec_chunk_doubling", True),
     )
     for section in (extra, connector, connectors):
         section.finish()

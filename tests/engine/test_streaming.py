@@ -29,12 +29,16 @@ def _decode(loaded, frames: np.ndarray) -> np.ndarray:
         return loaded.codec(torch.from_numpy(frames)[None]).float()[0].numpy()
 
 
-def expected_chunk_sizes(num_frames: int, chunk: int, holdback: int, initial: int) -> list[int]:
-    """SPEC §1.9 for a request whose de-delayed frame count D grows 1, 2, ..., num_frames."""
+def expected_chunk_sizes(num_frames: int, chunk: int, holdback: int, initial: int, doubling: bool = True) -> list[int]:
+    """SPEC §1.9 (with chunk doubling unless told otherwise) for a request whose de-delayed frame
+    count D grows 1, 2, ..., num_frames."""
     sizes, emitted = [], 0
     for available in range(1, num_frames + 1):
         target = available - holdback
-        threshold = initial if emitted == 0 and 0 < initial < chunk else chunk
+        if emitted == 0:
+            threshold = initial if 0 < initial < chunk else chunk
+        else:
+            threshold = min(chunk, emitted) if doubling else chunk
         if target - emitted >= threshold:
             sizes.append(target - emitted)
             emitted = target
@@ -86,6 +90,13 @@ def wide_engine(tiny_loaded):
     eng.close()
 
 
+@pytest.fixture(scope="module")
+def plain_rule_engine(tiny_loaded):
+    eng = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4, window={"codec_chunk_doubling": False}))
+    yield eng
+    eng.close()
+
+
 def _run_recorded(engine, request):
     recorder = WindowRecorder(engine)
     try:
@@ -103,20 +114,33 @@ def _seams(res) -> list[int]:
 def test_default_chunk_schedule(default_engine):
     params = default_engine.core.window
     assert (params.chunk_frames, params.left_context_frames, params.right_holdback_frames,
-            params.initial_chunk_frames) == (25, 25, 4, 1)  # the shipped profile
+            params.initial_chunk_frames, params.chunk_doubling) == (25, 25, 4, 1, True)  # the shipped profile
     res, windows = _run_recorded(default_engine, speech("s", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     sizes = [c.num_frames for c in res.chunks]
-    assert sizes == expected_chunk_sizes(NUM_FRAMES, 25, 4, 1) == [1, 25, 25, 9]
+    assert sizes == expected_chunk_sizes(NUM_FRAMES, 25, 4, 1) == [1, 1, 2, 4, 8, 16, 28]
     assert [len(c.audio) for c in res.chunks] == [n * SAMPLES_PER_FRAME for n in sizes]
-    assert [c.is_final for c in res.chunks] == [False, False, False, True]
+    assert [c.is_final for c in res.chunks] == [False] * 6 + [True]
     assert res.chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in res.chunks[:-1])
     # the first chunk leaves as soon as I = 1 frame is past the holdback: D = I + H frames,
     # i.e. 7 + I + H rows (codebook 7 lags 7 rows)
     assert windows[0] == (7 + 1 + 4, 1 + 4, 0, 4, False)
+    # then once D - H reaches twice what was sent; the window re-decodes min(L, sent) frames
+    assert windows[1] == (7 + 2 + 4, 1 + 1 + 4, 1, 4, False)
+    assert windows[3] == (7 + 8 + 4, 4 + 4 + 4, 4, 4, False)
+    assert windows[5] == (7 + 32 + 4, 16 + 16 + 4, 16, 4, False)
+    assert windows[6] == (NUM_FRAMES + 8, 25 + 28, 25, 0, True)  # the final flush, H = 0
+
+
+def test_plain_rule_chunk_schedule(plain_rule_engine):
+    """`codec_chunk_doubling: false`: SPEC §1.9 as written, C frames right after the first chunk."""
+    res, windows = _run_recorded(plain_rule_engine, speech("p", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
+    sizes = [c.num_frames for c in res.chunks]
+    assert sizes == expected_chunk_sizes(NUM_FRAMES, 25, 4, 1, doubling=False) == [1, 25, 25, 9]
+    assert windows[0] == (7 + 1 + 4, 1 + 4, 0, 4, False)
     # later chunks: when D - H - emitted reaches C; the window re-decodes min(L, emitted) frames
     assert windows[1] == (7 + 26 + 4, 1 + 25 + 4, 1, 4, False)
     assert windows[2] == (7 + 51 + 4, 25 + 25 + 4, 25, 4, False)
-    assert windows[3] == (NUM_FRAMES + 8, 25 + 9, 25, 0, True)  # the final flush, H = 0
+    assert windows[3] == (NUM_FRAMES + 8, 25 + 9, 25, 0, True)
 
 
 def test_non_streamed_request_is_one_shot_and_same_codes(default_engine, tiny_loaded):
@@ -133,7 +157,7 @@ def test_wide_window_stream_equals_one_shot(wide_engine, tiny_loaded, receptive_
     params = wide_engine.core.window
     assert params.left_context_frames >= left_rf and params.right_holdback_frames >= right_rf
     res, _ = _run_recorded(wide_engine, speech("w", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
-    assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 16, 1) == [1, 25, 34]
+    assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 16, 1) == [1, 1, 2, 4, 8, 16, 28]
     oneshot = _decode(tiny_loaded, res.frames)
     assert len(res.audio) == len(oneshot) == NUM_FRAMES * SAMPLES_PER_FRAME
     error = np.abs(res.audio - oneshot).max() / np.abs(oneshot).max()

@@ -31,9 +31,10 @@ def assert_covers_exactly(windows: list[Window], total: int) -> None:
     assert windows[-1].is_final and all(not w.is_final for w in windows[:-1])
 
 
-def test_default_timeline_matches_reference_deployment():
-    # One push per talker step: D = 0, 1, 2, ... de-delayed frames; finish at D = 100.
-    chunker = StreamChunker(WindowParams(25, 25, 4, 1))
+def test_plain_rule_timeline_matches_reference_deployment():
+    # SPEC §1.9 without chunk doubling. One push per talker step: D = 0, 1, 2, ... de-delayed
+    # frames; finish at D = 100.
+    chunker = StreamChunker(WindowParams(25, 25, 4, 1, chunk_doubling=False))
     emitted = run_pushes(chunker, list(range(0, 101)))
     d_at = [d for d, _ in emitted]
     windows = [w for _, w in emitted]
@@ -63,6 +64,7 @@ def test_random_pushes_cover_every_frame_once(seed):
         left_context_frames=rng.randint(0, 30),
         right_holdback_frames=rng.randint(0, 6),
         initial_chunk_frames=rng.randint(0, 35),
+        chunk_doubling=rng.random() < 0.5,
     )
     counts, d = [], 0
     for _ in range(rng.randint(1, 60)):
@@ -89,15 +91,17 @@ def test_final_flush_of_a_zero_frame_request():
     assert StreamChunker().push(0, finished=True) == Window(0, 0, 0, 0, 0, True)
 
 
+@pytest.mark.parametrize("doubling", [False, True])
 @pytest.mark.parametrize("initial", [0, 25, 40])
-def test_initial_chunk_off_when_zero_or_not_below_chunk(initial):
-    chunker = StreamChunker(WindowParams(25, 25, 4, initial))
-    emitted = run_pushes(chunker, list(range(0, 40)))
+def test_initial_chunk_off_when_zero_or_not_below_chunk(initial, doubling):
+    chunker = StreamChunker(WindowParams(25, 25, 4, initial, doubling))
+    emitted = run_pushes(chunker, list(range(0, 60)))
     assert emitted[0] == (29, Window(0, 29, 0, 4, 25, False))
+    assert emitted[1] == (54, Window(0, 54, 25, 4, 25, False))  # nothing to double: C from the start
 
 
 def test_initial_chunk_smaller_than_chunk_is_used_once():
-    chunker = StreamChunker(WindowParams(10, 25, 4, 3))
+    chunker = StreamChunker(WindowParams(10, 25, 4, 3, chunk_doubling=False))
     emitted = run_pushes(chunker, list(range(0, 30)))
     assert [d for d, _ in emitted[:3]] == [7, 17, 27]
     assert emitted[0][1] == Window(0, 7, 0, 4, 3, False)
@@ -112,6 +116,43 @@ def test_no_left_context_and_no_holdback():
         Window(5, 12, 0, 0, 7, False),
         Window(12, 13, 0, 0, 1, True),
     ]
+
+
+def test_chunk_doubling_timeline():
+    # Shipped profiles: I = 1, then each chunk as long as everything sent before it, up to C.
+    chunker = StreamChunker(WindowParams(25, 10, 4, 1, chunk_doubling=True))
+    emitted = run_pushes(chunker, list(range(0, 101)))
+    assert [w.new_frames for _, w in emitted] == [1, 1, 2, 4, 8, 16, 25, 25, 18]
+    # the chunk after `e` frames were sent is cut once e more exist (+ the holdback): D = 2e + H
+    assert [d for d, _ in emitted][:7] == [5, 6, 8, 12, 20, 36, 61]
+    assert emitted[3][1] == Window(0, 12, 4, 4, 4, False)  # left context = all 4 frames sent so far
+    assert emitted[5][1] == Window(6, 36, 10, 4, 16, False)  # left context capped at L = 10
+    assert emitted[6][1] == Window(22, 61, 10, 4, 25, False)  # steady state
+    assert_covers_exactly([w for _, w in emitted], 100)
+
+
+def test_chunk_doubling_keeps_a_real_time_player_fed():
+    """A player that starts at the first audio and plays at 1x never runs dry while each talker
+    step (one frame of 40 ms) takes at most 20 ms; the plain rule runs dry after its first chunk
+    unless steps are C / I times faster than real time."""
+    def stalls(params: WindowParams, step_s: float) -> float:
+        chunker, frame_s = StreamChunker(params), 0.04
+        play_end, stalled = None, 0.0  # when the audio received so far runs out
+        for d in range(1, 300):
+            window = chunker.push(d, finished=False)
+            if window is None:
+                continue
+            now = d * step_s
+            if play_end is not None and now > play_end:
+                stalled += now - play_end
+            play_end = max(play_end or now, now) + window.new_frames * frame_s
+        return stalled
+
+    for left in (10, 25):
+        for step_s in (0.001, 0.003, 0.01, 0.02):
+            assert stalls(WindowParams(25, left, 4, 1, chunk_doubling=True), step_s) == 0.0
+        assert stalls(WindowParams(25, left, 4, 1, chunk_doubling=False), 0.003) > 0.02
+    assert stalls(WindowParams(25, 10, 4, 1, chunk_doubling=True), 0.03) > 0.0  # the documented limit
 
 
 def test_jump_emits_all_pending_frames_at_once():
@@ -142,20 +183,31 @@ def test_params_validation_and_from_config():
         codec_left_context_frames=10,
         codec_right_holdback_frames=3,
         initial_codec_chunk_frames=2,
+        codec_chunk_doubling=False,
     )
-    assert WindowParams.from_config(config) == WindowParams(20, 10, 3, 2)
+    assert WindowParams.from_config(config) == WindowParams(20, 10, 3, 2, False)
+    with pytest.raises(TypeError, match="chunk_doubling"):
+        WindowParams(chunk_doubling=1)
 
 
 def test_streaming_window_shapes_are_the_first_chunk_ramp_and_steady_state():
     from higgs_serve.codec.chunker import WindowShape, streaming_window_shapes
 
-    # SPEC §1.9 defaults: first window I + H, then min(L, I) + C + H, then L + C + H; each keeps
-    # its new frames (after its left context, before its holdback)
-    assert streaming_window_shapes(WindowParams()) == (WindowShape(5, 0, 1), WindowShape(30, 1, 26),
-                                                       WindowShape(54, 25, 50))
+    # SPEC §1.9's plain rule: first window I + H, then min(L, I) + C + H, then L + C + H; each
+    # keeps its new frames (after its left context, before its holdback)
+    plain = WindowParams(chunk_doubling=False)
+    assert streaming_window_shapes(plain) == (WindowShape(5, 0, 1), WindowShape(30, 1, 26),
+                                              WindowShape(54, 25, 50))
     assert streaming_window_shapes(WindowParams(initial_chunk_frames=0)) == (WindowShape(29, 0, 25),
                                                                              WindowShape(54, 25, 50))
-    assert streaming_window_shapes(WindowParams(left_context_frames=0, right_holdback_frames=0)) == (
-        WindowShape(1, 0, 1), WindowShape(25, 0, 25))
-    assert streaming_window_shapes(WindowParams(left_context_frames=10)) == (
+    assert streaming_window_shapes(WindowParams(left_context_frames=0, right_holdback_frames=0,
+                                                chunk_doubling=False)) == (WindowShape(1, 0, 1), WindowShape(25, 0, 25))
+    assert streaming_window_shapes(WindowParams(left_context_frames=10, chunk_doubling=False)) == (
         WindowShape(5, 0, 1), WindowShape(30, 1, 26), WindowShape(39, 10, 35))
+    # chunk doubling (the shipped profiles): chunks of 1, 1, 2, 4, 8, 16 frames, then C
+    assert streaming_window_shapes(WindowParams(left_context_frames=10)) == (
+        WindowShape(5, 0, 1), WindowShape(6, 1, 2), WindowShape(8, 2, 4), WindowShape(12, 4, 8),
+        WindowShape(20, 8, 16), WindowShape(30, 10, 26), WindowShape(39, 10, 35))
+    assert streaming_window_shapes(WindowParams()) == (
+        WindowShape(5, 0, 1), WindowShape(6, 1, 2), WindowShape(8, 2, 4), WindowShape(12, 4, 8),
+        WindowShape(20, 8, 16), WindowShape(36, 16, 32), WindowShape(54, 25, 50))

@@ -6,7 +6,8 @@ enough new frames have accumulated:
 
     target  = D − H_eff                 (H_eff = H while streaming, 0 once the request finished)
     pending = target − emitted
-    emit when pending ≥ threshold       (I for the first chunk when 0 < I < C, else C);
+    emit when pending ≥ threshold       (I for the first chunk when 0 < I < C, else C; with
+                                        chunk doubling, min(C, emitted) after the first);
                                         the final push always emits (possibly an empty window)
     decode frames [emitted − L_eff, target + H_eff),   L_eff = min(L, emitted)
     keep the middle: cut L_eff frames (·960 samples) in front and H_eff frames at the back
@@ -14,6 +15,14 @@ enough new frames have accumulated:
 The left context only feeds the decoder's receptive field; the right holdback keeps the newest
 frames (whose audio the non-causal decoder would change once later frames exist) for the next
 window.
+
+Chunk doubling (on in the shipped profiles; off is SPEC §1.9's plain rule): after a first chunk
+of I frames the plain rule waits for C more frames, C talker steps, while a player that started at
+the first audio holds only I·40 ms, so every stream ran dry once, at any load (even at c = 1).
+With doubling each chunk is as long as all audio sent before it (1, 1, 2, 4, 8, 16, then C): the
+player's lead grows with the stream, and a stream whose talker steps take at most 20 ms (twice
+real time) never runs dry; the slack left under 20 ms covers the codec's latency. The price is a
+few more codec calls per stream, all of them short windows.
 """
 
 from __future__ import annotations
@@ -32,8 +41,11 @@ class WindowParams:
     left_context_frames: int = 25  # L: frames decoded before the new ones, then cut
     right_holdback_frames: int = 4  # H: newest frames held back until more arrive
     initial_chunk_frames: int = 1  # I: first-chunk size; 0 (or ≥ C) means "use C"
+    chunk_doubling: bool = True  # later chunks as long as all sent before them, up to C
 
     def __post_init__(self) -> None:
+        if not isinstance(self.chunk_doubling, bool):
+            raise TypeError(f"WindowParams.chunk_doubling must be a bool, got {self.chunk_doubling!r}")
         for name in ("chunk_frames", "left_context_frames", "right_holdback_frames", "initial_chunk_frames"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -51,12 +63,15 @@ class WindowParams:
             left_context_frames=config.codec_left_context_frames,
             right_holdback_frames=config.codec_right_holdback_frames,
             initial_chunk_frames=config.initial_codec_chunk_frames,
+            chunk_doubling=config.codec_chunk_doubling,
         )
 
     def threshold(self, emitted_frames: int) -> int:
         """New frames needed before a non-final chunk is emitted."""
-        if emitted_frames == 0 and 0 < self.initial_chunk_frames < self.chunk_frames:
-            return self.initial_chunk_frames
+        if emitted_frames == 0:
+            return self.initial_chunk_frames if 0 < self.initial_chunk_frames < self.chunk_frames else self.chunk_frames
+        if self.chunk_doubling:
+            return min(self.chunk_frames, emitted_frames)
         return self.chunk_frames
 
 
@@ -110,20 +125,21 @@ class Window:
         return self.trim_back_frames * SAMPLES_PER_FRAME
 
 
-def streaming_window_shapes(params: WindowParams, windows: int = 4) -> tuple[WindowShape, ...]:
-    """Shapes of the first `windows` non-final windows of a stream that gains one frame at a time
-    (first chunk, the ramp of left context, steady state): the codec shapes almost every
-    streaming call has, worth compiling before traffic arrives."""
+def streaming_window_shapes(params: WindowParams) -> tuple[WindowShape, ...]:
+    """Shapes of the non-final windows of a stream that gains one frame at a time, from the first
+    chunk through the ramps of chunk size and left context to the first steady-state window: the
+    codec shapes almost every streaming call has, worth compiling before traffic arrives."""
     chunker = StreamChunker(params)
     shapes: set[WindowShape] = set()
-    available = emitted = 0
-    while emitted < windows:
+    steady_from = max(params.left_context_frames, params.chunk_frames)  # full left context, chunks of C
+    available = 0
+    while True:
         available += 1
         window = chunker.push(available, finished=False)
         if window is not None:
             shapes.add(window.shape)
-            emitted += 1
-    return tuple(sorted(shapes))
+            if window.new_start_frame >= steady_from:
+                return tuple(sorted(shapes))
 
 
 class StreamChunker:

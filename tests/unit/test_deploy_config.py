@@ -130,7 +130,7 @@ def test_shipped_sampling_and_streaming_values(name):
     assert sp.max_tokens == 2048
     st = config.streaming
     assert (st.codec_chunk_frames, st.codec_left_context_frames,
-            st.codec_right_holdback_frames, st.initial_codec_chunk_frames) == (25, 25, 4, 1)
+            st.codec_right_holdback_frames, st.initial_codec_chunk_frames, st.codec_chunk_doubling) == (25, 25, 4, 1, True)
     assert config.async_chunk is True
 
 
@@ -339,6 +339,8 @@ TOP_LEVEL_ERRORS = [
      f"connectors.{CONNECTOR_NAME}.extra.codec_chunk_frames", "below the minimum 1"),
     ({"connectors": {CONNECTOR_NAME: {"extra": {"codec_right_holdback_frames": -1}}}},
      f"connectors.{CONNECTOR_NAME}.extra.codec_right_holdback_frames", "below the minimum 0"),
+    ({"connectors": {CONNECTOR_NAME: {"extra": {"codec_chunk_doubling": "yes"}}}},
+     f"connectors.{CONNECTOR_NAME}.extra.codec_chunk_doubling", "expected true or false"),
     ({"stages": [{"stage_id": 1, "enforce_eager": "no"}]}, "stages[1].enforce_eager",
      "expected true or false"),
     ({"stages": [{"stage_id": 1, "dtype": "int8"}]}, "stages[1].dtype", "not one of float32"),

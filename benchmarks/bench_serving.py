@@ -15,6 +15,9 @@ Metrics (SPEC §2.3, the references' definitions):
 - underruns: a real-time player starts at the first audio byte and plays at 1x; when it has
   played everything received so far before the stream ended it stalls until the next bytes
   arrive. Reported: requests with >= 1 stall, total and worst stall seconds.
+- time to gapless audio: client time from sending the request to the earliest moment a player
+  could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
+  what a client that buffers before playing must wait).
 - GPU memory: the largest nvidia-smi memory.used seen while the level ran (if nvidia-smi exists).
 
 Usage:
@@ -130,6 +133,11 @@ class RequestRecord:
     def latency_s(self) -> float | None:
         return None if self.end is None else self.end - self.sent
 
+    @property
+    def gapless_s(self) -> float | None:
+        start = gapless_start(self.arrivals, BYTES_PER_SAMPLE * self.sample_rate)
+        return None if start is None else start - self.sent
+
 
 def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> list[float]:
     """Stall lengths (s) of a real-time player fed by `arrivals` [(time, bytes)].
@@ -151,6 +159,19 @@ def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> li
         else:
             play_end += duration
     return stalls
+
+
+def gapless_start(arrivals: list[tuple[float, int]], bytes_per_s: float) -> float | None:
+    """The earliest start time from which a 1x player never stalls: every read must arrive
+    before the audio received ahead of it has played, so start >= t_i - (bytes before i) / rate
+    for every read i (the first read gives start >= its own time)."""
+    start, received = None, 0
+    for t, n in arrivals:
+        if n <= 0:
+            continue
+        start = max(start if start is not None else t, t - received / bytes_per_s)
+        received += n
+    return start
 
 
 def request_body(index: int, args: argparse.Namespace) -> dict:
@@ -250,6 +271,7 @@ def engine_step_metrics(before: dict[str, float], after: dict[str, float]) -> di
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
     ok = [r for r in records if r.ok]
     ttfa = [r.ttfa_s * 1e3 for r in ok]
+    gapless = [r.gapless_s * 1e3 for r in ok]
     rtf = [r.latency_s / r.audio_s for r in ok]
     latency = [r.latency_s for r in ok]
     audio = sum(r.audio_s for r in ok)
@@ -265,6 +287,7 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
         "window_s": window_s,
         "ttfa_ms_p50": percentile(ttfa, 50), "ttfa_ms_p90": percentile(ttfa, 90),
         "ttfa_ms_p99": percentile(ttfa, 99), "ttfa_ms_mean": mean(ttfa),
+        "gapless_ms_p50": percentile(gapless, 50), "gapless_ms_p99": percentile(gapless, 99),
         "rtf_mean": mean(rtf), "rtf_p50": percentile(rtf, 50), "rtf_p99": percentile(rtf, 99),
         "latency_s_p50": percentile(latency, 50), "latency_s_p99": percentile(latency, 99),
         "audio_s_total": audio,
@@ -407,7 +430,7 @@ def print_table(result: dict) -> None:
         ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
-        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"),
+        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"), ("gpu_mem_used_mib_max", "GPU MiB"),
     ]))
 

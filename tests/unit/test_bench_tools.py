@@ -45,6 +45,18 @@ def test_playback_stalls_pause_and_resume():
     assert bench_serving.playback_stalls([(i * 0.5, 48_000) for i in range(10)], bps) == []
 
 
+def test_gapless_start_is_the_earliest_stall_free_start():
+    bps = 48_000.0
+    # stalls 0.5 s when started at the first byte: starting 0.5 s later plays it all without a gap
+    arrivals = [(0.0, 48_000), (0.5, 48_000), (2.5, 48_000), (3.0, 24_000)]
+    assert bench_serving.gapless_start(arrivals, bps) == pytest.approx(0.5)
+    # a stream that never stalls can start at its first byte
+    assert bench_serving.gapless_start([(0.2 + i * 0.5, 48_000) for i in range(10)], bps) == pytest.approx(0.2)
+    # a 40 ms first chunk, then the next after 75 ms: playback must wait 35 ms
+    assert bench_serving.gapless_start([(0.0, 1_920), (0.075, 48_000)], bps) == pytest.approx(0.035)
+    assert bench_serving.gapless_start([], bps) is None
+
+
 def test_level_metrics_follow_the_reference_definitions():
     rec = bench_serving.RequestRecord
     frames = 25
@@ -60,6 +72,8 @@ def test_level_metrics_follow_the_reference_definitions():
     assert m["audio_s_per_s"] == pytest.approx(2.0 / 1.1)
     assert m["requests_per_s"] == pytest.approx(2 / 1.1)
     assert m["underrun_requests"] == 1 and m["stall_s_total"] == pytest.approx(0.2)
+    # a: gapless from its first byte (200 ms); b: 0.2 s later than its first byte (500 ms)
+    assert m["gapless_ms_p50"] == pytest.approx(350.0)
     assert "429" in m["errors"][0]
 
 

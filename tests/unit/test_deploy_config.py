@@ -130,7 +130,8 @@ def test_shipped_sampling_and_streaming_values(name):
     assert sp.max_tokens == 2048
     st = config.streaming
     assert (st.codec_chunk_frames, st.codec_left_context_frames,
-            st.codec_right_holdback_frames, st.initial_codec_chunk_frames, st.codec_chunk_doubling) == (25, 25, 4, 1, True)
+            st.codec_right_holdback_frames, st.initial_codec_chunk_frames,
+            st.codec_chunk_doubling) == (25, 25, 4, 1, True)
     assert config.async_chunk is True
 
 

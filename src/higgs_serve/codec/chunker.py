@@ -69,7 +69,8 @@ class WindowParams:
     def threshold(self, emitted_frames: int) -> int:
         """New frames needed before a non-final chunk is emitted."""
         if emitted_frames == 0:
-            return self.initial_chunk_frames if 0 < self.initial_chunk_frames < self.chunk_frames else self.chunk_frames
+            first = self.initial_chunk_frames
+            return first if 0 < first < self.chunk_frames else self.chunk_frames
         if self.chunk_doubling:
             return min(self.chunk_frames, emitted_frames)
         return self.chunk_frames

@@ -9,7 +9,8 @@ as its last one finished). Every request streams raw 16-bit PCM over chunked HTT
 (`max_new_tokens = min_new_tokens = N`; random weights never stop on their own), one seed each.
 
 Metrics (SPEC §2.3, the references' definitions):
-- TTFA: client time from sending the request to the first non-empty audio bytes.
+- TTFA: client time from sending the request to the first non-empty audio bytes; beside it the
+  server's own mean TTFA over the level (its /metrics histogram: arrival to first chunk).
 - RTF: end-to-end latency / audio duration (PCM bytes / (2 * sample rate)).
 - audio s/s: total audio seconds / wall seconds of the measured window (first send to last end).
 - underruns: a real-time player starts at the first audio byte and plays at 1x; when it has
@@ -243,10 +244,14 @@ async def closed_loop(client: httpx.AsyncClient, url: str, indices: list[int], c
 
 ENGINE_SERIES = ("higgs_serve_stage0_step_seconds_sum", "higgs_serve_stage0_step_seconds_count",
                  "higgs_serve_stage0_rows_total")
+# The server's own TTFA (request arrival to first chunk): beside the client's TTFA it tells time
+# spent in the server from time spent in the client and on the wire.
+SERVER_TTFA_SERIES = ("higgs_serve_ttfa_seconds_sum", "higgs_serve_ttfa_seconds_count")
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The Stage 0 step counters of the server's /metrics ({} if it has none: another server)."""
+    """The Stage 0 step and TTFA counters of the server's /metrics ({} if it has none: another
+    server)."""
     try:
         text = (await client.get(f"{url}/metrics")).text
     except httpx.HTTPError:
@@ -254,7 +259,7 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ENGINE_SERIES:
+        if name in ENGINE_SERIES or name in SERVER_TTFA_SERIES:
             values[name] = float(value)
     return values
 
@@ -266,6 +271,14 @@ def engine_step_metrics(before: dict[str, float], after: dict[str, float]) -> di
     seconds, steps, rows = (after[n] - before[n] for n in ENGINE_SERIES)
     return {"engine_steps": int(steps), "engine_step_ms_mean": 1e3 * seconds / steps if steps else None,
             "engine_rows_per_step": rows / steps if steps else None}
+
+
+def server_ttfa_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Mean server-side TTFA over a level, from two /metrics scrapes (None without them)."""
+    if not all(name in before and name in after for name in SERVER_TTFA_SERIES):
+        return {"server_ttfa_ms_mean": None}
+    seconds, count = (after[n] - before[n] for n in SERVER_TTFA_SERIES)
+    return {"server_ttfa_ms_mean": 1e3 * seconds / count if count else None}
 
 
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
@@ -328,6 +341,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         await poller
     metrics = level_metrics(concurrency, records, window, args.frames)
     metrics.update(engine_step_metrics(counters_before, counters_after))
+    metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
 
@@ -428,7 +442,7 @@ def print_table(result: dict) -> None:
           f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
     print(markdown_table(result["levels"], [
         ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
-        ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
+        ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"), ("gpu_mem_used_mib_max", "GPU MiB"),

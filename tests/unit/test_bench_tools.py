@@ -85,6 +85,13 @@ def test_engine_step_metrics_from_two_scrapes():
     assert bench_serving.engine_step_metrics({}, after)["engine_step_ms_mean"] is None  # a server without them
 
 
+def test_server_ttfa_from_two_scrapes():
+    before = dict(zip(bench_serving.SERVER_TTFA_SERIES, (2.0, 10.0)))
+    after = dict(zip(bench_serving.SERVER_TTFA_SERIES, (6.0, 50.0)))
+    assert bench_serving.server_ttfa_metrics(before, after) == {"server_ttfa_ms_mean": pytest.approx(100.0)}
+    assert bench_serving.server_ttfa_metrics({}, after) == {"server_ttfa_ms_mean": None}
+
+
 def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
     args = bench_serving.parse_args(["--model", "m", "--frames", "40", "--seed", "7"])
     body = bench_serving.request_body(3, args)

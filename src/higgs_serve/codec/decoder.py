@@ -34,6 +34,7 @@ __all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "DecodeRange", "check_codes", "
            "residual_unit", "snake"]
 
 RESIDUAL_DILATIONS = (1, 3, 9)
+RESIDUAL_REACH = sum(3 * d for d in RESIDUAL_DILATIONS)  # positions a block's three k7 units see each way
 OUTER_KERNEL = 7  # conv1 and conv2
 OUTER_HALF = OUTER_KERNEL // 2
 GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in float32 on an H200
@@ -53,8 +54,7 @@ def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
     half = OUTER_HALF
     first, last = -half, cfg.hop_length - 1 + half  # conv2, in output samples of frame 0
     for s in reversed(cfg.upsampling_ratios):
-        widen = sum(3 * d for d in RESIDUAL_DILATIONS)  # the block's residual units
-        first, last = first - widen, last + widen
+        first, last = first - RESIDUAL_REACH, last + RESIDUAL_REACH
         pad = math.ceil(s / 2)
         first, last = -((-(first + pad - 2 * s + 1)) // s), (last + pad) // s
     return half - first, last + half  # conv1, at the frame rate
@@ -92,21 +92,20 @@ def decode_range(strides: tuple[int, ...], frames: int, keep_frames: tuple[int, 
     hop = math.prod(strides)
     if not 0 <= keep_frames[0] < keep_frames[1] <= frames:
         raise ValueError(f"keep frames {keep_frames} must be a non-empty range within the {frames}-frame window")
-    spread = sum(3 * d for d in RESIDUAL_DILATIONS)
     length = frames * hop
-    a, b = keep_frames[0] * hop, keep_frames[1] * hop
-    conv2_input = (max(0, a - OUTER_HALF), min(length, b + OUTER_HALF))
+    keep = (keep_frames[0] * hop, keep_frames[1] * hop)
+    conv2_input = (max(0, keep[0] - OUTER_HALF), min(length, keep[1] + OUTER_HALF))
     a, b = conv2_input
     block_inputs = []
     for s in reversed(strides):
         length //= s
         pad = math.ceil(s / 2)
-        lo = max(0, (a + pad - spread) // s - 1)
-        hi = min(length, -(-(b + pad + spread) // s))
+        lo = max(0, (a + pad - RESIDUAL_REACH) // s - 1)
+        hi = min(length, -(-(b + pad + RESIDUAL_REACH) // s))
         block_inputs.append((lo, hi))
         a, b = lo, hi
     first = (max(0, a - OUTER_HALF), min(frames, b + OUTER_HALF))
-    return DecodeRange(first, tuple(reversed(block_inputs)), conv2_input, (keep_frames[0] * hop, keep_frames[1] * hop))
+    return DecodeRange(first, tuple(reversed(block_inputs)), conv2_input, keep)
 
 
 def _cut(x: Tensor, start: int, span: tuple[int, int]) -> Tensor:

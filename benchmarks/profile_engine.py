@@ -2,7 +2,9 @@
 streamed requests of exactly `--frames` frames submitted at once, with the real codec and with
 the codec stubbed out (windows delivered as silence at once), so the difference is what Stage 1
 costs Stage 0 (GPU sharing and its thread's share of the GIL). Optionally a cProfile of the
-engine thread (`--profile`, run separately: profiling slows Python down).
+engine thread (`--profile`, run separately: profiling slows Python down), and a GPU timeline
+(`--gpu-trace`: one more run under torch.profiler, summarised by `gpu_timeline.py`: how long the
+GPU was busy, each stream's share, how much they overlapped, the idle gaps).
 
 Reported per run: wall s, engine steps, mean step ms (wall / steps), rows per step, and where
 the first audio's time goes: time to the first chunk (TTFA without HTTP), the first engine step's
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
+from gpu_timeline import summarize_file  # noqa: E402
 from common import (command_line, device_description, git_commit, markdown_table, now_iso,  # noqa: E402
                     profile_listing, write_json)
 
@@ -117,6 +121,17 @@ def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) ->
     return row, profile_listing(prof, top)
 
 
+def gpu_traced(engine: SyncEngine, batch: int, frames: int, tag: str) -> tuple[dict, dict]:
+    """One run under torch.profiler (device activity only), and the summary of its timeline."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        row = run(engine, batch, frames, tag)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return row, summarize_file(f.name)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -127,18 +142,24 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=250)
     p.add_argument("--codec", nargs="+", choices=["real", "stubbed"], default=["real", "stubbed"])
     p.add_argument("--profile", action="store_true", help="also one cProfiled run per codec mode")
+    p.add_argument("--gpu-trace", action="store_true", help="also one run per codec mode under torch.profiler")
     p.add_argument("--top", type=int, default=None, help="functions listed per profile (with --profile; default 25)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.top is not None and not args.profile:
         p.error("--top sets the length of the --profile listing; add --profile")
     args.top = 25 if args.top is None else args.top
+    if args.gpu_trace:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--gpu-trace traces CUDA kernels: it needs a CUDA device")
     options = RuntimeOptions(load_format=args.load_format, device=args.device)
     loaded = load_model(args.model, options)
     # as `higgs-serve serve --max-num-seqs B` would: the profile's capture sizes fitted to B
     deploy = deploy_from_args(argparse.Namespace(deploy_config=args.deploy_config, stage_overrides=None,
                                                  max_num_seqs=args.batch, device=args.device), loaded.model_dir)
-    rows, profiles = [], {}
+    rows, profiles, timelines = [], {}, {}
     for codec in args.codec:
         engine = SyncEngine(loaded, deploy, options)
         try:
@@ -152,6 +173,10 @@ def main() -> None:
                 rows.append({"codec": codec, **row})
                 profiles[codec] = text
                 print(text, flush=True)
+            if args.gpu_trace:
+                row, timelines[codec] = gpu_traced(engine, args.batch, args.frames, f"{codec}-gpu-traced")
+                rows.append({"codec": codec, **row})
+                print(timelines[codec], flush=True)
         finally:
             engine.close()
     print(markdown_table(rows, [("codec", "codec"), ("run", "run"), ("batch", "B"), ("wall_s", "wall s"),
@@ -162,7 +187,7 @@ def main() -> None:
     if args.out:
         write_json(args.out, {"tool": "profile_engine", "command": command_line(), "git_commit": git_commit(),
                               "device": device_description(), "time": now_iso(), "rows": rows,
-                              "profiles": profiles})
+                              "profiles": profiles, "gpu_timelines": timelines})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def _load(name: str):
 
 bench_serving = _load("bench_serving")
 bench_step = _load("bench_step")
+gpu_timeline = _load("gpu_timeline")
 
 
 # ------------------------------------------------------------------------------ serving metrics
@@ -90,6 +91,28 @@ def test_server_ttfa_from_two_scrapes():
     after = dict(zip(bench_serving.SERVER_TTFA_SERIES, (6.0, 50.0)))
     assert bench_serving.server_ttfa_metrics(before, after) == {"server_ttfa_ms_mean": pytest.approx(100.0)}
     assert bench_serving.server_ttfa_metrics({}, after) == {"server_ttfa_ms_mean": None}
+
+
+def test_gpu_timeline_counts_busy_overlap_and_gaps():
+    def kernel(stream, ts, dur, name="k"):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    trace = {"traceEvents": [
+        kernel(7, 0, 100), kernel(7, 150, 50),  # step stream: 150 µs busy, a 50 µs gap inside
+        kernel(9, 180, 100, "conv"),  # codec stream: overlaps the step stream for 20 µs
+        kernel(9, 1500, 10, "conv"),  # after a 1,220 µs idle gap
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host side: ignored
+    ]}
+    s = gpu_timeline.summarize(gpu_timeline.gpu_events(trace))
+    assert s["events"] == 4
+    assert s["span_ms"] == pytest.approx(1.51)
+    assert s["busy_ms"] == pytest.approx((100 + 130 + 10) / 1e3)
+    assert s["streams_sum_ms"] == pytest.approx((150 + 110) / 1e3)
+    assert s["overlap_ms"] == pytest.approx(0.02)
+    assert s["streams"]["9"]["top_ms"] == {"conv": pytest.approx(0.11)}
+    assert s["idle_gaps"]["10-100us"] == {"count": 1, "ms": pytest.approx(0.05)}
+    assert s["idle_gaps"]["1000-infus"] == {"count": 1, "ms": pytest.approx(1.22)}
+    assert gpu_timeline.summarize([]) == {"events": 0}
 
 
 def test_request_body_asks_for_exactly_n_streamed_pcm_frames():

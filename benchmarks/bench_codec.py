@@ -36,7 +36,6 @@ from common import command_line, device_description, git_commit, markdown_table,
 
 from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
-from higgs_serve.codec.conv_split import MODES as UNIT_MODES  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake  # noqa: E402
 from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
@@ -48,17 +47,14 @@ ERR_BATCH = 4  # windows compared against the float64 decode
 CONTEXT_FRAMES = 29  # L + H of the default streaming window (SPEC §1.9)
 
 
-def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True,
-             unit_mode: str | None = None) -> CodecDecoder:
+def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True) -> CodecDecoder:
     """The decoder as the engine builds it for `precision` (`gemm_convs` False: every k7 conv on
-    cuDNN, as before the float32 GEMM form; `unit_mode`: the residual units on the tensor cores,
-    `codec/conv_split.py`)."""
+    cuDNN, as before the float32 GEMM form)."""
     dtype = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[precision]
     dec = CodecDecoder(spec.codec).to(device=device, dtype=dtype)
     if precision == "tf32" or not gemm_convs:
         dec.gemm_conv_min_channels = None
     dec.load_state({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()})
-    dec.set_unit_mode(unit_mode)
     return dec.eval()
 
 
@@ -143,8 +139,6 @@ def main() -> None:
     ap.add_argument("--cudnn-benchmark", nargs="+", choices=["off", "on"], default=["off"],
                     help="torch.backends.cudnn.benchmark (cuDNN times its algorithms per shape at the first call); "
                          "both values run side by side")
-    ap.add_argument("--unit-modes", nargs="+", choices=["torch", *UNIT_MODES], default=["torch"],
-                    help="float32 residual units: torch (cuDNN / SGEMM) or on the tensor cores (codec/conv_split.py)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -164,15 +158,12 @@ def main() -> None:
     del ref64
     shapes = [window_shape(w, new, args.holdback, keep) for keep in args.keep for w, new in zip(args.windows, new_frames)]
     rows = []
-    for precision, tuned, gemm, units in itertools.product(args.precisions, args.cudnn_benchmark, args.gemm_convs,
-                                                           args.unit_modes):
+    for precision, tuned, gemm in itertools.product(args.precisions, args.cudnn_benchmark, args.gemm_convs):
         if gemm == "off" and precision != "float32" and "on" in args.gemm_convs:
             continue  # the GEMM form is float32's only: one row per other precision
-        if units != "torch" and (precision != "float32" or device.type != "cuda"):
-            continue  # so are the tensor-core units, on CUDA
         torch.backends.cudnn.benchmark = tuned == "on"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
-        dec = _decoder(spec, codec_tensors, precision, device, gemm == "on", None if units == "torch" else units)
+        dec = _decoder(spec, codec_tensors, precision, device, gemm == "on")
         fused_snake = dec.snake
         for path in paths:
             dec.snake = snake if path == "torch" else fused_snake
@@ -188,12 +179,11 @@ def main() -> None:
                 for b in args.batch:
                     seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w], shape), args.iters, device)
                     audio_s = b * new / spec.codec.frame_rate
-                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "gemm_convs": gemm, "units": units,
-                                 "path": path,
+                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "gemm_convs": gemm, "path": path,
                                  "window_frames": w, "new_frames": new, "keep": keep, "keep_frames": list(shape.keep),
                                  "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
                                  "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-                    print(f"{precision:9s} cudnn-bench {tuned:3s} gemm {gemm:3s} units {units:6s} {path:5s} T={w:3d} keep {keep:6s} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                    print(f"{precision:9s} cudnn-bench {tuned:3s} gemm {gemm:3s} {path:5s} T={w:3d} keep {keep:6s} B={b:3d} {seconds * 1e3:8.2f} ms  "
                           f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
             del graphs
             if device.type == "cuda":
@@ -201,7 +191,7 @@ def main() -> None:
         del dec
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("gemm_convs", "GEMM convs"), ("units", "units"), ("path", "path"), ("window_frames", "window"), ("keep", "keep"),
+    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("gemm_convs", "GEMM convs"), ("path", "path"), ("window_frames", "window"), ("keep", "keep"),
                                   ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
                                   ("err_rel_peak", "max err / peak")])
     print(table)

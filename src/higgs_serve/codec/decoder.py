@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.codec import conv_split
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.snake import SnakeFn, snake, snake_for
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
@@ -164,10 +163,6 @@ class CodecDecoder(FlatWeights):
         self.snake: SnakeFn = snake_for("cpu")
         # k7 convs of this many channels and more run as a GEMM (None: never); see the module doc
         self.gemm_conv_min_channels: int | None = None
-        # the residual units on the tensor cores (codec/conv_split.py) in this split mode, float32
-        # on CUDA only (None: the torch form above)
-        self.unit_mode: str | None = None
-        self._units: dict[str, conv_split.UnitWeights] = {}
 
     def _apply(self, fn, recurse=True):
         """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake and
@@ -178,40 +173,7 @@ class CodecDecoder(FlatWeights):
         self.snake = snake_for(some.device, some.dtype)
         wide = some.device.type == "cuda" and some.dtype == torch.float32
         self.gemm_conv_min_channels = GEMM_CONV_MIN_CHANNELS if wide else None
-        self._split_units()
         return self
-
-    def load_state(self, tensors: dict[str, Tensor]) -> None:
-        super().load_state(tensors)
-        self._split_units()
-
-    def set_unit_mode(self, mode: str | None) -> None:
-        """Run the residual units with `conv_split` in `mode` (None: the torch form). Needs a
-        float32 decoder on CUDA; the split weights are rebuilt whenever the weights move or load."""
-        if mode is not None and not self._tensor_core_units_apply():
-            some = self.weights[next(iter(self.weights))]
-            raise ValueError(f"tensor-core residual units need a float32 decoder on CUDA, not {some.dtype} on "
-                             f"{some.device}")
-        self.unit_mode = mode
-        self._split_units()
-
-    def _tensor_core_units_apply(self) -> bool:
-        some = self.weights[next(iter(self.weights))]
-        return some.device.type == "cuda" and some.dtype == torch.float32
-
-    def _split_units(self) -> None:
-        """The split weights of every residual unit `conv_split` takes (units of widths it cannot
-        tile, in tiny test geometries, keep the torch form)."""
-        self._units = {}
-        if self.unit_mode is None or not self._tensor_core_units_apply():
-            return
-        w = self._w()
-        for i, _ in enumerate(self.cfg.upsampling_ratios):
-            for u in range(1, len(RESIDUAL_DILATIONS) + 1):
-                prefix = f"acoustic_decoder.block.{i}.res_unit{u}"
-                c_out, c_in, _ = w[prefix + ".conv1.weight"].shape
-                if conv_split.fits(c_in, c_out):
-                    self._units[prefix] = conv_split.unit_weights(w, prefix, self.unit_mode)
 
     def _gemm(self, channels: int) -> bool:
         return self.gemm_conv_min_channels is not None and channels >= self.gemm_conv_min_channels
@@ -253,9 +215,7 @@ class CodecDecoder(FlatWeights):
             start = span[0] * s
             gemm = self._gemm(x.shape[1])
             for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
-                tc = self._units.get(f"{p}.res_unit{u}")
-                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake, gemm) if tc is None else \
-                    conv_split.residual_unit_tc(x, tc, d)
+                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake, gemm)
         x = snake(_cut(x, start, plan.conv2_input), w["acoustic_decoder.snake1.alpha"])
         x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=OUTER_HALF)
         return _cut(x, plan.conv2_input[0], plan.keep)[:, 0, :]  # no tanh (Higgs removes it)

@@ -26,13 +26,18 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _gaps_us(spans: list[tuple[float, float]]) -> list[float]:
+def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Idle intervals (start, end) between the union's pieces."""
     gaps, end = [], None
     for a, b in sorted(spans):
         if end is not None and a > end:
-            gaps.append(a - end)
+            gaps.append((end, a))
         end = b if end is None else max(end, b)
     return gaps
+
+
+def _where(t: float, start: float, span: float) -> str:
+    return f"{(t - start) / 1e3:.1f} ms ({100 * (t - start) / span:.0f} %)"
 
 
 def gpu_events(trace: dict) -> list[dict]:
@@ -40,8 +45,10 @@ def gpu_events(trace: dict) -> list[dict]:
     return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
 
 
-def summarize(events: list[dict], top: int = 5) -> dict:
-    """Busy / overlap / gaps over the span of `events` (each with ts, dur in µs and args.stream)."""
+def summarize(events: list[dict], top: int = 5, middle: float = 0.8) -> dict:
+    """Busy / overlap / gaps over the span of `events` (each with ts, dur in µs and args.stream),
+    the busy fraction of the `middle` part of the span alone (the steady state, away from a
+    run's start and drain), and the `top` longest idle gaps with the kernels on either side."""
     if not events:
         return {"events": 0}
     spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events]
@@ -58,16 +65,29 @@ def summarize(events: list[dict], top: int = 5) -> dict:
         heavy = sorted(names[stream].items(), key=lambda kv: -kv[1])[:top]
         streams[stream] = {"events": len(s), "busy_ms": _union_us(s) / 1e3,
                            "top_ms": {name: round(us / 1e3, 3) for name, us in heavy}}
-    gaps = _gaps_us(spans)
+    gap_spans = _gaps(spans)
+    gaps = [b - a for a, b in gap_spans]
     edges = (0.0, *GAP_BINS_US, float("inf"))
     bins = {f"{lo:g}-{hi:g}us": {"count": sum(lo <= g < hi for g in gaps),
                                  "ms": sum(g for g in gaps if lo <= g < hi) / 1e3}
             for lo, hi in zip(edges, edges[1:])}
+    lo, hi = start + (1 - middle) / 2 * (end - start), end - (1 - middle) / 2 * (end - start)
+    inner = [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
+    ends = sorted((b, e) for (_, b), e in zip(spans, events))
+    starts = sorted((a, e) for (a, _), e in zip(spans, events))
+    longest = []
+    for a, b in sorted(gap_spans, key=lambda g: g[0] - g[1])[:top]:
+        before = max((x for x in ends if x[0] <= a), key=lambda x: x[0], default=(None, {}))[1]
+        after = next((e for t, e in starts if t >= b), {})
+        longest.append({"at": _where(a, start, end - start), "ms": (b - a) / 1e3,
+                        "before": f"{before.get('args', {}).get('stream', '?')}:{before.get('name', '?')[:50]}",
+                        "after": f"{after.get('args', {}).get('stream', '?')}:{after.get('name', '?')[:50]}"})
     stream_sum = sum(v["busy_ms"] for v in streams.values())
     return {"events": len(events), "span_ms": (end - start) / 1e3, "busy_ms": busy / 1e3,
             "busy_fraction": busy / (end - start) if end > start else 1.0,
+            f"busy_fraction_middle_{middle:g}": _union_us(inner) / (hi - lo) if hi > lo else 1.0,
             "streams_sum_ms": stream_sum, "overlap_ms": stream_sum - busy / 1e3,
-            "idle_gaps": bins, "streams": streams}
+            "idle_gaps": bins, "longest_gaps": longest, "streams": streams}
 
 
 def summarize_file(path: str | Path, top: int = 5) -> dict:

@@ -92,6 +92,22 @@ def test_raw_streaming_with_the_openai_client(oai, fmt):
     assert body == expected_pcm(7)
 
 
+def test_streams_report_the_server_time_to_first_audio(fake_server, http):
+    engine = fake_server.engine
+    engine.step_delay_s = 0.05  # the fake's first chunk comes one step after the request
+    try:
+        for fmt in ("audio", "sse"):
+            t0 = time.perf_counter()
+            with http.stream("POST", "/v1/audio/speech", json={
+                    "input": TEXT, "response_format": "pcm", "stream_format": fmt}) as response:
+                client_ms = 1e3 * (time.perf_counter() - t0)  # headers leave with the first audio
+                server_ms = float(response.headers["x-time-to-first-audio-ms"])
+                response.read()
+            assert 45 <= server_ms <= client_ms
+    finally:
+        engine.step_delay_s = 0.0
+
+
 def test_sse_deltas_equal_the_non_streamed_audio(oai, http):
     with oai.audio.speech.with_streaming_response.create(
             model=MODEL_NAME, input=TEXT, voice="default", response_format="pcm",

@@ -62,7 +62,8 @@ def test_level_metrics_follow_the_reference_definitions():
     rec = bench_serving.RequestRecord
     frames = 25
     n = frames * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
-    a = rec(index=0, sent=0.0, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)])
+    a = rec(index=0, sent=0.0, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)],
+            server_ttfa_ms=150.0)
     b = rec(index=1, sent=0.1, status=200, first_audio=0.4, end=1.1, num_bytes=n,
             arrivals=[(0.4, n // 2), (1.1, n // 2)])  # 0.5 s buffered at 0.4, next bytes at 1.1: 0.2 s stall
     bad = rec(index=2, sent=0.0, status=429, error="queue full", end=0.01)
@@ -75,6 +76,7 @@ def test_level_metrics_follow_the_reference_definitions():
     assert m["underrun_requests"] == 1 and m["stall_s_total"] == pytest.approx(0.2)
     # a: gapless from its first byte (200 ms); b: 0.2 s later than its first byte (500 ms)
     assert m["gapless_ms_p50"] == pytest.approx(350.0)
+    assert m["outside_server_ms_p50"] == pytest.approx(50.0)  # only a reports the server's share
     assert "429" in m["errors"][0]
 
 
@@ -112,6 +114,11 @@ def test_gpu_timeline_counts_busy_overlap_and_gaps():
     assert s["streams"]["9"]["top_ms"] == {"conv": pytest.approx(0.11)}
     assert s["idle_gaps"]["10-100us"] == {"count": 1, "ms": pytest.approx(0.05)}
     assert s["idle_gaps"]["1000-infus"] == {"count": 1, "ms": pytest.approx(1.22)}
+    assert s["longest_gaps"][0] == {"at": "0.3 ms (19 %)", "ms": pytest.approx(1.22), "before": "9:conv",
+                                    "after": "9:conv"}
+    assert s["longest_gaps"][1]["before"] == "7:k" and s["longest_gaps"][1]["after"] == "7:k"
+    # the middle 80 % (151–1359 µs) holds the end of the codec kernel (151–280) and idles after it
+    assert s["busy_fraction_middle_0.8"] == pytest.approx((280 - 151) / (1359 - 151))
     assert gpu_timeline.summarize([]) == {"events": 0}
 
 

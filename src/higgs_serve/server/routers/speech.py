@@ -77,7 +77,10 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
         raise
     if plan.mode == "file":
         return await _file_response(generation, request, state)
-    headers = {**_stream_headers(plan, state), "Cache-Control": "no-cache"}
+    # the server's own share of the time to first audio, as OpenAI reports its processing time:
+    # beside the client's own TTFA it tells time in the server from time on the way to it
+    headers = {**_stream_headers(plan, state), "Cache-Control": "no-cache",
+               "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
         return StreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
                                  headers={**headers, "X-Accel-Buffering": "no"},

@@ -73,8 +73,8 @@ def summarize(events: list[dict], top: int = 5, middle: float = 0.8) -> dict:
             for lo, hi in zip(edges, edges[1:])}
     lo, hi = start + (1 - middle) / 2 * (end - start), end - (1 - middle) / 2 * (end - start)
     inner = [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
-    ends = sorted((b, e) for (_, b), e in zip(spans, events))
-    starts = sorted((a, e) for (a, _), e in zip(spans, events))
+    ends = sorted(((b, e) for (_, b), e in zip(spans, events)), key=lambda x: x[0])
+    starts = sorted(((a, e) for (a, _), e in zip(spans, events)), key=lambda x: x[0])
     longest = []
     for a, b in sorted(gap_spans, key=lambda g: g[0] - g[1])[:top]:
         before = max((x for x in ends if x[0] <= a), key=lambda x: x[0], default=(None, {}))[1]

@@ -103,14 +103,15 @@ def test_gpu_timeline_counts_busy_overlap_and_gaps():
         kernel(7, 0, 100), kernel(7, 150, 50),  # step stream: 150 µs busy, a 50 µs gap inside
         kernel(9, 180, 100, "conv"),  # codec stream: overlaps the step stream for 20 µs
         kernel(9, 1500, 10, "conv"),  # after a 1,220 µs idle gap
+        kernel(7, 1500, 10, "k"),  # starts and ends with the one before: ties must sort
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host side: ignored
     ]}
     s = gpu_timeline.summarize(gpu_timeline.gpu_events(trace))
-    assert s["events"] == 4
+    assert s["events"] == 5
     assert s["span_ms"] == pytest.approx(1.51)
     assert s["busy_ms"] == pytest.approx((100 + 130 + 10) / 1e3)
-    assert s["streams_sum_ms"] == pytest.approx((150 + 110) / 1e3)
-    assert s["overlap_ms"] == pytest.approx(0.02)
+    assert s["streams_sum_ms"] == pytest.approx((160 + 110) / 1e3)
+    assert s["overlap_ms"] == pytest.approx(0.03)
     assert s["streams"]["9"]["top_ms"] == {"conv": pytest.approx(0.11)}
     assert s["idle_gaps"]["10-100us"] == {"count": 1, "ms": pytest.approx(0.05)}
     assert s["idle_gaps"]["1000-infus"] == {"count": 1, "ms": pytest.approx(1.22)}

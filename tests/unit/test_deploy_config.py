@@ -497,3 +497,14 @@ def test_codec_tf32_precision_is_accepted_and_reaches_the_builder(tiny_model_dir
     assert deploy.stage1.dtype == "tf32"
     loaded = load_model(str(tiny_model_dir), RuntimeOptions(device="cpu"), deploy)
     assert next(loaded.codec.parameters()).dtype == torch.float32
+
+
+BENCHMARK_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BENCHMARK_CONFIGS, ids=lambda p: p.name)
+def test_every_benchmark_config_loads(path):
+    """The configs the results README's commands name must stay valid as keys change."""
+    assert BENCHMARK_CONFIGS
+    config = load_deploy_config(str(path), MODEL_TYPE)
+    assert config.stage0.max_num_seqs >= 1

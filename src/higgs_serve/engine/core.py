@@ -7,7 +7,6 @@ never held while the GPU works.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import secrets
@@ -149,14 +148,7 @@ class EngineCore:
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
-        """Start the codec thread, then the step loop's thread.
-
-        First the objects that start-up left (modules, weights' wrappers, captured graphs) move
-        out of the cyclic collector's reach (`gc.freeze`): a collection that walks them stalls
-        the step loop's host work while the GPU waits (a lead from the engine loop's GPU
-        timeline, benchmarks/results/README.md)."""
-        gc.collect()
-        gc.freeze()
+        """Start the codec thread, then the step loop's thread."""
         self.codec.start()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()

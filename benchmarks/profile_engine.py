@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
-from gpu_timeline import summarize_file  # noqa: E402
 from common import (command_line, device_description, git_commit, markdown_table, now_iso,  # noqa: E402
                     profile_listing, write_json)
+from gpu_timeline import summarize_file  # noqa: E402
 
 from higgs_serve.cli import deploy_from_args  # noqa: E402
 from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
@@ -123,8 +124,6 @@ def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) ->
 
 def gpu_traced(engine: SyncEngine, batch: int, frames: int, tag: str) -> tuple[dict, dict]:
     """One run under torch.profiler (device activity only), and the summary of its timeline."""
-    import torch
-
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         row = run(engine, batch, frames, tag)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -149,11 +148,8 @@ def main() -> None:
     if args.top is not None and not args.profile:
         p.error("--top sets the length of the --profile listing; add --profile")
     args.top = 25 if args.top is None else args.top
-    if args.gpu_trace:
-        import torch
-
-        if not torch.cuda.is_available():
-            p.error("--gpu-trace traces CUDA kernels: it needs a CUDA device")
+    if args.gpu_trace and not torch.cuda.is_available():
+        p.error("--gpu-trace traces CUDA kernels: it needs a CUDA device")
     options = RuntimeOptions(load_format=args.load_format, device=args.device)
     loaded = load_model(args.model, options)
     # as `higgs-serve serve --max-num-seqs B` would: the profile's capture sizes fitted to B

@@ -9,6 +9,7 @@ times and little overlap; an engine held back by its host shows idle gaps.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def _where(t: float, start: float, span: float) -> str:
     return f"{(t - start) / 1e3:.1f} ms ({100 * (t - start) / span:.0f} %)"
 
 
+def _label(event: dict) -> str:
+    return f"{event.get('args', {}).get('stream', '?')}:{event.get('name', '?')[:50]}"
+
+
 def gpu_events(trace: dict) -> list[dict]:
     """The device-side events (kernels, copies, memsets) of a Chrome trace dict."""
     return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
@@ -59,29 +64,30 @@ def summarize(events: list[dict], top: int = 5, middle: float = 0.8) -> dict:
         stream = str(e.get("args", {}).get("stream", "?"))
         by_stream[stream].append(span)
         names[stream][e.get("name", "?")[:60]] += span[1] - span[0]
-    busy = _union_us(spans)
+    gap_spans = _gaps(spans)
+    gaps = [b - a for a, b in gap_spans]
+    busy = (end - start) - sum(gaps)  # the union of all spans: the span less its idle gaps
     streams = {}
     for stream, s in sorted(by_stream.items(), key=lambda kv: -sum(b - a for a, b in kv[1])):
         heavy = sorted(names[stream].items(), key=lambda kv: -kv[1])[:top]
         streams[stream] = {"events": len(s), "busy_ms": _union_us(s) / 1e3,
                            "top_ms": {name: round(us / 1e3, 3) for name, us in heavy}}
-    gap_spans = _gaps(spans)
-    gaps = [b - a for a, b in gap_spans]
     edges = (0.0, *GAP_BINS_US, float("inf"))
     bins = {f"{lo:g}-{hi:g}us": {"count": sum(lo <= g < hi for g in gaps),
                                  "ms": sum(g for g in gaps if lo <= g < hi) / 1e3}
             for lo, hi in zip(edges, edges[1:])}
     lo, hi = start + (1 - middle) / 2 * (end - start), end - (1 - middle) / 2 * (end - start)
     inner = [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
-    ends = sorted(((b, e) for (_, b), e in zip(spans, events)), key=lambda x: x[0])
-    starts = sorted(((a, e) for (a, _), e in zip(spans, events)), key=lambda x: x[0])
+    by_end = sorted(range(len(spans)), key=lambda i: spans[i][1])
+    by_start = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    end_times = [spans[i][1] for i in by_end]
+    start_times = [spans[i][0] for i in by_start]
     longest = []
     for a, b in sorted(gap_spans, key=lambda g: g[0] - g[1])[:top]:
-        before = max((x for x in ends if x[0] <= a), key=lambda x: x[0], default=(None, {}))[1]
-        after = next((e for t, e in starts if t >= b), {})
+        before = events[by_end[bisect_right(end_times, a) - 1]]  # a gap starts where a span ended
+        after = events[by_start[bisect_left(start_times, b)]]  # and ends where one starts
         longest.append({"at": _where(a, start, end - start), "ms": (b - a) / 1e3,
-                        "before": f"{before.get('args', {}).get('stream', '?')}:{before.get('name', '?')[:50]}",
-                        "after": f"{after.get('args', {}).get('stream', '?')}:{after.get('name', '?')[:50]}"})
+                        "before": _label(before), "after": _label(after)})
     stream_sum = sum(v["busy_ms"] for v in streams.values())
     return {"events": len(events), "span_ms": (end - start) / 1e3, "busy_ms": busy / 1e3,
             "busy_fraction": busy / (end - start) if end > start else 1.0,

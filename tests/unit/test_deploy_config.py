@@ -502,9 +502,12 @@ def test_codec_tf32_precision_is_accepted_and_reaches_the_builder(tiny_model_dir
 BENCHMARK_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.yaml"))
 
 
+def test_benchmark_configs_are_found():
+    assert BENCHMARK_CONFIGS  # the test below would otherwise pass on no configs at all
+
+
 @pytest.mark.parametrize("path", BENCHMARK_CONFIGS, ids=lambda p: p.name)
 def test_every_benchmark_config_loads(path):
     """The configs the results README's commands name must stay valid as keys change."""
-    assert BENCHMARK_CONFIGS
     config = load_deploy_config(str(path), MODEL_TYPE)
     assert config.stage0.max_num_seqs >= 1

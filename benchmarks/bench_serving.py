@@ -250,6 +250,9 @@ ENGINE_SERIES = ("higgs_serve_stage0_step_seconds_sum", "higgs_serve_stage0_step
 # The server's own TTFA (request arrival to first chunk): beside the client's TTFA it tells time
 # spent in the server from time spent in the client and on the wire.
 SERVER_TTFA_SERIES = ("higgs_serve_ttfa_seconds_sum", "higgs_serve_ttfa_seconds_count")
+# Stage 1's batching: windows per codec call, and how much of the level the codec thread decoded.
+CODEC_SERIES = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
+                "higgs_serve_codec_graph_calls_total", "higgs_serve_codec_busy_seconds_total")
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -262,7 +265,7 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ENGINE_SERIES or name in SERVER_TTFA_SERIES:
+        if name in ENGINE_SERIES or name in SERVER_TTFA_SERIES or name in CODEC_SERIES:
             values[name] = float(value)
     return values
 
@@ -282,6 +285,17 @@ def server_ttfa_metrics(before: dict[str, float], after: dict[str, float]) -> di
         return {"server_ttfa_ms_mean": None}
     seconds, count = (after[n] - before[n] for n in SERVER_TTFA_SERIES)
     return {"server_ttfa_ms_mean": 1e3 * seconds / count if count else None}
+
+
+def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
+    """Stage 1 over a level, from two /metrics scrapes: windows per call, the share of calls that
+    replayed a graph, and the codec thread's busy fraction of the window (None without them)."""
+    if not all(name in before and name in after for name in CODEC_SERIES):
+        return {"codec_windows_per_call": None, "codec_graph_call_fraction": None, "codec_busy_fraction": None}
+    calls, windows, graph_calls, busy = (after[n] - before[n] for n in CODEC_SERIES)
+    return {"codec_windows_per_call": windows / calls if calls else None,
+            "codec_graph_call_fraction": graph_calls / calls if calls else None,
+            "codec_busy_fraction": busy / window_s if window_s > 0 else None}
 
 
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
@@ -349,6 +363,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     metrics = level_metrics(concurrency, records, window, args.frames)
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
+    metrics.update(codec_metrics(counters_before, counters_after, window))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
 
@@ -452,7 +467,8 @@ def print_table(result: dict) -> None:
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("outside_server_ms_p50", "outside server p50 ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gapless_ms_p50", "gapless p50 ms"),
-        ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"), ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
+        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"), ("gpu_mem_used_mib_max", "GPU MiB"),
     ]))
 
 

@@ -168,6 +168,9 @@ class CodecStageConfig:
     # run eagerly. true: always eager (saves the graph pool's memory and the capture time).
     enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
+    # how long a window of a stream well ahead of its listener may wait for others of its length
+    # (codec/codec_runner.py); 0: every window decodes as soon as the codec thread is free
+    max_batch_wait_ms: int = 0
     devices: str = "0"
     dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
 
@@ -265,8 +268,8 @@ def resolve_codec_graph_path(stage1: CodecStageConfig, cuda_available: bool) -> 
         return CodecGraphPath.EAGER, f"{where}: the codec decodes eagerly (CUDA graphs need a CUDA device)"
     return CodecGraphPath.CUDA_GRAPHS, (
         "enforce_eager: false: the whole codec decoder replays a CUDA graph per (window length, "
-        "batch size) warmed up at start-up (streaming window lengths x batch 1-max_batch_windows); "
-        "other shapes decode eagerly")
+        "batch size) warmed up at start-up (streaming window lengths x a ladder of batch sizes up to "
+        "max_batch_windows, a batch padded to the next); other shapes decode eagerly")
 
 
 def _torch_device(devices: str) -> str:

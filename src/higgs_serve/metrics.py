@@ -44,19 +44,32 @@ ENGINE_GAUGES: dict[str, tuple[str, str]] = {
 }
 
 
+# Stage 1's running totals in the engine's stats, exported as counters. Windows per call
+# (windows / calls) is the codec's batching: small batches cost Stage 0 the SMs they hold.
+CODEC_COUNTERS: dict[str, tuple[str, str]] = {
+    "codec_calls": ("codec_calls", "Batched codec decodes (Stage 1)."),
+    "codec_windows": ("codec_windows", "Streaming windows the codec decoded."),
+    "codec_graph_calls": ("codec_graph_calls", "Codec decodes that replayed a CUDA graph."),
+    "codec_busy_seconds": ("codec_busy_seconds", "Wall seconds the codec thread spent decoding."),
+}
+
+
 class _EngineGauges(Collector):
     """Reads the engine's stats and the server's in-flight count at scrape time."""
 
-    def __init__(self, engine_stats: Callable[[], Mapping[str, int]],
+    def __init__(self, engine_stats: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], int]):
         self._engine_stats = engine_stats
         self._in_flight = in_flight
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         stats = self._engine_stats()
         for key, (name, help_text) in ENGINE_GAUGES.items():
             if key in stats:
                 yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
+        for key, (name, help_text) in CODEC_COUNTERS.items():
+            if key in stats:
+                yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
         yield GaugeMetricFamily(f"{PREFIX}_server_in_flight_requests",
                                 "Speech requests admitted by the server and not yet finished.",
                                 value=self._in_flight())
@@ -93,7 +106,7 @@ class _ReferenceCounters(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], Mapping[str, int]],
+    def __init__(self, engine_stats: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], int], reference_encoder: object | None = None):
         """reference_encoder: the server's cloning hook (None = cloning off: no such metrics)."""
         self.registry = CollectorRegistry()

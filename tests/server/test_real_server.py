@@ -174,6 +174,16 @@ def test_bad_requests_then_the_engine_still_serves(http):
     assert len(_pcm(http, 1)) == FRAMES * 960 * 2
 
 
+def test_codec_counters_count_the_windows_of_a_request(http):
+    names = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
+             "higgs_serve_codec_busy_seconds_total", "higgs_serve_codec_graph_calls_total")
+    before = [metric(http, name) for name in names]
+    _pcm(http, 7)  # not streamed: one window for the whole clip
+    calls, windows, busy, graph_calls = (metric(http, n) - b for n, b in zip(names, before))
+    assert (calls, windows, graph_calls) == (1, 1, 0)  # CPU: eager
+    assert busy > 0
+
+
 def _idle_state(http: httpx.Client) -> tuple[float, float, float]:
     return (metric(http, "higgs_serve_server_in_flight_requests"),
             metric(http, "higgs_serve_running_requests"),

@@ -88,6 +88,15 @@ def test_engine_step_metrics_from_two_scrapes():
     assert bench_serving.engine_step_metrics({}, after)["engine_step_ms_mean"] is None  # a server without them
 
 
+def test_codec_batching_from_two_scrapes():
+    before = dict(zip(bench_serving.CODEC_SERIES, (10.0, 30.0, 5.0, 1.0)))
+    after = dict(zip(bench_serving.CODEC_SERIES, (20.0, 110.0, 13.0, 4.0)))
+    assert bench_serving.codec_metrics(before, after, window_s=10.0) == {
+        "codec_windows_per_call": pytest.approx(8.0), "codec_graph_call_fraction": pytest.approx(0.8),
+        "codec_busy_fraction": pytest.approx(0.3)}
+    assert bench_serving.codec_metrics({}, after, 10.0)["codec_windows_per_call"] is None
+
+
 def test_server_ttfa_from_two_scrapes():
     before = dict(zip(bench_serving.SERVER_TTFA_SERIES, (2.0, 10.0)))
     after = dict(zip(bench_serving.SERVER_TTFA_SERIES, (6.0, 50.0)))

@@ -2,8 +2,10 @@
 
 At batch 1 the decoder is bound by kernel launches (~150 of them: 29 Snakes, ~60 convolutions,
 the RVQ dequantise), ~5 ms for the 5-frame first window that sits on time to first audio. One
-graph per shape the runner warms up (`streaming_window_shapes` × batch 1..max_batch_windows)
-turns those launches into one. A shape is the window length and the frames it keeps: the graph
+graph per shape the runner warms up (`streaming_window_shapes` × `graph_batch_sizes`) turns
+those launches into one; a batch between two captured sizes replays the next larger one, its
+extra rows decoding whatever codes the static buffer last held (each row is decoded on its own,
+so they change nothing but the time). A shape is the window length and the frames it keeps: the graph
 computes only what those frames need (`decoder.decode_range`). Everything is captured at
 start-up, after the eager warm-up has built every cuDNN plan and compiled every Triton kernel,
 largest shape first, into one shared memory pool, on the codec's own stream; never lazily on
@@ -27,6 +29,16 @@ from torch import Tensor
 from higgs_serve.codec.chunker import WindowShape
 
 logger = logging.getLogger(__name__)
+
+
+# Captured batch sizes: steps of at most 1.5x, so a padded batch wastes at most a third of its
+# rows (a quarter on average) and a max_batch_windows of 64 needs 12 graphs a shape, not 64.
+_BATCH_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes captured per window shape: the ladder up to `max_batch`, and `max_batch`."""
+    return tuple(sorted({b for b in _BATCH_LADDER if b < max_batch} | {max_batch}))
 
 
 class CodecGraphs:
@@ -80,8 +92,12 @@ class CodecGraphs:
                     max_batch, seconds, pool_bytes / 2**20)
         return {"graphs": len(self._graphs), "capture_s": seconds, "pool_bytes": pool_bytes}
 
+    def _padded(self, batch: int, shape: WindowShape) -> int | None:
+        """The smallest captured batch of `shape` that holds `batch` windows (None: none)."""
+        return min((b for s, b in self._graphs if s == shape and b >= batch), default=None)
+
     def serves(self, batch: int, shape: WindowShape) -> bool:
-        return (shape, batch) in self._graphs
+        return self._padded(batch, shape) is not None
 
     @torch.inference_mode()  # the static buffers are inference tensors (made in capture)
     def replay(self, codes: Tensor, shape: WindowShape) -> Tensor:
@@ -90,6 +106,6 @@ class CodecGraphs:
         next replay. Call it on `stream` (the runner's decode does)."""
         batch, frames, _ = codes.shape
         self._codes[frames][:batch].copy_(codes)
-        self._graphs[(shape, batch)].replay()
+        self._graphs[(shape, self._padded(batch, shape))].replay()
         self.num_replays += 1
         return self._audio[shape][:batch]

@@ -127,7 +127,7 @@ class AsyncEngine:
         if self.core is not None:
             self.core.abort(request_id)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         return self.core.stats() if self.core is not None else {}
 
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from higgs_serve.codec.chunker import Window, WindowParams
-from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, PlaybackClock
 from higgs_serve.engine.output_stream import OutputStream
 from higgs_serve.engine.request import TAIL_ROWS, Request
 from higgs_serve.engine.scheduler import Scheduler
@@ -62,6 +62,7 @@ class _Active:
     sink: ChunkSink
     out: OutputStream
     prompt_tokens: int
+    clock: PlaybackClock | None  # a streamed request's listener, for the codec's batching
 
 
 @dataclass
@@ -123,7 +124,8 @@ class EngineCore:
             self.scheduler.add_request(request)
             streaming = speech.stream and self.async_chunk
             out = OutputStream(self.window, streaming, self.num_codebooks, self.codebook_size)
-            self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
+            clock = PlaybackClock() if streaming else None
+            self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens, clock)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -136,7 +138,8 @@ class EngineCore:
         active.sink.put(AudioChunk(np.zeros(0, np.float32), True, 0, "abort"))
         self._wake.set()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
+        codec = self.codec.counters
         with self._lock:
             return {
                 "num_running": self.scheduler.num_running,
@@ -144,6 +147,10 @@ class EngineCore:
                 "num_active": len(self._active),
                 "free_kv_blocks": self.scheduler.kv.num_free_blocks,
                 "total_kv_blocks": self.scheduler.kv.num_blocks,
+                "codec_calls": codec.calls,
+                "codec_windows": codec.windows,
+                "codec_graph_calls": codec.graph_calls,
+                "codec_busy_seconds": codec.busy_s,
             }
 
     # ------------------------------------------------------------------ the loop
@@ -257,6 +264,7 @@ class EngineCore:
                 trim_back_frames=window.trim_back_frames,
                 is_final=window.is_final,
                 deliver=deliver,
+                clock=active.clock,
             )
         )
 

@@ -168,9 +168,6 @@ class CodecStageConfig:
     # run eagerly. true: always eager (saves the graph pool's memory and the capture time).
     enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
-    # how long a window of a stream well ahead of its listener may wait for others of its length
-    # (codec/codec_runner.py); 0: every window decodes as soon as the codec thread is free
-    max_batch_wait_ms: int = 0
     devices: str = "0"
     dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
 

@@ -240,7 +240,6 @@ def _build_codec(stage: Section) -> CodecStageConfig:
     config = CodecStageConfig(
         enforce_eager=stage.boolean("enforce_eager", False),
         max_batch_windows=stage.integer("max_batch_windows", 64, 1),
-        max_batch_wait_ms=stage.integer("max_batch_wait_ms", 0, 0, 1000),
         devices=_devices(stage),
         dtype=stage.choice("dtype", "float32", CODEC_DTYPES),
     )

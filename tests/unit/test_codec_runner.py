@@ -1,18 +1,14 @@
 """Stage 1 scheduling: per-request order, shortest windows first, batches capped, each window's
-own frames cut out of its batch's decode, and windows of streams far ahead waiting for company."""
+own frames cut out of its batch's decode."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
-import pytest
 import torch
 
 from higgs_serve.codec.chunker import WindowShape
 from higgs_serve.codec.codec_graphs import graph_batch_sizes
-from higgs_serve.codec.codec_runner import (PLAYBACK_MARGIN_S, CodecJob, CodecRunner, PlaybackClock, batch_shape,
-                                            next_batch)
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, batch_shape, next_batch
 
 
 def _job(request_id: str, frames: int, log: list | None = None, trim_front: int = 0) -> CodecJob:
@@ -120,117 +116,12 @@ def test_cuda_graphs_fall_back_to_eager_off_cuda():
     assert audio.shape == (2, 5 * 960) and audio.dtype == np.float32 and np.all(audio == 3)
 
 
-# ------------------------------------------------------------------ waiting for company
-
-
-def _timed_job(request_id: str, frames: int, log: list, clock=None, is_final: bool = False) -> CodecJob:
-    def deliver(job, audio, error=None):
-        assert error is None
-        log.append((job.request_id, time.monotonic()))
-
-    return CodecJob(request_id, np.zeros((frames, 8), np.int64), 0, 0, is_final, deliver, clock=clock)
-
-
-def _ahead(seconds: float) -> PlaybackClock:
-    """A listener with `seconds` of audio still to play."""
-    clock = PlaybackClock()
-    clock.played(seconds, time.monotonic())
-    return clock
-
-
-def test_playback_clock_pauses_when_the_listener_has_nothing():
-    clock = PlaybackClock()
-    assert clock.lead_s(100.0) < 0  # nothing played yet: no lead
-    clock.played(1.0, now=100.0)
-    assert clock.lead_s(100.5) == pytest.approx(0.5)
-    clock.played(1.0, now=100.5)  # delivered while still playing: queued behind
-    assert clock.runs_dry_at == pytest.approx(102.0)
-    clock.played(0.2, now=105.0)  # ran dry at 102, then paused: starts again now
-    assert clock.runs_dry_at == pytest.approx(105.2)
-
-
-def test_next_batch_lets_waiting_windows_wait_unless_their_length_is_full_or_due():
-    held = {"a", "b", "c"}
-    waiting = lambda job: job.request_id in held  # noqa: E731
-    a, b, c, d = _job("a", 39), _job("b", 39), _job("c", 39), _job("d", 30)
-    assert next_batch([a, b], 4, waiting) == []  # nothing due, no full batch
-    assert next_batch([a, b, c], 3, waiting) == [a, b, c]  # a full batch goes
-    assert next_batch([a, b, d], 4, waiting) == [d]  # the due length goes alone
-    e = _job("e", 39)  # due: the held windows of its length ride along, the due one first
-    assert next_batch([a, b, e, d], 2, waiting) == [d]  # shortest ready length first
-    assert next_batch([a, b, e], 2, waiting) == [e, a]
-
-
-def test_a_window_of_a_stream_far_ahead_waits_for_company():
-    log: list = []
-    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=3, samples_per_frame=960, max_wait_s=30.0)
-    runner.start()
-    try:
-        for rid in "abc":
-            runner.submit(_timed_job(rid, 39, log, clock=_ahead(60.0)))
-            time.sleep(0.02)
-        deadline = time.monotonic() + 10
-        while len(log) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        runner.stop()
-    assert sorted(r for r, _ in log) == ["a", "b", "c"]
-    assert (runner.counters.calls, runner.counters.windows) == (1, 3)  # one call, once the batch was full
-
-
-def test_a_held_window_decodes_alone_after_max_wait():
-    log: list = []
-    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=8, samples_per_frame=960, max_wait_s=0.2)
-    runner.start()
-    try:
-        t0 = time.monotonic()
-        runner.submit(_timed_job("a", 39, log, clock=_ahead(60.0)))
-        while not log and time.monotonic() < t0 + 10:
-            time.sleep(0.01)
-    finally:
-        runner.stop()
-    assert len(log) == 1 and 0.2 <= log[0][1] - t0 < 5.0
-
-
-@pytest.mark.parametrize("clock, is_final", [
-    (None, False),  # not streamed
-    ("new", False),  # no audio sent yet: the first chunk
-    ("close", False),  # the listener is about to run dry
-    ("far", True),  # a final window: the request's end waits on it
-], ids=["unstreamed", "first_chunk", "little_lead", "final"])
-def test_windows_that_never_wait(clock, is_final):
-    clock = {None: None, "new": PlaybackClock(), "close": _ahead(PLAYBACK_MARGIN_S / 2), "far": _ahead(60.0)}[clock]
-    log: list = []
-    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=8, samples_per_frame=960, max_wait_s=30.0)
-    runner.start()
-    try:
-        t0 = time.monotonic()
-        runner.submit(_timed_job("a", 39, log, clock=clock, is_final=is_final))
-        while not log and time.monotonic() < t0 + 10:
-            time.sleep(0.01)
-    finally:
-        runner.stop()
-    assert len(log) == 1 and log[0][1] - t0 < 5.0  # long before the 30 s wait
-
-
-def test_stop_decodes_held_windows_at_once():
-    log: list = []
-    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=8, samples_per_frame=960, max_wait_s=30.0)
-    runner.start()
-    runner.submit(_timed_job("a", 39, log, clock=_ahead(60.0)))
-    t0 = time.monotonic()
-    runner.stop()
-    assert len(log) == 1 and time.monotonic() - t0 < 5.0
-
-
-def test_delivered_audio_advances_the_streams_clock():
-    clock = PlaybackClock()
+def test_counters_count_calls_and_windows():
     runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=8, samples_per_frame=960)
-    job = CodecJob("a", np.zeros((39, 8), np.int64), 10, 4, False, lambda *a: None, clock=clock)
-    before = time.monotonic()
-    runner._decode_and_deliver([job])
-    assert clock.lead_s(before) >= 25 * 0.04  # the 25 kept frames
-    assert (runner.counters.calls, runner.counters.windows, runner.counters.graph_calls) == (1, 1, 0)
+    runner._decode_and_deliver([_job("a", 39, []), _job("b", 39, [])])
+    runner._decode_and_deliver([_job("c", 5, [])])
+    c = runner.counters
+    assert (c.calls, c.windows, c.graph_calls) == (2, 3, 0) and c.busy_s > 0  # CPU: eager
 
 
 def test_graph_batch_sizes_step_by_at_most_half_again():

@@ -202,7 +202,7 @@ def test_default_capture_sizes_follow_max_num_seqs(tmp_path):
 def test_base_config_deep_merges_by_stage_id(tmp_path):
     write(tmp_path, "base.yaml", {
         "stages": [{"stage_id": 0, "max_num_seqs": 8, "default_sampling_params": {"top_k": 5}},
-                   {"stage_id": 1, "max_batch_windows": 3, "max_batch_wait_ms": 40}]})
+                   {"stage_id": 1, "max_batch_windows": 3}]})
     child = write(tmp_path, "child.yaml", {
         "base_config": "base.yaml",
         "stages": [{"stage_id": 0, "default_sampling_params": {"top_p": 0.5}}]})
@@ -210,7 +210,7 @@ def test_base_config_deep_merges_by_stage_id(tmp_path):
     assert config.stage0.max_num_seqs == 8  # from base
     sp = config.stage0.default_sampling_params
     assert (sp.top_k, sp.top_p, sp.temperature) == (5, 0.5, 0.8)  # base, child, default
-    assert (config.stage1.max_batch_windows, config.stage1.max_batch_wait_ms) == (3, 40)
+    assert config.stage1.max_batch_windows == 3
     assert config.layers == (str(tmp_path / "base.yaml"), str(child))
 
 
@@ -347,8 +347,6 @@ TOP_LEVEL_ERRORS = [
     ({"stages": [{"stage_id": 1, "dtype": "int8"}]}, "stages[1].dtype", "not one of float32"),
     ({"stages": [{"stage_id": 1, "max_batch_windows": 0}]}, "stages[1].max_batch_windows",
      "below the minimum 1"),
-    ({"stages": [{"stage_id": 1, "max_batch_wait_ms": 5000}]}, "stages[1].max_batch_wait_ms",
-     "above the maximum 1000"),
     ({"stages": [{"stage_id": 1, "devices": "3"}]}, "stages[1].devices", "does not exist"),
     ({"stages": [{"stage_id": 2}]}, "stages[0].stage_id", "is not a stage"),
     ({"stages": [{"stage_id": 0}, {"stage_id": 0}]}, "stages[1].stage_id", "listed twice"),

@@ -6,24 +6,15 @@ Windows of one request are delivered in the order they were submitted. The threa
 Stage 0: the talker keeps stepping while windows decode. On CUDA with `cuda_graphs`, batches of a
 shape warmed up at start-up replay a captured graph of the whole decoder (`codec_graphs.py`); any
 other shape decodes eagerly.
-
-Waiting for company (`max_wait_s` > 0). Under load, streams reach their steady-state windows at
-different steps, so the windows of one length trickle in two or three a step and a runner that
-decodes whatever is there pays the per-call cost (a batch-1 window costs as much GPU time as
-~6 windows in a batch of 16) again and again, while Stage 0 waits for the SMs. A window of a
-stream whose player is well ahead (`PlaybackClock`) may therefore wait up to `max_wait_s` for
-others of its length; first chunks, ramp chunks (little audio ahead), final windows and
-non-streamed requests never wait.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -36,25 +27,14 @@ from higgs_serve.codec.decoder import CodecDecoder
 logger = logging.getLogger(__name__)
 
 
-FRAME_S = 0.04  # 25 codec frames a second (SPEC §1.8)
-# A held window is decoded at the latest this long before its stream's player would run dry:
-# room for a batch of 64 float32 windows (~45 ms on an H200) behind another, and delivery.
-PLAYBACK_MARGIN_S = 0.25
-
-
 @dataclass
-class PlaybackClock:
-    """When a streamed request's listener runs out of audio: a player that starts at the first
-    chunk, plays in real time and pauses while it has nothing (so it never runs ahead of what was
-    delivered). Updated by the codec thread only."""
+class CodecCounters:
+    """Totals since start (Prometheus counters, `metrics.py`)."""
 
-    runs_dry_at: float | None = None  # time.monotonic(); None before the first audio
-
-    def played(self, seconds: float, now: float) -> None:
-        self.runs_dry_at = max(self.runs_dry_at or now, now) + seconds
-
-    def lead_s(self, now: float) -> float:
-        return -1.0 if self.runs_dry_at is None else self.runs_dry_at - now
+    calls: int = 0  # batched decodes
+    windows: int = 0  # windows they decoded
+    graph_calls: int = 0  # decodes that replayed a CUDA graph
+    busy_s: float = 0.0  # wall time in decodes, host copy included
 
 
 @dataclass
@@ -66,48 +46,25 @@ class CodecJob:
     is_final: bool
     # called on the codec thread with (job, audio [n] float32) or (job, None, error)
     deliver: Callable[..., None]
-    clock: PlaybackClock | None = None  # a streamed request's, shared by its windows; None: never waits
-    submitted_s: float = field(default_factory=time.monotonic)
-
-    def hold_until(self, max_wait_s: float) -> float:
-        """The time until which this window may wait for others of its length (-inf: never)."""
-        if self.clock is None or self.is_final or self.clock.runs_dry_at is None:
-            return -math.inf
-        return min(self.submitted_s + max_wait_s, self.clock.runs_dry_at - PLAYBACK_MARGIN_S)
 
 
-@dataclass
-class CodecCounters:
-    """Totals since start (Prometheus counters, `metrics.py`)."""
-
-    calls: int = 0  # batched decodes
-    windows: int = 0  # windows they decoded
-    graph_calls: int = 0  # decodes that replayed a CUDA graph
-    busy_s: float = 0.0  # wall time in decodes, host copy included
-
-
-def next_batch(pending: list[CodecJob], max_batch: int,
-               waiting: Callable[[CodecJob], bool] = lambda job: False) -> list[CodecJob]:
-    """The next windows to decode together, from `pending` (oldest first); [] when every
-    eligible window is `waiting` for company and none of its lengths has a full batch.
+def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
+    """The next windows to decode together, from `pending` (oldest first).
 
     Only each request's oldest pending window is eligible, so a request's chunks are delivered in
-    order. Among the lengths ready to go, the shortest go first: a request's first chunk is a few
-    frames, and decoding it ahead of the steady-state windows of busy requests keeps time to
-    first audio low under load. Waiting windows of the chosen length ride along. Batches are
-    capped at `max_batch` windows so the queue is looked at again often.
+    order. Among those, the shortest windows go first: a request's first chunk is a few frames,
+    and decoding it ahead of the steady-state windows of busy requests keeps time to first audio
+    low under load. Batches are capped at `max_batch` windows so the queue is looked at again
+    often (the measured codec throughput is flat past ~16 windows per call on an H200).
     """
-    by_length: dict[int, list[CodecJob]] = {}
+    eligible: list[CodecJob] = []
     seen: set[str] = set()
     for job in pending:
         if job.request_id not in seen:
             seen.add(job.request_id)
-            by_length.setdefault(len(job.frames), []).append(job)
-    ready = [length for length, jobs in by_length.items()
-             if len(jobs) >= max_batch or not all(map(waiting, jobs))]
-    if not ready:
-        return []
-    return sorted(by_length[min(ready)], key=waiting)[:max_batch]  # stable: those due first
+            eligible.append(job)
+    length = min(len(job.frames) for job in eligible)
+    return [job for job in eligible if len(job.frames) == length][:max_batch]
 
 
 def batch_shape(batch: list[CodecJob]) -> WindowShape:
@@ -120,15 +77,13 @@ def batch_shape(batch: list[CodecJob]) -> WindowShape:
 
 class CodecRunner:
     def __init__(self, decoder: CodecDecoder, device: torch.device, max_batch_windows: int, samples_per_frame: int,
-                 cuda_graphs: bool = False, max_wait_s: float = 0.0):
+                 cuda_graphs: bool = False):
         """`cuda_graphs`: capture the decoder per warmed-up shape in `warm_up` (CUDA only; the
-        deploy config's Stage 1 `enforce_eager: false`). `max_wait_s`: how long a window of a
-        stream well ahead of its listener may wait for others of its length (module doc)."""
+        deploy config's Stage 1 `enforce_eager: false`)."""
         self.decoder = decoder
         self.device = device
         self.max_batch_windows = max_batch_windows
         self.samples_per_frame = samples_per_frame
-        self.max_wait_s = max_wait_s
         self.counters = CodecCounters()
         self._jobs: queue.SimpleQueue[CodecJob | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -171,18 +126,12 @@ class CodecRunner:
                 job.deliver(job, None, exc)
 
     def _loop(self, pending: list[CodecJob]) -> None:
-        timeout: float | None = None  # block until a job comes
         while True:
-            if not pending or timeout is not None:
-                try:
-                    first = self._jobs.get(timeout=timeout)
-                except queue.Empty:
-                    first = False  # a held window is due
+            if not pending:
+                first = self._jobs.get()
                 if first is None:
-                    self._decode_all(pending)
                     return
-                if first is not False:
-                    pending.append(first)
+                pending.append(first)
             while True:  # take in whatever arrived while the last batch decoded
                 try:
                     nxt = self._jobs.get_nowait()
@@ -192,26 +141,15 @@ class CodecRunner:
                     self._decode_all(pending)
                     return
                 pending.append(nxt)
-            now = time.monotonic()
-            batch = self._take_batch(pending, now)
-            if batch:
-                self._decode_and_deliver(batch)
-                timeout = None
-            else:  # every eligible window is held: sleep until the first is due, or a job comes
-                due = min(t for job in pending if (t := job.hold_until(self.max_wait_s)) > now)
-                timeout = due - now + 1e-4
+            self._decode_and_deliver(self._take_batch(pending))
 
     def _decode_all(self, pending: list[CodecJob]) -> None:
         while pending:
-            self._decode_and_deliver(self._take_batch(pending, None))
+            self._decode_and_deliver(self._take_batch(pending))
 
-    def _take_batch(self, pending: list[CodecJob], now: float | None) -> list[CodecJob]:
-        """Remove the next batch from `pending` (in place) and return it; with `now` None no
-        window waits (shutdown)."""
-        def waiting(job: CodecJob) -> bool:
-            return now is not None and now < job.hold_until(self.max_wait_s)
-
-        batch = next_batch(pending, self.max_batch_windows, waiting)
+    def _take_batch(self, pending: list[CodecJob]) -> list[CodecJob]:
+        """Remove the next batch from `pending` (in place) and return it."""
+        batch = next_batch(pending, self.max_batch_windows)
         taken = {id(job) for job in batch}
         pending[:] = [job for job in pending if id(job) not in taken]
         return batch
@@ -224,7 +162,7 @@ class CodecRunner:
                 job.deliver(job, np.zeros(0, dtype=np.float32), None)
             return
         shape = batch_shape(batch)
-        t0 = time.monotonic()
+        t0 = time.perf_counter()
         try:
             wave = self.decode_batch(np.stack([job.frames for job in batch]), shape)
         except (RuntimeError, ValueError) as exc:
@@ -232,13 +170,9 @@ class CodecRunner:
             for job in batch:
                 job.deliver(job, None, exc)
             return
-        now = time.monotonic()
-        self._count(len(batch), now - t0)
+        self._count(len(batch), time.perf_counter() - t0)
         for row, job in enumerate(batch):
-            audio = self._trim(wave[row], job, shape)
-            if job.clock is not None:
-                job.clock.played(len(audio) / self.samples_per_frame * FRAME_S, now)
-            job.deliver(job, audio, None)
+            job.deliver(job, self._trim(wave[row], job, shape), None)
 
     def _count(self, windows: int, seconds: float) -> None:
         c = self.counters

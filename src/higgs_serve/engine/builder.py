@@ -227,7 +227,6 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_batch_windows=deploy.stage1.max_batch_windows if codec_device.type == "cuda" else 1,
         samples_per_frame=loaded.spec.codec.hop_length,
         cuda_graphs=codec_path is CodecGraphPath.CUDA_GRAPHS,
-        max_wait_s=deploy.stage1.max_batch_wait_ms / 1e3,
     )
     window = WindowParams.from_config(deploy.streaming)
     _log_window_against_receptive_field(window, receptive_field_frames(loaded.spec.codec))

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from higgs_serve.codec.chunker import Window, WindowParams
-from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, PlaybackClock
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
 from higgs_serve.engine.output_stream import OutputStream
 from higgs_serve.engine.request import TAIL_ROWS, Request
 from higgs_serve.engine.scheduler import Scheduler
@@ -62,7 +62,6 @@ class _Active:
     sink: ChunkSink
     out: OutputStream
     prompt_tokens: int
-    clock: PlaybackClock | None  # a streamed request's listener, for the codec's batching
 
 
 @dataclass
@@ -124,8 +123,7 @@ class EngineCore:
             self.scheduler.add_request(request)
             streaming = speech.stream and self.async_chunk
             out = OutputStream(self.window, streaming, self.num_codebooks, self.codebook_size)
-            clock = PlaybackClock() if streaming else None
-            self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens, clock)
+            self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -264,7 +262,6 @@ class EngineCore:
                 trim_back_frames=window.trim_back_frames,
                 is_final=window.is_final,
                 deliver=deliver,
-                clock=active.clock,
             )
         )
 

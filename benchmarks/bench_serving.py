@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -110,6 +111,7 @@ SENTENCES = (
 class RequestRecord:
     index: int
     sent: float  # perf_counter seconds
+    frames: int = 0  # audio frames asked for (max_new_tokens = min_new_tokens)
     status: int = 0
     error: str | None = None
     first_audio: float | None = None
@@ -176,14 +178,25 @@ def gapless_start(arrivals: list[tuple[float, int]], bytes_per_s: float) -> floa
     return start
 
 
+def request_frames(index: int, args: argparse.Namespace) -> int:
+    """Frames request `index` asks for: `--frames`, or with `--frames-spread` s a length drawn
+    uniformly from frames·(1 ± s) (seeded per request, so runs repeat): production traffic ends
+    at many lengths, and so at many final codec windows."""
+    if not args.frames_spread:
+        return args.frames
+    u = random.Random(args.seed + index).uniform(-1.0, 1.0)
+    return max(1, round(args.frames * (1.0 + args.frames_spread * u)))
+
+
 def request_body(index: int, args: argparse.Namespace) -> dict:
+    frames = request_frames(index, args)
     body = {
         "input": SENTENCES[index % len(SENTENCES)],
         "stream": True,
         "stream_format": "audio",
         "response_format": "pcm",
-        "max_new_tokens": args.frames,
-        "min_new_tokens": args.frames,
+        "max_new_tokens": frames,
+        "min_new_tokens": frames,
         "seed": args.seed + index,
     }
     if args.served_model_name:
@@ -192,7 +205,7 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
 
 
 async def send_one(client: httpx.AsyncClient, url: str, index: int, args: argparse.Namespace) -> RequestRecord:
-    record = RequestRecord(index=index, sent=time.perf_counter())
+    record = RequestRecord(index=index, sent=time.perf_counter(), frames=request_frames(index, args))
     try:
         async with client.stream("POST", f"{url}/v1/audio/speech", json=request_body(index, args)) as resp:
             record.status = resp.status_code
@@ -298,7 +311,7 @@ def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: f
             "codec_busy_fraction": busy / window_s if window_s > 0 else None}
 
 
-def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float, frames: int) -> dict:
+def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
     ok = [r for r in records if r.ok]
     ttfa = [r.ttfa_s * 1e3 for r in ok]
     # the client's TTFA less the server's own, request by request: time before the server's
@@ -309,14 +322,13 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
     latency = [r.latency_s for r in ok]
     audio = sum(r.audio_s for r in ok)
     stalls = [playback_stalls(r.arrivals, BYTES_PER_SAMPLE * r.sample_rate) for r in ok]
-    expected_bytes = frames * FRAME_SAMPLES * BYTES_PER_SAMPLE
     return {
         "concurrency": concurrency,
         "requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
         "errors": sorted({f"{r.status}: {r.error}" for r in records if not r.ok})[:5],
-        "wrong_length": sum(1 for r in ok if r.num_bytes != expected_bytes),
+        "wrong_length": sum(1 for r in ok if r.num_bytes != r.frames * FRAME_SAMPLES * BYTES_PER_SAMPLE),
         "window_s": window_s,
         "ttfa_ms_p50": percentile(ttfa, 50), "ttfa_ms_p90": percentile(ttfa, 90),
         "ttfa_ms_p99": percentile(ttfa, 99), "ttfa_ms_mean": mean(ttfa),
@@ -360,7 +372,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         counters_after = await engine_counters(client, url)
         stop.set()
         await poller
-    metrics = level_metrics(concurrency, records, window, args.frames)
+    metrics = level_metrics(concurrency, records, window)
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
@@ -437,6 +449,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="untimed requests before the first level (graphs are captured at start-up, so "
                         "later levels need none)")
     p.add_argument("--frames", type=int, default=250, help="audio frames per request (25 = 1 s)")
+    p.add_argument("--frames-spread", type=float, default=0.0,
+                   help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
+                        "(0: all --frames)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default=None)
@@ -456,11 +471,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--model is required (or --url for a running server)")
     if min(args.concurrency) < 1 or args.frames < 1 or args.warmup < 0:
         p.error("--concurrency and --frames must be >= 1, --warmup >= 0")
+    if not 0.0 <= args.frames_spread < 1.0:
+        p.error("--frames-spread must be in [0, 1)")
     return args
 
 
 def print_table(result: dict) -> None:
-    print(f"\nServing benchmark: {result['label']} ({result['settings']['frames']} frames/request, "
+    spread = result["settings"].get("frames_spread") or 0
+    frames = f"{result['settings']['frames']}" + (f" ± {spread:.0%}" if spread else "")
+    print(f"\nServing benchmark: {result['label']} ({frames} frames/request, "
           f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
     print(markdown_table(result["levels"], [
         ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
@@ -498,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": now_iso(),
         "finished_at": None,
         "settings": {"model": args.model, "deploy_config": args.deploy_config, "load_format": args.load_format,
-                     "frames": args.frames, "warmup": args.warmup, "num_requests": args.num_requests,
+                     "frames": args.frames, "frames_spread": args.frames_spread, "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
                    "exit_code": None},

@@ -15,7 +15,7 @@ import pytest
 import torch
 from engine_harness import SAMPLES_PER_FRAME, ManualEngine, engine_deploy, sampling, speech
 
-from higgs_serve.codec.chunker import StreamChunker, WindowParams
+from higgs_serve.codec.chunker import StreamChunker, WindowParams, final_window_shape, widen_final
 from higgs_serve.codec.decoder import receptive_field_frames
 
 TOLERANCE = 1e-4  # max abs error relative to the one-shot decode's peak
@@ -128,7 +128,9 @@ def test_default_chunk_schedule(default_engine):
     assert windows[1] == (7 + 2 + 4, 1 + 1 + 4, 1, 4, False)
     assert windows[3] == (7 + 8 + 4, 4 + 4 + 4, 4, 4, False)
     assert windows[5] == (7 + 32 + 4, 16 + 16 + 4, 16, 4, False)
-    assert windows[6] == (NUM_FRAMES + 8, 25 + 28, 25, 0, True)  # the final flush, H = 0
+    # the final flush (H = 0) of 28 frames, widened to L + C + H = 54 frames (chunker.widen_final):
+    # every long enough request's final window has one shape
+    assert windows[6] == (NUM_FRAMES + 8, 25 + 25 + 4, 54 - 28, 0, True)
 
 
 def test_plain_rule_chunk_schedule(plain_rule_engine):
@@ -140,7 +142,7 @@ def test_plain_rule_chunk_schedule(plain_rule_engine):
     # later chunks: when D - H - emitted reaches C; the window re-decodes min(L, emitted) frames
     assert windows[1] == (7 + 26 + 4, 1 + 25 + 4, 1, 4, False)
     assert windows[2] == (7 + 51 + 4, 25 + 25 + 4, 25, 4, False)
-    assert windows[3] == (NUM_FRAMES + 8, 25 + 9, 25, 0, True)
+    assert windows[3] == (NUM_FRAMES + 8, 25 + 25 + 4, 54 - 9, 0, True)  # widened, as above
 
 
 def test_non_streamed_request_is_one_shot_and_same_codes(default_engine, tiny_loaded):
@@ -220,3 +222,28 @@ def test_left_context_past_the_receptive_field_changes_nothing(tiny_loaded):
     assert np.abs(exact - reference).max() <= 1e-5 * peak
     short = _stream_offline(tiny_loaded, frames, WindowParams(25, left // 2, 4, 1))
     assert np.abs(short - reference).max() > TOLERANCE * peak
+
+
+@pytest.mark.parametrize("total", [39, 40, 52, 63])
+def test_a_widened_final_window_decodes_what_the_rules_final_window_decodes(tiny_loaded, total):
+    """chunker.widen_final: more left context (past the receptive field) and the last C + H frames
+    decoded, then cut to the new ones: the rule's audio, to float rounding, for final windows of
+    1 to C + H new frames."""
+    params = WindowParams(25, 10, 4, 1)  # the full_and_piecewise window
+    frames = np.random.default_rng(total).integers(0, 1024, size=(total, 8))
+    chunker = StreamChunker(params)
+    for available in range(1, total):
+        chunker.push(available, finished=False)
+    final = chunker.push(total, finished=True)
+    widened = widen_final(final, params)
+    assert widened.shape == final_window_shape(params) and widened.new_frames == final.new_frames
+
+    def kept(window):
+        with torch.inference_mode():
+            codes = torch.from_numpy(frames[window.start_frame : window.end_frame])[None]
+            audio = tiny_loaded.codec(codes, window.shape.keep)[0].float().numpy()
+        return audio[(window.trim_front_frames - window.shape.keep_start) * SAMPLES_PER_FRAME :]
+
+    want, got = kept(final), kept(widened)
+    assert len(got) == len(want) == final.new_frames * SAMPLES_PER_FRAME
+    assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max()

@@ -62,12 +62,12 @@ def test_level_metrics_follow_the_reference_definitions():
     rec = bench_serving.RequestRecord
     frames = 25
     n = frames * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
-    a = rec(index=0, sent=0.0, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)],
+    a = rec(index=0, sent=0.0, frames=frames, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)],
             server_ttfa_ms=150.0)
-    b = rec(index=1, sent=0.1, status=200, first_audio=0.4, end=1.1, num_bytes=n,
+    b = rec(index=1, sent=0.1, frames=frames, status=200, first_audio=0.4, end=1.1, num_bytes=n,
             arrivals=[(0.4, n // 2), (1.1, n // 2)])  # 0.5 s buffered at 0.4, next bytes at 1.1: 0.2 s stall
     bad = rec(index=2, sent=0.0, status=429, error="queue full", end=0.01)
-    m = bench_serving.level_metrics(2, [a, b, bad], window_s=1.1, frames=frames)
+    m = bench_serving.level_metrics(2, [a, b, bad], window_s=1.1)
     assert (m["completed"], m["failed"], m["wrong_length"]) == (2, 1, 0)
     assert m["ttfa_ms_p50"] == pytest.approx(250.0)  # TTFA 200 and 300 ms
     assert m["rtf_mean"] == pytest.approx((0.5 + 1.0) / 2)  # latency / audio seconds
@@ -138,6 +138,17 @@ def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
     assert body["stream"] is True and body["stream_format"] == "audio" and body["response_format"] == "pcm"
     assert body["max_new_tokens"] == body["min_new_tokens"] == 40
     assert body["seed"] == 10 and body["input"] == bench_serving.SENTENCES[3]
+
+
+def test_frames_spread_draws_repeatable_lengths_around_frames():
+    args = bench_serving.parse_args(["--model", "m", "--frames", "200", "--frames-spread", "0.5"])
+    lengths = [bench_serving.request_frames(i, args) for i in range(200)]
+    assert lengths == [bench_serving.request_frames(i, args) for i in range(200)]  # seeded per request
+    assert 100 <= min(lengths) < 120 and 280 < max(lengths) <= 300 and len(set(lengths)) > 100
+    body = bench_serving.request_body(5, args)
+    assert body["max_new_tokens"] == body["min_new_tokens"] == lengths[5]
+    with pytest.raises(SystemExit):
+        bench_serving.parse_args(["--model", "m", "--frames-spread", "1.0"])
 
 
 # ------------------------------------------------------------------------------ step benchmark

@@ -211,3 +211,28 @@ def test_streaming_window_shapes_are_the_first_chunk_ramp_and_steady_state():
     assert streaming_window_shapes(WindowParams()) == (
         WindowShape(5, 0, 1), WindowShape(6, 1, 2), WindowShape(8, 2, 4), WindowShape(12, 4, 8),
         WindowShape(20, 8, 16), WindowShape(36, 16, 32), WindowShape(54, 25, 50))
+
+
+def test_final_windows_of_long_enough_streams_are_widened_to_one_shape():
+    from higgs_serve.codec.chunker import WindowShape, final_window_shape, warm_window_shapes, widen_final
+
+    params = WindowParams(left_context_frames=10)  # L + C + H = 39
+    assert final_window_shape(params) == WindowShape(39, 10, 39)
+    for total in (39, 40, 57, 250, 251):
+        chunker = StreamChunker(params)
+        windows = [w for _, w in run_pushes(chunker, list(range(total + 1)))]
+        final = windows[-1]
+        wide = widen_final(final, params)
+        assert wide.shape == WindowShape(39, 10, 39)
+        assert (wide.end_frame, wide.new_frames, wide.new_start_frame) == (total, final.new_frames, final.new_start_frame)
+        assert_covers_exactly([*windows[:-1], wide], total)
+        assert all(widen_final(w, params) is w for w in windows[:-1])  # only the final one
+    short = [w for _, w in run_pushes(StreamChunker(params), list(range(39)))][-1]  # 38 frames: too short
+    assert widen_final(short, params) is short
+    empty = StreamChunker(params).push(0, finished=True)
+    assert widen_final(empty, params) is empty
+    whole = StreamChunker(params, streaming=False).push(45, finished=True)  # not streamed: all 45 frames new
+    assert widen_final(whole, params) is whole
+    assert warm_window_shapes(params) == (
+        WindowShape(5, 0, 1), WindowShape(6, 1, 2), WindowShape(8, 2, 4), WindowShape(12, 4, 8),
+        WindowShape(20, 8, 16), WindowShape(30, 10, 26), WindowShape(39, 10, 35), WindowShape(39, 10, 39))

@@ -129,3 +129,22 @@ def test_graph_batch_sizes_step_by_at_most_half_again():
     assert graph_batch_sizes(16) == (1, 2, 3, 4, 6, 8, 12, 16)
     assert graph_batch_sizes(5) == (1, 2, 3, 4, 5)
     assert graph_batch_sizes(1) == (1,)
+
+
+def test_widened_final_windows_of_different_lengths_share_one_shape():
+    """Two final windows of 3 and 20 new frames, widened to 39 frames decoded from frame 10
+    (chunker.widen_final): one batch of shape (39, 10, 39), each job cut to its own frames."""
+    log: list = []
+
+    def deliver(job, audio, error=None):
+        assert error is None
+        log.append((job.request_id, audio))
+
+    frames = np.repeat(np.arange(39, dtype=np.int64)[:, None], 8, axis=1)  # frame t's codes are t
+    short = CodecJob("a", frames, 36, 0, True, deliver, decode_from_frames=10)
+    long = CodecJob("b", frames, 19, 0, True, deliver, decode_from_frames=10)
+    assert batch_shape([short, long]) == WindowShape(39, 10, 39)
+    runner = CodecRunner(_Echo(), torch.device("cpu"), max_batch_windows=4, samples_per_frame=960)
+    runner._decode_and_deliver([short, long])
+    got = {rid: audio[::960].astype(int).tolist() for rid, audio in log}
+    assert got == {"a": [36, 37, 38], "b": list(range(19, 39))}

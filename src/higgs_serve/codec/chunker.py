@@ -16,6 +16,15 @@ The left context only feeds the decoder's receptive field; the right holdback ke
 frames (whose audio the non-causal decoder would change once later frames exist) for the next
 window.
 
+Final windows at one shape (`widen_final`): a final window holds whatever was left (1 to C + H
+new frames), so under the rule above every request ends at its own window shape, and a codec call
+at a shape it has not seen waits for cuDNN to plan each convolution (~3 ms each on an H200, about
+60 of them) while every other stream's audio queues behind it. Once a stream has L + C + H frames,
+its final window is therefore widened leftwards to exactly L + C + H frames, and the codec decodes
+its last C + H frames whatever the request needs: one shape, warmed up and captured at start-up,
+shared by the final windows of every request. The extra left context only feeds the receptive
+field and the extra decoded frames are cut, so the audio is the rule's own (to float rounding).
+
 Chunk doubling (on in the shipped profiles; off is SPEC §1.9's plain rule): after a first chunk
 of I frames the plain rule waits for C more frames, C talker steps, while a player that started at
 the first audio holds only I·40 ms, so every stream ran dry once, at any load (even at c = 1).
@@ -103,6 +112,8 @@ class Window:
     trim_back_frames: int  # right holdback to cut after decoding
     new_frames: int  # = end − start − trims; frames [start + trim_front, end − trim_back)
     is_final: bool
+    # the first frame the codec decodes, when earlier than the first one kept (`widen_final`)
+    decode_from_frame: int | None = None
 
     @property
     def num_frames(self) -> int:
@@ -110,7 +121,9 @@ class Window:
 
     @property
     def shape(self) -> WindowShape:
-        return WindowShape(self.num_frames, self.trim_front_frames, self.num_frames - self.trim_back_frames)
+        """What the codec computes: the window and the frames it decodes (kept ones and more)."""
+        first = self.trim_front_frames if self.decode_from_frame is None else self.decode_from_frame
+        return WindowShape(self.num_frames, first, self.num_frames - self.trim_back_frames)
 
     @property
     def new_start_frame(self) -> int:
@@ -141,6 +154,31 @@ def streaming_window_shapes(params: WindowParams) -> tuple[WindowShape, ...]:
             shapes.add(window.shape)
             if window.new_start_frame >= steady_from:
                 return tuple(sorted(shapes))
+
+
+def final_window_shape(params: WindowParams) -> WindowShape:
+    """The shape of every widened final window (`widen_final`): L + C + H frames, of which the
+    last C + H are decoded."""
+    frames = params.left_context_frames + params.chunk_frames + params.right_holdback_frames
+    return WindowShape(frames, params.left_context_frames, frames)
+
+
+def widen_final(window: Window, params: WindowParams) -> Window:
+    """A final window of a long enough stream, widened to `final_window_shape` (module doc);
+    any other window unchanged."""
+    shape = final_window_shape(params)
+    if (not window.is_final or window.trim_back_frames or not 0 < window.new_frames <= shape.kept_frames
+            or window.end_frame < shape.frames):
+        return window
+    return Window(window.end_frame - shape.frames, window.end_frame, shape.frames - window.new_frames, 0,
+                  window.new_frames, True, decode_from_frame=shape.keep_start)
+
+
+def warm_window_shapes(params: WindowParams) -> tuple[WindowShape, ...]:
+    """Every codec shape a streaming request takes after its first frames, to warm up and
+    capture before traffic: the ramp and steady state (`streaming_window_shapes`) and the one
+    shape of widened final windows."""
+    return tuple(sorted({*streaming_window_shapes(params), final_window_shape(params)}))
 
 
 class StreamChunker:

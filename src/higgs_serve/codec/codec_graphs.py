@@ -2,15 +2,15 @@
 
 At batch 1 the decoder is bound by kernel launches (~150 of them: 29 Snakes, ~60 convolutions,
 the RVQ dequantise), ~5 ms for the 5-frame first window that sits on time to first audio. One
-graph per shape the runner warms up (`streaming_window_shapes` × `graph_batch_sizes`) turns
+graph per shape the runner warms up (`chunker.warm_window_shapes` × `graph_batch_sizes`) turns
 those launches into one; a batch between two captured sizes replays the next larger one, its
 extra rows decoding whatever codes the static buffer last held (each row is decoded on its own,
 so they change nothing but the time). A shape is the window length and the frames it keeps: the graph
 computes only what those frames need (`decoder.decode_range`). Everything is captured at
 start-up, after the eager warm-up has built every cuDNN plan and compiled every Triton kernel,
 largest shape first, into one shared memory pool, on the codec's own stream; never lazily on
-live traffic. A batch of any other shape
-(a final window, which keeps its last frames too) runs eagerly.
+live traffic. A batch of any other shape (the final window of a stream too short to widen) runs
+eagerly.
 
 Each window length has one static codes buffer [max_batch, T, Q] int64 and each shape one static
 audio buffer [max_batch, kept frames·hop] float32; batch b reads and writes their first b rows.

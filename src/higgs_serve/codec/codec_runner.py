@@ -46,6 +46,13 @@ class CodecJob:
     is_final: bool
     # called on the codec thread with (job, audio [n] float32) or (job, None, error)
     deliver: Callable[..., None]
+    # the first frame to decode when earlier than the first kept (a widened final window,
+    # chunker.widen_final: its shape is then the same for every request)
+    decode_from_frames: int | None = None
+
+    @property
+    def decode_from(self) -> int:
+        return self.trim_front_frames if self.decode_from_frames is None else self.decode_from_frames
 
 
 def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
@@ -71,7 +78,7 @@ def batch_shape(batch: list[CodecJob]) -> WindowShape:
     """The frames a batch of same-length windows decodes: from the earliest any window keeps to
     the last (each job then cuts its own)."""
     frames = len(batch[0].frames)
-    return WindowShape(frames, min(job.trim_front_frames for job in batch),
+    return WindowShape(frames, min(job.decode_from for job in batch),
                        frames - min(job.trim_back_frames for job in batch))
 
 

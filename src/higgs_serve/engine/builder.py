@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from higgs_serve.codec.chunker import WindowParams, streaming_window_shapes
+from higgs_serve.codec.chunker import WindowParams, warm_window_shapes
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
@@ -232,7 +232,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     _log_window_against_receptive_field(window, receptive_field_frames(loaded.spec.codec))
     # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
     # two captures must never run at once, and the codec thread starts only with the engine.
-    codec.warm_up(streaming_window_shapes(window), loaded.spec.audio.num_codebooks)
+    codec.warm_up(warm_window_shapes(window), loaded.spec.audio.num_codebooks)
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,
         max_num_batched_tokens=s0.max_num_batched_tokens,

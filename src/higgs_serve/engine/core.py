@@ -262,6 +262,7 @@ class EngineCore:
                 trim_back_frames=window.trim_back_frames,
                 is_final=window.is_final,
                 deliver=deliver,
+                decode_from_frames=window.decode_from_frame,
             )
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams
+from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams, widen_final
 from higgs_serve.model.delay_pattern import boc_id, eoc_id, num_complete_frames
 
 
@@ -48,6 +48,7 @@ class OutputStream:
         window = self.chunker.push(self.frames_available(finished), finished)
         if window is None:
             return None
+        window = widen_final(window, self.chunker.params)
         return window, self.frames(window.start_frame, window.end_frame)
 
     def all_frames(self) -> np.ndarray:

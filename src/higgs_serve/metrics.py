@@ -54,8 +54,9 @@ CODEC_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
-class _EngineGauges(Collector):
-    """Reads the engine's stats and the server's in-flight count at scrape time."""
+class _EngineStats(Collector):
+    """Reads the engine's stats (gauges, and the codec's counters) and the server's in-flight
+    count at scrape time."""
 
     def __init__(self, engine_stats: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], int]):
@@ -133,7 +134,7 @@ class ServerMetrics:
         self.stage0_rows = Counter(
             f"{PREFIX}_stage0_rows", "Delayed code rows (one per running request per step) Stage 0 sampled.",
             registry=self.registry)
-        self.registry.register(_EngineGauges(engine_stats, in_flight))
+        self.registry.register(_EngineStats(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from higgs_serve.codec.chunker import WindowShape
-from higgs_serve.codec.codec_graphs import graph_batch_sizes
+from higgs_serve.codec.codec_graphs import graph_batch_sizes, padded_batch
 from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, batch_shape, next_batch
 
 
@@ -129,6 +129,12 @@ def test_graph_batch_sizes_step_by_at_most_half_again():
     assert graph_batch_sizes(16) == (1, 2, 3, 4, 6, 8, 12, 16)
     assert graph_batch_sizes(5) == (1, 2, 3, 4, 5)
     assert graph_batch_sizes(1) == (1,)
+
+
+def test_a_batch_replays_the_smallest_captured_size_that_holds_it():
+    sizes = list(graph_batch_sizes(16))
+    assert [padded_batch(sizes, b) for b in range(1, 18)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, None]
+    assert padded_batch([], 1) is None
 
 
 def test_widened_final_windows_of_different_lengths_share_one_shape():

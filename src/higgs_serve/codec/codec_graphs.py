@@ -5,8 +5,8 @@ the RVQ dequantise), ~5 ms for the 5-frame first window that sits on time to fir
 graph per shape the runner warms up (`chunker.warm_window_shapes` × `graph_batch_sizes`) turns
 those launches into one; a batch between two captured sizes replays the next larger one, its
 extra rows decoding whatever codes the static buffer last held (each row is decoded on its own,
-so they change nothing but the time). A shape is the window length and the frames it keeps: the graph
-computes only what those frames need (`decoder.decode_range`). Everything is captured at
+so they change nothing but the time). A shape is the window length and the frames it keeps: the
+graph computes only what those frames need (`decoder.decode_range`). Everything is captured at
 start-up, after the eager warm-up has built every cuDNN plan and compiled every Triton kernel,
 largest shape first, into one shared memory pool, on the codec's own stream; never lazily on
 live traffic. A batch of any other shape (the final window of a stream too short to widen) runs
@@ -20,6 +20,7 @@ memory; the audio a replay leaves is copied to the host before the next replay o
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 
@@ -41,6 +42,12 @@ def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in _BATCH_LADDER if b < max_batch} | {max_batch}))
 
 
+def padded_batch(sizes: list[int], batch: int) -> int | None:
+    """The smallest of the captured `sizes` (ascending) that holds `batch` windows (None: none)."""
+    i = bisect.bisect_left(sizes, batch)
+    return sizes[i] if i < len(sizes) else None
+
+
 class CodecGraphs:
     def __init__(self, decoder: torch.nn.Module, device: torch.device, stream: torch.cuda.Stream,
                  num_codebooks: int, samples_per_frame: int):
@@ -52,6 +59,7 @@ class CodecGraphs:
         self._codes: dict[int, Tensor] = {}  # frames -> [max_batch, T, Q] int64, static input
         self._audio: dict[WindowShape, Tensor] = {}  # -> [max_batch, kept·hop] float32, static output
         self._graphs: dict[tuple[WindowShape, int], torch.cuda.CUDAGraph] = {}  # (shape, batch) -> graph
+        self._batches: dict[WindowShape, list[int]] = {}  # shape -> its captured batch sizes, ascending
         self.num_captures = 0
         self.num_replays = 0
 
@@ -82,6 +90,7 @@ class CodecGraphs:
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream):
                     audio[:batch].copy_(self.decoder(codes[:batch], shape.keep))  # casts a bf16 decode to float32
                 self._graphs[(shape, batch)] = graph
+                bisect.insort(self._batches.setdefault(shape, []), batch)
                 self.num_captures += 1
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
@@ -92,12 +101,8 @@ class CodecGraphs:
                     max_batch, seconds, pool_bytes / 2**20)
         return {"graphs": len(self._graphs), "capture_s": seconds, "pool_bytes": pool_bytes}
 
-    def _padded(self, batch: int, shape: WindowShape) -> int | None:
-        """The smallest captured batch of `shape` that holds `batch` windows (None: none)."""
-        return min((b for s, b in self._graphs if s == shape and b >= batch), default=None)
-
     def serves(self, batch: int, shape: WindowShape) -> bool:
-        return self._padded(batch, shape) is not None
+        return padded_batch(self._batches.get(shape, []), batch) is not None
 
     @torch.inference_mode()  # the static buffers are inference tensors (made in capture)
     def replay(self, codes: Tensor, shape: WindowShape) -> Tensor:
@@ -106,6 +111,6 @@ class CodecGraphs:
         next replay. Call it on `stream` (the runner's decode does)."""
         batch, frames, _ = codes.shape
         self._codes[frames][:batch].copy_(codes)
-        self._graphs[(shape, self._padded(batch, shape))].replay()
+        self._graphs[(shape, padded_batch(self._batches[shape], batch))].replay()
         self.num_replays += 1
         return self._audio[shape][:batch]

@@ -143,14 +143,16 @@ class RequestRecord:
         return None if start is None else start - self.sent
 
 
-def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> list[float]:
-    """Stall lengths (s) of a real-time player fed by `arrivals` [(time, bytes)].
+def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> list[tuple[float, float]]:
+    """(where, how long) of each stall of a real-time player fed by `arrivals` [(time, bytes)]:
+    the seconds of audio it had played when it ran dry, and the seconds it waited.
 
     Playback starts when the first bytes arrive; the player runs dry at `play_end`; bytes that
     arrive later than that mean it stalled for the gap, then playback resumes at once.
     """
     stalls = []
     play_end = None
+    received = 0.0  # seconds of audio before this read
     for t, n in arrivals:
         if n <= 0:
             continue
@@ -158,10 +160,11 @@ def playback_stalls(arrivals: list[tuple[float, int]], bytes_per_s: float) -> li
         if play_end is None:
             play_end = t + duration
         elif t > play_end:
-            stalls.append(t - play_end)
+            stalls.append((received, t - play_end))
             play_end = t + duration
         else:
             play_end += duration
+        received += duration
     return stalls
 
 
@@ -340,8 +343,12 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
         "audio_s_per_s": audio / window_s if window_s > 0 else None,
         "requests_per_s": len(ok) / window_s if window_s > 0 else None,
         "underrun_requests": sum(1 for s in stalls if s),
-        "stall_s_total": sum(sum(s) for s in stalls),
-        "stall_s_max": max((max(s) for s in stalls if s), default=0.0),
+        "stall_s_total": sum(length for s in stalls for _, length in s),
+        "stall_s_max": max((length for s in stalls for _, length in s), default=0.0),
+        # where streams ran dry: in the first chunks (the ramp after the first audio, where the
+        # player's lead is thinnest) or later (steady state)
+        "stalls_in_first_s": sum(1 for s in stalls for at, _ in s if at < 1.0),
+        "stalls_later": sum(1 for s in stalls for at, _ in s if at >= 1.0),
         "chunks_per_request_mean": mean([len(r.arrivals) for r in ok]),
     }
 
@@ -485,7 +492,8 @@ def print_table(result: dict) -> None:
         ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("outside_server_ms_p50", "outside server p50 ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
-        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("gapless_ms_p50", "gapless p50 ms"),
+        ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("stalls_in_first_s", "stalls in 1st s"),
+        ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
         ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"), ("gpu_mem_used_mib_max", "GPU MiB"),
     ]))

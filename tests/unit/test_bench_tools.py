@@ -41,7 +41,7 @@ def test_playback_stalls_pause_and_resume():
     # 1 s of audio at t=0, 1 s more at t=0.5 (buffer never empty), then 1 s at t=2.5: the player
     # ran dry at t=2.0, so one 0.5 s stall, then it resumes.
     arrivals = [(0.0, 48_000), (0.5, 48_000), (2.5, 48_000), (3.0, 24_000)]
-    assert bench_serving.playback_stalls(arrivals, bps) == pytest.approx([0.5])
+    assert bench_serving.playback_stalls(arrivals, bps) == [(pytest.approx(2.0), pytest.approx(0.5))]  # after 2 s
     # a steady stream arriving faster than real time never stalls
     assert bench_serving.playback_stalls([(i * 0.5, 48_000) for i in range(10)], bps) == []
 
@@ -74,6 +74,7 @@ def test_level_metrics_follow_the_reference_definitions():
     assert m["audio_s_per_s"] == pytest.approx(2.0 / 1.1)
     assert m["requests_per_s"] == pytest.approx(2 / 1.1)
     assert m["underrun_requests"] == 1 and m["stall_s_total"] == pytest.approx(0.2)
+    assert (m["stalls_in_first_s"], m["stalls_later"]) == (1, 0)  # b ran dry after 0.5 s of audio
     # a: gapless from its first byte (200 ms); b: 0.2 s later than its first byte (500 ms)
     assert m["gapless_ms_p50"] == pytest.approx(350.0)
     assert m["outside_server_ms_p50"] == pytest.approx(50.0)  # only a reports the server's share

@@ -264,9 +264,9 @@ def resolve_codec_graph_path(stage1: CodecStageConfig, cuda_available: bool) -> 
         where = "devices is \"cpu\"" if stage1.devices == "cpu" else "CUDA is not available"
         return CodecGraphPath.EAGER, f"{where}: the codec decodes eagerly (CUDA graphs need a CUDA device)"
     return CodecGraphPath.CUDA_GRAPHS, (
-        "enforce_eager: false: the whole codec decoder replays a CUDA graph per (window length, "
-        "batch size) warmed up at start-up (streaming window lengths x a ladder of batch sizes up to "
-        "max_batch_windows, a batch padded to the next); other shapes decode eagerly")
+        "enforce_eager: false: the whole codec decoder replays a CUDA graph per (window shape, "
+        "batch size) warmed up at start-up (the streaming and widened final window shapes x a ladder "
+        "of batch sizes up to max_batch_windows, a batch padded to the next); other shapes decode eagerly")
 
 
 def _torch_device(devices: str) -> str:

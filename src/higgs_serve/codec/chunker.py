@@ -22,8 +22,10 @@ at a shape it has not seen waits for cuDNN to plan each convolution (~3 ms each 
 60 of them) while every other stream's audio queues behind it. Once a stream has L + C + H frames,
 its final window is therefore widened leftwards to exactly L + C + H frames, and the codec decodes
 its last C + H frames whatever the request needs: one shape, warmed up and captured at start-up,
-shared by the final windows of every request. The extra left context only feeds the receptive
-field and the extra decoded frames are cut, so the audio is the rule's own (to float rounding).
+shared by the final windows of every request. The extra decoded frames are cut, and with L at
+least the decoder's left receptive field (10 frames; every shipped profile) the extra left
+context changes nothing: the audio is the rule's own, to float rounding. (With a smaller L the
+final chunk gets more context than the rule gives it: closer to a one-shot decode.)
 
 Chunk doubling (on in the shipped profiles; off is SPEC §1.9's plain rule): after a first chunk
 of I frames the plain rule waits for C more frames, C talker steps, while a player that started at

@@ -112,6 +112,7 @@ class RequestRecord:
     index: int
     sent: float  # perf_counter seconds
     frames: int = 0  # audio frames asked for (max_new_tokens = min_new_tokens)
+    streamed: bool = True  # False: asked for the whole file (`--file-every`)
     status: int = 0
     error: str | None = None
     first_audio: float | None = None
@@ -191,6 +192,11 @@ def request_frames(index: int, args: argparse.Namespace) -> int:
     return max(1, round(args.frames * (1.0 + args.frames_spread * u)))
 
 
+def request_streamed(index: int, args: argparse.Namespace) -> bool:
+    """Every `--file-every`-th request asks for the whole file instead of a stream (0: none)."""
+    return not (args.file_every and index % args.file_every == args.file_every - 1)
+
+
 def request_body(index: int, args: argparse.Namespace) -> dict:
     frames = request_frames(index, args)
     body = {
@@ -202,13 +208,17 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
         "min_new_tokens": frames,
         "seed": args.seed + index,
     }
+    if not request_streamed(index, args):
+        body["stream"] = False
+        del body["stream_format"]  # a streaming format on a file request is a 400
     if args.served_model_name:
         body["model"] = args.served_model_name
     return body
 
 
 async def send_one(client: httpx.AsyncClient, url: str, index: int, args: argparse.Namespace) -> RequestRecord:
-    record = RequestRecord(index=index, sent=time.perf_counter(), frames=request_frames(index, args))
+    record = RequestRecord(index=index, sent=time.perf_counter(), frames=request_frames(index, args),
+                           streamed=request_streamed(index, args))
     try:
         async with client.stream("POST", f"{url}/v1/audio/speech", json=request_body(index, args)) as resp:
             record.status = resp.status_code
@@ -315,16 +325,20 @@ def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: f
 
 
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
+    """TTFA, gapless start and stalls over the streamed requests; RTF, latency and audio over all
+    (whole-file requests, `--file-every`, also get their own latency)."""
     ok = [r for r in records if r.ok]
-    ttfa = [r.ttfa_s * 1e3 for r in ok]
+    streams = [r for r in ok if r.streamed]
+    files = [r.latency_s for r in ok if not r.streamed]
+    ttfa = [r.ttfa_s * 1e3 for r in streams]
     # the client's TTFA less the server's own, request by request: time before the server's
     # handler took the request and after its first audio left (network, HTTP, the client)
-    outside = [r.ttfa_s * 1e3 - r.server_ttfa_ms for r in ok if r.server_ttfa_ms is not None]
-    gapless = [r.gapless_s * 1e3 for r in ok]
+    outside = [r.ttfa_s * 1e3 - r.server_ttfa_ms for r in streams if r.server_ttfa_ms is not None]
+    gapless = [r.gapless_s * 1e3 for r in streams]
     rtf = [r.latency_s / r.audio_s for r in ok]
     latency = [r.latency_s for r in ok]
     audio = sum(r.audio_s for r in ok)
-    stalls = [playback_stalls(r.arrivals, BYTES_PER_SAMPLE * r.sample_rate) for r in ok]
+    stalls = [playback_stalls(r.arrivals, BYTES_PER_SAMPLE * r.sample_rate) for r in streams]
     return {
         "concurrency": concurrency,
         "requests": len(records),
@@ -349,7 +363,9 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
         # player's lead is thinnest) or later (steady state)
         "stalls_in_first_s": sum(1 for s in stalls for at, _ in s if at < 1.0),
         "stalls_later": sum(1 for s in stalls for at, _ in s if at >= 1.0),
-        "chunks_per_request_mean": mean([len(r.arrivals) for r in ok]),
+        "chunks_per_request_mean": mean([len(r.arrivals) for r in streams]),
+        "file_requests": len(files),
+        "file_latency_s_p50": percentile(files, 50), "file_latency_s_p99": percentile(files, 99),
     }
 
 
@@ -456,6 +472,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="untimed requests before the first level (graphs are captured at start-up, so "
                         "later levels need none)")
     p.add_argument("--frames", type=int, default=250, help="audio frames per request (25 = 1 s)")
+    p.add_argument("--file-every", type=int, default=0,
+                   help="every N-th request asks for the whole file (stream: false) instead of a stream; "
+                        "streaming metrics cover the streamed ones (0: all streamed)")
     p.add_argument("--frames-spread", type=float, default=0.0,
                    help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
                         "(0: all --frames)")
@@ -480,6 +499,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--concurrency and --frames must be >= 1, --warmup >= 0")
     if not 0.0 <= args.frames_spread < 1.0:
         p.error("--frames-spread must be in [0, 1)")
+    if args.file_every < 0:
+        p.error("--file-every must be >= 0")
     return args
 
 
@@ -525,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": now_iso(),
         "finished_at": None,
         "settings": {"model": args.model, "deploy_config": args.deploy_config, "load_format": args.load_format,
-                     "frames": args.frames, "frames_spread": args.frames_spread, "warmup": args.warmup, "num_requests": args.num_requests,
+                     "frames": args.frames, "frames_spread": args.frames_spread, "file_every": args.file_every,
+                     "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
                    "exit_code": None},

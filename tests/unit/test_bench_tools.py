@@ -141,6 +141,21 @@ def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
     assert body["seed"] == 10 and body["input"] == bench_serving.SENTENCES[3]
 
 
+def test_file_every_mixes_whole_file_requests_into_the_streams():
+    args = bench_serving.parse_args(["--model", "m", "--file-every", "4"])
+    assert [bench_serving.request_body(i, args)["stream"] for i in range(8)] == [True, True, True, False] * 2
+    assert "stream_format" not in bench_serving.request_body(3, args)  # the server refuses it on a file
+    rec = bench_serving.RequestRecord
+    n = 25 * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
+    stream = rec(index=0, sent=0.0, frames=25, status=200, first_audio=0.1, end=0.5, num_bytes=n, arrivals=[(0.1, n)])
+    whole = rec(index=3, sent=0.0, frames=25, streamed=False, status=200, first_audio=0.9, end=1.0, num_bytes=n,
+                arrivals=[(0.9, n)])
+    m = bench_serving.level_metrics(2, [stream, whole], window_s=1.0)
+    assert m["ttfa_ms_p50"] == pytest.approx(100.0)  # the stream's only: a file's first byte is its end
+    assert (m["file_requests"], m["file_latency_s_p50"]) == (1, pytest.approx(1.0))
+    assert m["audio_s_total"] == pytest.approx(2.0) and m["completed"] == 2
+
+
 def test_frames_spread_draws_repeatable_lengths_around_frames():
     args = bench_serving.parse_args(["--model", "m", "--frames", "200", "--frames-spread", "0.5"])
     lengths = [bench_serving.request_frames(i, args) for i in range(200)]

@@ -7,6 +7,8 @@ One server start per invocation (`python -m higgs_serve.cli serve MODEL ...`, re
 as its last one finished). Every request streams raw 16-bit PCM over chunked HTTP
 (`stream: true, stream_format: "audio", response_format: "pcm"`) and asks for exactly N frames
 (`max_new_tokens = min_new_tokens = N`; random weights never stop on their own), one seed each.
+Production-like mixes: `--frames-spread s` draws each request's N from frames·(1 ± s), and
+`--file-every k` makes every k-th request a whole-file one (`stream: false`).
 
 Metrics (SPEC §2.3, the references' definitions):
 - TTFA: client time from sending the request to the first non-empty audio bytes; beside it the
@@ -15,7 +17,10 @@ Metrics (SPEC §2.3, the references' definitions):
 - audio s/s: total audio seconds / wall seconds of the measured window (first send to last end).
 - underruns: a real-time player starts at the first audio byte and plays at 1x; when it has
   played everything received so far before the stream ended it stalls until the next bytes
-  arrive. Reported: requests with >= 1 stall, total and worst stall seconds.
+  arrive. Reported: requests with >= 1 stall, total and worst stall seconds, and how many
+  stalls came in the first second of audio (the chunk ramp) or later.
+- codec: windows per codec call, the share of calls that replayed a CUDA graph, and the codec
+  thread's busy fraction (the server's /metrics counters over the level).
 - time to gapless audio: client time from sending the request to the earliest moment a player
   could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
   what a client that buffers before playing must wait).

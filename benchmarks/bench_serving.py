@@ -284,11 +284,12 @@ SERVER_TTFA_SERIES = ("higgs_serve_ttfa_seconds_sum", "higgs_serve_ttfa_seconds_
 # Stage 1's batching: windows per codec call, and how much of the level the codec thread decoded.
 CODEC_SERIES = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
                 "higgs_serve_codec_graph_calls_total", "higgs_serve_codec_busy_seconds_total")
+SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES)
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The Stage 0 step and TTFA counters of the server's /metrics ({} if it has none: another
-    server)."""
+    """The Stage 0 step, TTFA and codec counters of the server's /metrics ({} if it has none:
+    another server)."""
     try:
         text = (await client.get(f"{url}/metrics")).text
     except httpx.HTTPError:
@@ -296,34 +297,44 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ENGINE_SERIES or name in SERVER_TTFA_SERIES or name in CODEC_SERIES:
+        if name in SCRAPED_SERIES:
             values[name] = float(value)
     return values
 
 
+def counter_deltas(before: dict[str, float], after: dict[str, float], series: tuple[str, ...]) -> tuple | None:
+    """How much each of `series` grew between two scrapes (None if either scrape lacks one)."""
+    if not all(name in before and name in after for name in series):
+        return None
+    return tuple(after[n] - before[n] for n in series)
+
+
 def engine_step_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
     """Mean Stage 0 step wall time and rows per step over a level, from two /metrics scrapes."""
-    if not all(name in before and name in after for name in ENGINE_SERIES):
+    deltas = counter_deltas(before, after, ENGINE_SERIES)
+    if deltas is None:
         return {"engine_steps": None, "engine_step_ms_mean": None, "engine_rows_per_step": None}
-    seconds, steps, rows = (after[n] - before[n] for n in ENGINE_SERIES)
+    seconds, steps, rows = deltas
     return {"engine_steps": int(steps), "engine_step_ms_mean": 1e3 * seconds / steps if steps else None,
             "engine_rows_per_step": rows / steps if steps else None}
 
 
 def server_ttfa_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
     """Mean server-side TTFA over a level, from two /metrics scrapes (None without them)."""
-    if not all(name in before and name in after for name in SERVER_TTFA_SERIES):
+    deltas = counter_deltas(before, after, SERVER_TTFA_SERIES)
+    if deltas is None:
         return {"server_ttfa_ms_mean": None}
-    seconds, count = (after[n] - before[n] for n in SERVER_TTFA_SERIES)
+    seconds, count = deltas
     return {"server_ttfa_ms_mean": 1e3 * seconds / count if count else None}
 
 
 def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
     """Stage 1 over a level, from two /metrics scrapes: windows per call, the share of calls that
     replayed a graph, and the codec thread's busy fraction of the window (None without them)."""
-    if not all(name in before and name in after for name in CODEC_SERIES):
+    deltas = counter_deltas(before, after, CODEC_SERIES)
+    if deltas is None:
         return {"codec_windows_per_call": None, "codec_graph_call_fraction": None, "codec_busy_fraction": None}
-    calls, windows, graph_calls, busy = (after[n] - before[n] for n in CODEC_SERIES)
+    calls, windows, graph_calls, busy = deltas
     return {"codec_windows_per_call": windows / calls if calls else None,
             "codec_graph_call_fraction": graph_calls / calls if calls else None,
             "codec_busy_fraction": busy / window_s if window_s > 0 else None}

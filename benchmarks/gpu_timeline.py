@@ -17,16 +17,6 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GAP_BINS_US = (10, 100, 1000)  # idle gaps are counted as < 10 µs, 10–100, 100–1000, >= 1000
 
 
-def _union_us(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
 def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Idle intervals (start, end) between the union's pieces."""
     gaps, end = [], None
@@ -35,6 +25,14 @@ def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
             gaps.append((end, a))
         end = b if end is None else max(end, b)
     return gaps
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """Time covered by at least one span: their extent less the idle gaps inside it."""
+    if not spans:
+        return 0.0
+    extent = max(b for _, b in spans) - min(a for a, _ in spans)
+    return extent - sum(b - a for a, b in _gaps(spans))
 
 
 def _where(t: float, start: float, span: float) -> str:
@@ -66,7 +64,7 @@ def summarize(events: list[dict], top: int = 5, middle: float = 0.8) -> dict:
         names[stream][e.get("name", "?")[:60]] += span[1] - span[0]
     gap_spans = _gaps(spans)
     gaps = [b - a for a, b in gap_spans]
-    busy = (end - start) - sum(gaps)  # the union of all spans: the span less its idle gaps
+    busy = (end - start) - sum(gaps)  # as _union_us, from the gaps needed below anyway
     streams = {}
     for stream, s in sorted(by_stream.items(), key=lambda kv: -sum(b - a for a, b in kv[1])):
         heavy = sorted(names[stream].items(), key=lambda kv: -kv[1])[:top]

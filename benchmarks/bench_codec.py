@@ -36,12 +36,12 @@ from common import command_line, device_description, git_commit, markdown_table,
 
 from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
+from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake  # noqa: E402
 from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
 from higgs_serve.model.tiny import build_dummy_tensors  # noqa: E402
 
-PRECISIONS = ("float32", "tf32", "bfloat16")
+PRECISIONS = ("float32", "bf16x3", "tf32", "bfloat16")
 PATHS = ("torch", "eager", "graph")
 ERR_BATCH = 4  # windows compared against the float64 decode
 CONTEXT_FRAMES = 29  # L + H of the default streaming window (SPEC §1.9)
@@ -50,9 +50,11 @@ CONTEXT_FRAMES = 29  # L + H of the default streaming window (SPEC §1.9)
 def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True) -> CodecDecoder:
     """The decoder as the engine builds it for `precision` (`gemm_convs` False: every k7 conv on
     cuDNN, as before the float32 GEMM form)."""
-    dtype = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[precision]
+    dtype = torch.float64 if precision == "float64" else PRECISION_DTYPES[precision]
     dec = CodecDecoder(spec.codec).to(device=device, dtype=dtype)
-    if precision == "tf32" or not gemm_convs:
+    if precision != "float64":
+        dec.use_precision(precision)
+    if not gemm_convs:
         dec.gemm_conv_min_channels = None
     dec.load_state({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()})
     return dec.eval()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from higgs_serve.codec.snake import snake, snake_triton
+from higgs_serve.codec.snake import snake, snake_split_triton, snake_triton
 
 # [B, C, L]: rows shorter and longer than the short block, a ragged tail, a single element,
 # and one row of a real last layer (L = 960 · 5 frames).
@@ -41,3 +41,19 @@ def check_non_contiguous(device) -> None:
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # same values, not contiguous
     assert not xt.is_contiguous()
     torch.testing.assert_close(snake_triton(xt, alpha), snake(x, alpha), rtol=1e-6, atol=1e-6)
+
+
+def check_split_snake(shape, device) -> None:
+    """The bf16x3 operand (split_conv.py): blocks hi, lo, hi of the biased float32 Snake, with
+    hi + lo equal to it to 2^-15 relative (the interpreter truncates its bf16 casts, the GPU
+    rounds: both pass)."""
+    x, alpha = inputs(shape, torch.float32, device)
+    bias = torch.linspace(-1, 1, shape[1], device=device)
+    want = snake(x + bias[:, None], alpha)
+    for b in (bias, None):
+        got = snake_split_triton(x, alpha, b)
+        c = shape[1]
+        assert got.shape == (shape[0], 3 * c, shape[2]) and got.dtype == torch.bfloat16
+        assert torch.equal(got[:, :c], got[:, 2 * c :])
+        ref = want if b is not None else snake(x, alpha)
+        torch.testing.assert_close(got[:, :c].float() + got[:, c : 2 * c].float(), ref, rtol=2.0**-15, atol=1e-6)

@@ -61,7 +61,9 @@ CONNECTOR_NAME = "talker_to_codec"
 MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
 # "tf32": float32 weights and activations, convolutions on TF32 tensor cores (measured on the
 # H200: 2x the float32 throughput at 64 windows, max error 2e-3 of peak; bf16: 3e-2 of peak).
-CODEC_DTYPES = ("float32", "tf32", "bfloat16", "float16")
+# "bf16x3": float32 weights and activations, the residual units' convolutions as three bf16
+# tensor-core products summed in float32 (codec/split_conv.py; ~1e-5 of peak).
+CODEC_DTYPES = ("float32", "bf16x3", "tf32", "bfloat16", "float16")
 # Stage 0 `kv_cache_dtype` (vLLM's key and values): "auto" stores K/V in the model dtype; "fp8"
 # (alias "fp8_e4m3", vLLM's other spelling) stores float8 e4m3 with scale 1.0, half of bf16's
 # bytes (worker/attention/kv_cache_dtype.py says why that scale is safe for this model).

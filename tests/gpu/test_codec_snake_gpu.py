@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 from codec_fixtures import random_codec_tensors  # noqa: E402
-from snake_checks import SHAPES, check_fused_snake, check_non_contiguous  # noqa: E402
+from snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake  # noqa: E402
 
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
@@ -29,6 +29,11 @@ def test_fused_snake_matches_torch(shape, dtype):
 
 def test_fused_snake_non_contiguous_input():
     check_non_contiguous("cuda")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_split_snake_writes_the_bf16x3_operand(shape):
+    check_split_snake(shape, "cuda")
 
 
 def test_fused_snake_large_activation():

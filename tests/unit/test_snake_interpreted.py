@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 from codec_fixtures import random_codec_tensors  # noqa: E402
-from snake_checks import SHAPES, check_fused_snake, check_non_contiguous  # noqa: E402
+from snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake  # noqa: E402
 
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
@@ -41,6 +41,11 @@ def test_interpreted_snake_matches_torch(shape, dtype):
 
 def test_interpreted_snake_non_contiguous_input():
     check_non_contiguous("cpu")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_interpreted_split_snake_writes_the_bf16x3_operand(shape):
+    check_split_snake(shape, "cpu")
 
 
 def test_decoder_with_interpreted_snake_matches_torch():

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
-from higgs_serve.codec.snake import SnakeFn, snake, snake_for
+from higgs_serve.codec.snake import SnakeFn, SplitSnakeFn, snake, snake_for, snake_split_for
+from higgs_serve.codec.split_conv import SplitUnit, matmul_f32, taps
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
 __all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "DecodeRange", "check_codes", "decode_range", "receptive_field_frames",
@@ -38,6 +39,11 @@ RESIDUAL_REACH = sum(3 * d for d in RESIDUAL_DILATIONS)  # positions a block's t
 OUTER_KERNEL = 7  # conv1 and conv2
 OUTER_HALF = OUTER_KERNEL // 2
 GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in float32 on an H200
+# Stage 1 precisions (the deploy config's `stages[1].dtype`) -> the decoder's storage dtype.
+# "tf32": convolutions on TF32 tensor cores; "bf16x3": the residual units' convolutions as split
+# bf16 products summed in float32 (split_conv.py); both keep float32 weights and activations.
+PRECISION_DTYPES = {"float32": torch.float32, "bf16x3": torch.float32, "tf32": torch.float32,
+                    "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
@@ -139,6 +145,15 @@ def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, s
     return x + y
 
 
+def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tensor, dilation: int,
+                        snake_split: SplitSnakeFn) -> Tensor:
+    """`residual_unit` in float32 with both convolutions as split bf16 GEMMs (split_conv.py); each
+    conv's bias is added by the step that reads its output."""
+    y = matmul_f32(unit.conv7, taps(snake_split(x, alpha1, None), dilation))
+    y = matmul_f32(unit.conv1, snake_split(y, alpha2, unit.bias7))
+    return y.add_(unit.bias1[:, None]).add_(x)
+
+
 def check_codes(codes: Tensor, codebook_size: int) -> None:
     """Validate codes before decoding (one host sync: call it where a sync is acceptable).
 
@@ -160,23 +175,63 @@ class CodecDecoder(FlatWeights):
     def __init__(self, cfg: CodecConfig):
         super().__init__(expected_decoder_tensors(cfg), "decoder")
         self.cfg = cfg
+        self.precision = "float32"  # see PRECISION_DTYPES; set by use_precision
         self.snake: SnakeFn = snake_for("cpu")
+        self.snake_split: SplitSnakeFn = snake_split_for("cpu")
         # k7 convs of this many channels and more run as a GEMM (None: never); see the module doc
         self.gemm_conv_min_channels: int | None = None
+        self.split_units: dict[str, SplitUnit] | None = None  # residual unit -> its split weights ("bf16x3")
+
+    def use_precision(self, precision: str) -> CodecDecoder:
+        """Decode at a Stage 1 precision (PRECISION_DTYPES); call it after the move to the
+        codec's device and dtype. "tf32" also needs cuDNN's TF32 switch, which is process-wide
+        (the engine builder sets it)."""
+        if precision not in PRECISION_DTYPES:
+            raise ValueError(f"codec precision must be one of {sorted(PRECISION_DTYPES)}, got {precision!r}")
+        dtype = self.weights[next(iter(self.weights))].dtype
+        if dtype != PRECISION_DTYPES[precision]:
+            raise ValueError(f"codec precision {precision!r} needs {PRECISION_DTYPES[precision]} weights, "
+                             f"the decoder holds {dtype}")
+        self.precision = precision
+        self._pick_forms()
+        return self
+
+    def load_state(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state(tensors)
+        self._pick_forms()  # split weights are derived from the loaded ones
 
     def _apply(self, fn, recurse=True):
         """Every move or cast (.to, .cuda, .cpu, .half) comes through here: pick the Snake and
-        the conv form for the new device and dtype once, so forward never asks which device it
-        runs on. (A TF32 codec turns the GEMM form off: cuDNN's TF32 convs are the faster.)"""
+        the conv forms for the new device and dtype once, so forward never asks which device it
+        runs on."""
         super()._apply(fn, recurse)
+        self._pick_forms()
+        return self
+
+    def _pick_forms(self) -> None:
+        """A TF32 codec turns the float32 GEMM form off (cuDNN's TF32 convs are the faster); a
+        bf16x3 one replaces it by the split form."""
         some = self.weights[next(iter(self.weights))]
         self.snake = snake_for(some.device, some.dtype)
-        wide = some.device.type == "cuda" and some.dtype == torch.float32
+        self.snake_split = snake_split_for(some.device)
+        wide = some.device.type == "cuda" and some.dtype == torch.float32 and self.precision == "float32"
         self.gemm_conv_min_channels = GEMM_CONV_MIN_CHANNELS if wide else None
-        return self
+        split = self.precision == "bf16x3" and some.dtype == torch.float32
+        self.split_units = self._split_units() if split else None
+
+    def _split_units(self) -> dict[str, SplitUnit]:
+        w = self._w()
+        return {f"acoustic_decoder.block.{i}.res_unit{u}": SplitUnit.of(w, f"acoustic_decoder.block.{i}.res_unit{u}")
+                for i in range(len(self.cfg.upsampling_ratios)) for u in range(1, len(RESIDUAL_DILATIONS) + 1)}
 
     def _gemm(self, channels: int) -> bool:
         return self.gemm_conv_min_channels is not None and channels >= self.gemm_conv_min_channels
+
+    def _residual_unit(self, x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int) -> Tensor:
+        if self.split_units is not None:
+            return split_residual_unit(x, self.split_units[prefix], w[prefix + ".snake1.alpha"],
+                                       w[prefix + ".snake2.alpha"], dilation, self.snake_split)
+        return residual_unit(x, w, prefix, dilation, self.snake, self._gemm(x.shape[1]))
 
     @torch.no_grad()
     def dequantize(self, codes: Tensor) -> Tensor:
@@ -213,9 +268,8 @@ class CodecDecoder(FlatWeights):
             x = F.conv_transpose1d(x, w[p + ".conv_t1.weight"], w[p + ".conv_t1.bias"], stride=s,
                                    padding=math.ceil(s / 2), output_padding=s % 2)
             start = span[0] * s
-            gemm = self._gemm(x.shape[1])
             for u, d in enumerate(RESIDUAL_DILATIONS, start=1):
-                x = residual_unit(x, w, f"{p}.res_unit{u}", d, snake, gemm)
+                x = self._residual_unit(x, w, f"{p}.res_unit{u}", d)
         x = snake(_cut(x, start, plan.conv2_input), w["acoustic_decoder.snake1.alpha"])
         x = F.conv1d(x, w["acoustic_decoder.conv2.weight"], w["acoustic_decoder.conv2.bias"], padding=OUTER_HALF)
         return _cut(x, plan.conv2_input[0], plan.keep)[:, 0, :]  # no tanh (Higgs removes it)

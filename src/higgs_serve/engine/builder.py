@@ -15,7 +15,7 @@ import torch
 
 from higgs_serve.codec.chunker import WindowParams, warm_window_shapes
 from higgs_serve.codec.codec_runner import CodecRunner
-from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames
+from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
 from higgs_serve.deploy_config import (
@@ -100,7 +100,7 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     dtype = options.resolve_dtype(device)
     codec_device = device if deploy is None or options.device is not None else torch.device(deploy.stage1.device)
     codec_precision = deploy.stage1.dtype if deploy is not None else "float32"
-    codec_dtype = torch.float32 if codec_precision == "tf32" else DTYPES[codec_precision]
+    codec_dtype = PRECISION_DTYPES[codec_precision]
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(model)
     spec = load_model_spec(model_dir)
@@ -118,9 +118,7 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
         # the H200, benchmarks/bench_codec.py); the codec's float32 contract (SPEC §1.8) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
-    codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
-    if codec_precision == "tf32":
-        codec.gemm_conv_min_channels = None  # cuDNN's TF32 convs beat a float32 GEMM
+    codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype).use_precision(codec_precision)
     codec.load_state(cast_tensors(codec_tensors, codec_dtype, codec_device))
     codec.eval()
     encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}

@@ -36,7 +36,7 @@ from common import command_line, device_description, git_commit, markdown_table,
 
 from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
-from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder  # noqa: E402
+from higgs_serve.codec.decoder import PRECISION_DTYPES, SPLIT_CONV_MIN_CHANNELS, CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake  # noqa: E402
 from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
 from higgs_serve.model.tiny import build_dummy_tensors  # noqa: E402
@@ -138,6 +138,8 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--gemm-convs", nargs="+", choices=["on", "off"], default=["on"],
                     help="float32: wide k7 convs as a GEMM (on, the decoder's default) or all on cuDNN (off)")
+    ap.add_argument("--split-min-channels", type=int, nargs="+", default=[SPLIT_CONV_MIN_CHANNELS],
+                    help="bf16x3: split the residual units of this many channels and more (one row set per value)")
     ap.add_argument("--cudnn-benchmark", nargs="+", choices=["off", "on"], default=["off"],
                     help="torch.backends.cudnn.benchmark (cuDNN times its algorithms per shape at the first call); "
                          "both values run side by side")
@@ -160,12 +162,18 @@ def main() -> None:
     del ref64
     shapes = [window_shape(w, new, args.holdback, keep) for keep in args.keep for w, new in zip(args.windows, new_frames)]
     rows = []
-    for precision, tuned, gemm in itertools.product(args.precisions, args.cudnn_benchmark, args.gemm_convs):
+    variants = [(precision, tuned, gemm, split)
+                for precision, tuned, gemm in itertools.product(args.precisions, args.cudnn_benchmark, args.gemm_convs)
+                for split in (args.split_min_channels if precision == "bf16x3" else [None])]
+    for precision, tuned, gemm, split in variants:
         if gemm == "off" and precision != "float32" and "on" in args.gemm_convs:
             continue  # the GEMM form is float32's only: one row per other precision
         torch.backends.cudnn.benchmark = tuned == "on"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         dec = _decoder(spec, codec_tensors, precision, device, gemm == "on")
+        if split is not None:
+            dec.split_conv_min_channels = split
+        label = precision if split is None else f"{precision}>={split}"
         fused_snake = dec.snake
         for path in paths:
             dec.snake = snake if path == "torch" else fused_snake
@@ -181,11 +189,11 @@ def main() -> None:
                 for b in args.batch:
                     seconds = _time(_decode_fn(path, dec, graphs, codes[:b, :w], shape), args.iters, device)
                     audio_s = b * new / spec.codec.frame_rate
-                    rows.append({"precision": precision, "cudnn_benchmark": tuned, "gemm_convs": gemm, "path": path,
+                    rows.append({"precision": precision, "split_min_channels": split, "cudnn_benchmark": tuned, "gemm_convs": gemm, "path": path,
                                  "window_frames": w, "new_frames": new, "keep": keep, "keep_frames": list(shape.keep),
                                  "batch": b, "ms_per_call": seconds * 1e3, "audio_s_per_s": audio_s / seconds,
                                  "max_abs_err_vs_fp64": err, "err_rel_peak": err / peak})
-                    print(f"{precision:9s} cudnn-bench {tuned:3s} gemm {gemm:3s} {path:5s} T={w:3d} keep {keep:6s} B={b:3d} {seconds * 1e3:8.2f} ms  "
+                    print(f"{label:13s} cudnn-bench {tuned:3s} gemm {gemm:3s} {path:5s} T={w:3d} keep {keep:6s} B={b:3d} {seconds * 1e3:8.2f} ms  "
                           f"{audio_s / seconds:8.1f} audio s/s  err {err:.2e} ({err / peak:.1e} of peak)", flush=True)
             del graphs
             if device.type == "cuda":
@@ -193,7 +201,7 @@ def main() -> None:
         del dec
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    table = markdown_table(rows, [("precision", "precision"), ("cudnn_benchmark", "cuDNN benchmark"), ("gemm_convs", "GEMM convs"), ("path", "path"), ("window_frames", "window"), ("keep", "keep"),
+    table = markdown_table(rows, [("precision", "precision"), ("split_min_channels", "split from channels"), ("cudnn_benchmark", "cuDNN benchmark"), ("gemm_convs", "GEMM convs"), ("path", "path"), ("window_frames", "window"), ("keep", "keep"),
                                   ("batch", "batch"), ("ms_per_call", "ms/call"), ("audio_s_per_s", "audio s/s"),
                                   ("err_rel_peak", "max err / peak")])
     print(table)

@@ -73,6 +73,7 @@ def _decoders(seed: int = 1) -> tuple[CodecDecoder, CodecDecoder, CodecDecoder]:
     ref = CodecDecoder(cfg)
     ref.load_state(tensors)
     split = CodecDecoder(cfg).use_precision("bf16x3")
+    split.split_conv_min_channels = 1  # the tiny geometry's units are all narrower than the real default
     split.load_state(tensors)
     plain = CodecDecoder(cfg)
     plain.load_state(tensors)
@@ -109,3 +110,17 @@ def test_precisions_are_checked_against_the_weights():
 
 def test_every_deploy_codec_dtype_is_a_decoder_precision():
     assert set(CODEC_DTYPES) == set(PRECISION_DTYPES)
+
+
+def test_bf16x3_splits_only_units_of_at_least_split_conv_min_channels(monkeypatch):
+    import higgs_serve.codec.decoder as decoder
+
+    ref, split, _ = _decoders()
+    widths = []
+    real = decoder.split_residual_unit
+    monkeypatch.setattr(decoder, "split_residual_unit", lambda x, *a: widths.append(x.shape[1]) or real(x, *a))
+    codes = torch.randint(0, 1024, (1, 6, 8), generator=torch.Generator().manual_seed(1))
+    split.split_conv_min_channels = 8
+    split(codes)
+    assert widths and min(widths) >= 8
+    assert len(widths) < 3 * len(split.cfg.upsampling_ratios)  # the narrow blocks stayed float32

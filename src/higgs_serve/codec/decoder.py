@@ -42,6 +42,10 @@ GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in fl
 # Stage 1 precisions (the deploy config's `stages[1].dtype`) -> the decoder's storage dtype.
 # "tf32": convolutions on TF32 tensor cores; "bf16x3": the residual units' convolutions as split
 # bf16 products summed in float32 (split_conv.py); both keep float32 weights and activations.
+# From here up "bf16x3" runs a residual unit split: its operand columns (taps) cost 42 bytes an
+# element, which the GEMM's speed pays back only where the channels are many (measured on the H200:
+# split everywhere, 64 windows of 39 frames took 51.9 ms against 40.6 in float32).
+SPLIT_CONV_MIN_CHANNELS = 256
 PRECISION_DTYPES = {"float32": torch.float32, "bf16x3": torch.float32, "tf32": torch.float32,
                     "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -181,6 +185,8 @@ class CodecDecoder(FlatWeights):
         # k7 convs of this many channels and more run as a GEMM (None: never); see the module doc
         self.gemm_conv_min_channels: int | None = None
         self.split_units: dict[str, SplitUnit] | None = None  # residual unit -> its split weights ("bf16x3")
+        # "bf16x3" splits the units of this many channels and more (narrower ones stay float32)
+        self.split_conv_min_channels = SPLIT_CONV_MIN_CHANNELS
 
     def use_precision(self, precision: str) -> CodecDecoder:
         """Decode at a Stage 1 precision (PRECISION_DTYPES); call it after the move to the
@@ -228,7 +234,7 @@ class CodecDecoder(FlatWeights):
         return self.gemm_conv_min_channels is not None and channels >= self.gemm_conv_min_channels
 
     def _residual_unit(self, x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int) -> Tensor:
-        if self.split_units is not None:
+        if self.split_units is not None and x.shape[1] >= self.split_conv_min_channels:
             return split_residual_unit(x, self.split_units[prefix], w[prefix + ".snake1.alpha"],
                                        w[prefix + ".snake2.alpha"], dilation, self.snake_split)
         return residual_unit(x, w, prefix, dilation, self.snake, self._gemm(x.shape[1]))

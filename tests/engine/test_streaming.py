@@ -149,7 +149,9 @@ def test_non_streamed_request_is_one_shot_and_same_codes(default_engine, tiny_lo
     streamed, _ = _run_recorded(default_engine, speech("a", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     (whole,) = default_engine.generate([speech("b", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=False)])
     np.testing.assert_array_equal(streamed.rows, whole.rows)
-    assert len(whole.chunks) == 1 and whole.chunks[0].is_final and whole.chunks[0].num_frames == NUM_FRAMES
+    # decoded in exact chunks as it was generated (chunker.file_window_params): 25 + 25 + the rest
+    assert [c.num_frames for c in whole.chunks] == [25, 25, NUM_FRAMES - 50]
+    assert [c.is_final for c in whole.chunks] == [False, False, True]
     oneshot = _decode(tiny_loaded, whole.frames)
     np.testing.assert_allclose(whole.audio, oneshot, rtol=0, atol=1e-6 * np.abs(oneshot).max())
 

@@ -236,3 +236,21 @@ def test_final_windows_of_long_enough_streams_are_widened_to_one_shape():
     assert warm_window_shapes(params) == (
         WindowShape(5, 0, 1), WindowShape(6, 1, 2), WindowShape(8, 2, 4), WindowShape(12, 4, 8),
         WindowShape(20, 8, 16), WindowShape(30, 10, 26), WindowShape(39, 10, 35), WindowShape(39, 10, 39))
+
+
+def test_a_file_is_cut_into_exact_chunks_of_a_few_warm_shapes():
+    """chunker.file_window_params: context of the whole receptive field on both sides; every
+    window of a clip of at least L + C + H frames has one of three shapes."""
+    from higgs_serve.codec.chunker import WindowShape, file_window_params, warm_window_shapes, widen_final
+
+    params = file_window_params(WindowParams(left_context_frames=25), field=(10, 10))
+    assert (params.chunk_frames, params.left_context_frames, params.right_holdback_frames) == (25, 10, 10)
+    warm = warm_window_shapes(params)
+    assert warm == (WindowShape(35, 0, 25), WindowShape(45, 10, 35), WindowShape(45, 10, 45))
+    for total in (45, 46, 60, 250, 251, 1000):
+        windows = [widen_final(w, params) for _, w in run_pushes(StreamChunker(params), list(range(total + 1)))]
+        assert_covers_exactly(windows, total)
+        assert {w.shape for w in windows} <= set(warm), total
+        for w in windows:  # the receptive field on both sides of the kept frames, or the clip's edge
+            first, end = w.start_frame + w.trim_front_frames, w.end_frame - w.trim_back_frames
+            assert first - w.start_frame >= min(10, first) and w.end_frame - end >= min(10, total - end)

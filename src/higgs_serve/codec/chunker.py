@@ -183,6 +183,17 @@ def warm_window_shapes(params: WindowParams) -> tuple[WindowShape, ...]:
     return tuple(sorted({*streaming_window_shapes(params), final_window_shape(params)}))
 
 
+def file_window_params(params: WindowParams, field: tuple[int, int]) -> WindowParams:
+    """The window rule of a request answered as one file: chunks of C frames with the decoder's
+    whole receptive field `field` (left, right) as context on both sides, so every chunk's audio
+    is what one decode of the whole clip gives it (to float rounding), however the clip is cut.
+    Decoding a file chunk by chunk while it is generated, instead of in one call at its end,
+    keeps every call at a few warmed-up shapes (a clip of a length the codec has not seen costs
+    a cuDNN plan per convolution) and short (no stream waits behind a long clip's decode)."""
+    return WindowParams(chunk_frames=params.chunk_frames, left_context_frames=field[0],
+                        right_holdback_frames=field[1], initial_chunk_frames=0, chunk_doubling=False)
+
+
 class StreamChunker:
     """Per-request window state: `emitted` frames already handed to the audio stream."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from higgs_serve.codec.chunker import WindowParams, warm_window_shapes
+from higgs_serve.codec.chunker import WindowParams, file_window_params, warm_window_shapes
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
@@ -227,10 +227,13 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         cuda_graphs=codec_path is CodecGraphPath.CUDA_GRAPHS,
     )
     window = WindowParams.from_config(deploy.streaming)
-    _log_window_against_receptive_field(window, receptive_field_frames(loaded.spec.codec))
+    field = receptive_field_frames(loaded.spec.codec)
+    _log_window_against_receptive_field(window, field)
+    file_window = file_window_params(window, field)
     # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
     # two captures must never run at once, and the codec thread starts only with the engine.
-    codec.warm_up(warm_window_shapes(window), loaded.spec.audio.num_codebooks)
+    codec.warm_up(tuple(sorted({*warm_window_shapes(window), *warm_window_shapes(file_window)})),
+                  loaded.spec.audio.num_codebooks)
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,
         max_num_batched_tokens=s0.max_num_batched_tokens,
@@ -246,6 +249,7 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         codec=codec,
         prompts=loaded.prompts,
         window=window,
+        file_window=file_window,
         async_chunk=deploy.async_chunk,
         max_model_len=s0.max_model_len,
         max_waiting=options.max_waiting,

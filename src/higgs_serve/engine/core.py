@@ -79,6 +79,7 @@ class EngineCore:
         codec: CodecRunner,
         prompts: PromptBuilder,
         window: WindowParams,
+        file_window: WindowParams,
         async_chunk: bool,
         max_model_len: int,
         max_waiting: int,
@@ -90,6 +91,9 @@ class EngineCore:
         self.codec = codec
         self.prompts = prompts
         self.window = window
+        # a request answered as one file is decoded in exact chunks as it is generated
+        # (chunker.file_window_params); its sink collects them
+        self.file_window = file_window
         # async_chunk false: codes go to the codec only once a request ends (one chunk each)
         self.async_chunk = async_chunk
         self.max_model_len = max_model_len
@@ -121,8 +125,8 @@ class EngineCore:
                     f"the waiting queue is full ({self.max_waiting} requests); retry later"
                 )
             self.scheduler.add_request(request)
-            streaming = speech.stream and self.async_chunk
-            out = OutputStream(self.window, streaming, self.num_codebooks, self.codebook_size)
+            window = self.window if speech.stream else self.file_window
+            out = OutputStream(window, self.async_chunk, self.num_codebooks, self.codebook_size)
             self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
         self._wake.set()
 

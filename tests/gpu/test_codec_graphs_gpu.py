@@ -12,8 +12,10 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 from codec_fixtures import random_codec_tensors  # noqa: E402
+from split_conv_checks import check_conv_split  # noqa: E402
 
 from higgs_serve.codec.chunker import WindowShape  # noqa: E402
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
@@ -184,13 +186,19 @@ def test_gemm_convs_decode_what_cudnn_decodes():
     assert diff <= 2e-6 * max(float(cudnn.abs().max()), 1.0)
 
 
-def test_bf16x3_decodes_the_float64_audio_and_replays_in_a_graph():
+def test_the_triton_split_conv_is_the_gemm_form():
+    check_conv_split("cuda")
+
+
+@pytest.mark.parametrize("min_channels", [256, 0])
+def test_bf16x3_decodes_the_float64_audio_and_replays_in_a_graph(min_channels):
     """The "bf16x3" precision (split_conv.py: residual-unit convs as split bf16 GEMMs on the tensor
     cores, float32 out) on the real geometry: within 3e-5 of peak of a float64 decode (float32's own
     error is ~4e-6, TF32's ~2e-3), and a captured graph replays what the eager decode computes."""
     cfg = CodecConfig()
     tensors = random_codec_tensors(cfg, seed=1)
     dec = CodecDecoder(cfg).to(device="cuda").use_precision("bf16x3").eval()
+    dec.split_conv_min_channels = min_channels  # 0: every unit on the Triton split conv
     dec.load_state(tensors)
     ref = CodecDecoder(cfg).to(device="cuda", dtype=torch.float64).eval()
     ref.load_state(tensors)
@@ -203,7 +211,7 @@ def test_bf16x3_decodes_the_float64_audio_and_replays_in_a_graph():
     stream.synchronize()
     peak = float(want.abs().max())
     err = float((got.double() - want).abs().max())
-    print(f"\nbf16x3: max |decode - float64| = {err:.2e} (peak {peak:.2f})")
+    print(f"\nbf16x3 (split from {min_channels} channels): max |decode - float64| = {err:.2e} (peak {peak:.2f})")
     assert err <= 3e-5 * max(peak, 1.0)
     graphs = CodecGraphs(dec, torch.device("cuda"), stream, num_codebooks=8, samples_per_frame=HOP)
     graphs.capture((shape,), batch_sizes=(3,))

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.snake import SnakeFn, SplitSnakeFn, snake, snake_for, snake_split_for
-from higgs_serve.codec.split_conv import SplitUnit, matmul_f32, taps
+from higgs_serve.codec.split_conv import SplitUnit, conv_split
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
 __all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "DecodeRange", "check_codes", "decode_range", "receptive_field_frames",
@@ -153,9 +153,8 @@ def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tens
                         snake_split: SplitSnakeFn) -> Tensor:
     """`residual_unit` in float32 with both convolutions as split bf16 GEMMs (split_conv.py); each
     conv's bias is added by the step that reads its output."""
-    y = matmul_f32(unit.conv7, taps(snake_split(x, alpha1, None), dilation))
-    y = matmul_f32(unit.conv1, snake_split(y, alpha2, unit.bias7))
-    return y.add_(unit.bias1[:, None]).add_(x)
+    y = conv_split(snake_split(x, alpha1, None), unit.conv7, dilation)
+    return conv_split(snake_split(y, alpha2, unit.bias7), unit.conv1, 1, unit.bias1, x)
 
 
 def check_codes(codes: Tensor, codebook_size: int) -> None:

@@ -23,7 +23,7 @@ class SpeechRequest:
     request_id: str
     text: str
     sampling: SamplingParams
-    stream: bool = True  # False: a single chunk once the whole utterance is decoded
+    stream: bool = True  # False: exact file chunks (chunker.file_window_params) for the caller to join
     reference: ReferenceAudio | None = None
 
 

@@ -198,7 +198,7 @@ def test_bf16x3_decodes_the_float64_audio_and_replays_in_a_graph(min_channels):
     cfg = CodecConfig()
     tensors = random_codec_tensors(cfg, seed=1)
     dec = CodecDecoder(cfg).to(device="cuda").use_precision("bf16x3").eval()
-    dec.split_conv_min_channels = min_channels  # 0: every unit on the Triton split conv
+    dec.split_conv_min_channels = min_channels  # 0 (the default): every unit split, narrow ones on the Triton kernel
     dec.load_state(tensors)
     ref = CodecDecoder(cfg).to(device="cuda", dtype=torch.float64).eval()
     ref.load_state(tensors)

@@ -42,10 +42,9 @@ GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in fl
 # Stage 1 precisions (the deploy config's `stages[1].dtype`) -> the decoder's storage dtype.
 # "tf32": convolutions on TF32 tensor cores; "bf16x3": the residual units' convolutions as split
 # bf16 products summed in float32 (split_conv.py); both keep float32 weights and activations.
-# From here up "bf16x3" runs a residual unit split: its operand columns (taps) cost 42 bytes an
-# element, which the GEMM's speed pays back only where the channels are many (measured on the H200:
-# split everywhere, 64 windows of 39 frames took 51.9 ms against 40.6 in float32).
-SPLIT_CONV_MIN_CHANNELS = 256
+# "bf16x3" runs the residual units of this many channels and more split (the bench varies it;
+# every unit of the real geometry pays on the H200: split_conv.py's forms per width).
+SPLIT_CONV_MIN_CHANNELS = 0
 PRECISION_DTYPES = {"float32": torch.float32, "bf16x3": torch.float32, "tf32": torch.float32,
                     "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -36,6 +36,11 @@ except ImportError:  # CPU-only installs
     triton = None
 
 SPLIT_PARTS = 3  # activation blocks [hi; lo; hi], weight blocks [w_hi | w_hi | w_lo]
+# From here up cuBLAS over the tap columns beats the Triton implicit GEMM (H200, whole decoder,
+# 64 windows of 39 frames: the 512- and 256-channel units took 6.0 ms less than float32 on cuBLAS,
+# 4.1 ms less on the Triton kernel, whose few, long programs also cost 0.7 ms at batch 1);
+# below it the tap columns' traffic loses to the kernel (benchmarks/results/README.md).
+GEMM_MIN_CHANNELS = 256
 
 
 def split_bf16(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -102,16 +107,17 @@ def matmul_f32(weight: Tensor, cols: Tensor) -> Tensor:
 def conv_split(split: Tensor, conv: SplitConv, dilation: int, bias: Tensor | None = None,
                residual: Tensor | None = None) -> Tensor:
     """A "same"-padded dilated convolution of split activations [B, 3C, T] bf16 -> [B, C_out, T]
-    float32 (+ bias [C_out], + residual [B, C_out, T] float32). On CUDA one Triton implicit GEMM
-    (`_conv_kernel`) where the channels tile (multiples of 32: every unit of the real geometry);
-    elsewhere `taps` + `matmul_f32`, the same products."""
-    if split.is_cuda and triton is not None and _tiles(split.shape[1], conv.by_tap.shape[1]):
+    float32 (+ bias [C_out], + residual [B, C_out, T] float32). On CUDA, below GEMM_MIN_CHANNELS
+    one Triton implicit GEMM (`_conv_kernel`) where the channels tile (multiples of 32: every
+    unit of the real geometry); otherwise `taps` + `matmul_f32` (cuBLAS), the same products."""
+    c_out = conv.by_tap.shape[1]
+    if split.is_cuda and triton is not None and c_out < GEMM_MIN_CHANNELS and _tiles(split.shape[1], c_out):
         return _conv_triton(split, conv, dilation, bias, residual)
     cols = split if conv.kernel == 1 else taps(split, dilation, conv.kernel)
     y = matmul_f32(conv.flat, cols)
     if bias is not None:
-        y = y + bias[:, None]
-    return y if residual is None else y + residual
+        y.add_(bias[:, None])
+    return y if residual is None else y.add_(residual)
 
 
 if triton is not None:

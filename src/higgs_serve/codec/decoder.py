@@ -13,7 +13,10 @@ reach 19 TFLOP/s there against ~36 for the GEMM (benchmarks/results/conv_forms_h
 arithmetic) as a Triton implicit GEMM on the tensor cores with the "tf32x3" dot, which is as exact
 as float32 (max error against float64 through the real-geometry decoder 8.2e-6 against cuDNN
 float32's 8.6e-6) but slower: 64 windows of 39 frames took 86.3 ms against cuDNN's 61.1 ms in
-float32, and 29.9 against 21.9 ms with one TF32 MMA (codec_conv_tf32x3_h200.json).
+float32, and 29.9 against 21.9 ms with one TF32 MMA (codec_conv_tf32x3_h200.json). What did pay:
+the precision "bf16x3" (split_conv.py), with the operands split once where they are made (the
+Snake, the weight load) instead of in the GEMM's registers: 29.0 ms against 40.5 for the same
+64 windows in float32 (today's float32 path), ~1e-5 of peak.
 """
 
 from __future__ import annotations
@@ -150,8 +153,8 @@ def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, s
 
 def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tensor, dilation: int,
                         snake_split: SplitSnakeFn) -> Tensor:
-    """`residual_unit` in float32 with both convolutions as split bf16 GEMMs (split_conv.py); each
-    conv's bias is added by the step that reads its output."""
+    """`residual_unit` in float32 with both convolutions as split bf16 GEMMs (split_conv.py): the
+    k7 conv's bias is added by the second Snake, the k1 conv adds its own and the skip."""
     y = conv_split(snake_split(x, alpha1, None), unit.conv7, dilation)
     return conv_split(snake_split(y, alpha2, unit.bias7), unit.conv1, 1, unit.bias1, x)
 

@@ -42,12 +42,12 @@ RESIDUAL_REACH = sum(3 * d for d in RESIDUAL_DILATIONS)  # positions a block's t
 OUTER_KERNEL = 7  # conv1 and conv2
 OUTER_HALF = OUTER_KERNEL // 2
 GEMM_CONV_MIN_CHANNELS = 256  # from here up a k7 conv is faster as a GEMM in float32 on an H200
-# Stage 1 precisions (the deploy config's `stages[1].dtype`) -> the decoder's storage dtype.
-# "tf32": convolutions on TF32 tensor cores; "bf16x3": the residual units' convolutions as split
-# bf16 products summed in float32 (split_conv.py); both keep float32 weights and activations.
 # "bf16x3" runs the residual units of this many channels and more split (the bench varies it;
 # every unit of the real geometry pays on the H200: split_conv.py's forms per width).
 SPLIT_CONV_MIN_CHANNELS = 0
+# Stage 1 precisions (the deploy config's `stages[1].dtype`) -> the decoder's storage dtype.
+# "tf32": convolutions on TF32 tensor cores; "bf16x3": the residual units' convolutions as split
+# bf16 products summed in float32 (split_conv.py); both keep float32 weights and activations.
 PRECISION_DTYPES = {"float32": torch.float32, "bf16x3": torch.float32, "tf32": torch.float32,
                     "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -186,7 +186,7 @@ class CodecDecoder(FlatWeights):
         # k7 convs of this many channels and more run as a GEMM (None: never); see the module doc
         self.gemm_conv_min_channels: int | None = None
         self.split_units: dict[str, SplitUnit] | None = None  # residual unit -> its split weights ("bf16x3")
-        # "bf16x3" splits the units of this many channels and more (narrower ones stay float32)
+        # "bf16x3" splits the units of this many channels and more (narrower ones: float32 convs)
         self.split_conv_min_channels = SPLIT_CONV_MIN_CHANNELS
 
     def use_precision(self, precision: str) -> CodecDecoder:

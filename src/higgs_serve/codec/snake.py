@@ -6,7 +6,10 @@ add), each a full pass over the activation; `snake_triton` is one read and one w
 math in float32 and the result rounded once to the input dtype.
 
 `snake` (plain torch) is the reference and the CPU path; `snake_for(device)` picks the
-implementation once (the decoder re-picks it when it is moved, never per call).
+implementation once (the decoder re-picks it when it is moved, never per call). The split form
+(`snake_split`, for the "bf16x3" codec precision) adds the bias of the convolution before it and
+writes its float32 result as the bf16 operand of the convolution after it (split_conv.py), in the
+same one pass.
 In float32 the kernel performs the reference's operations in the reference's order with the
 same rounding (libdevice sinf, IEEE reciprocal, no FMA contraction), so the two agree to
 within an ulp; in bfloat16/float16 the kernel rounds once where torch rounds after every

@@ -41,6 +41,7 @@ def engine_deploy(
     enable_prefix_caching: bool = True,
     window: dict | None = None,
     kv_cache_dtype: str = "auto",
+    codec_dtype: str = "float32",
 ) -> DeployConfig:
     """The shipped default profile on CPU, shrunk for tests; `window` overrides SPEC §1.9 keys."""
     stage0 = {
@@ -53,7 +54,7 @@ def engine_deploy(
         # the shipped capture sizes go to 64; sizes above max_num_seqs are a config error
         "compilation_config": {"cudagraph_capture_sizes": [s for s in (1, 2, 4, 8, 16) if s <= max_num_seqs]},
     }
-    overrides: dict = {"0": stage0, "1": {"devices": "cpu"}}
+    overrides: dict = {"0": stage0, "1": {"devices": "cpu", "dtype": codec_dtype}}
     if window:
         overrides["connectors"] = {"talker_to_codec": {"extra": window}}
     return load_deploy_config(None, "higgs_multimodal_qwen3", cli_overrides=overrides)

@@ -52,11 +52,11 @@ def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bo
     cuDNN, as before the float32 GEMM form)."""
     dtype = torch.float64 if precision == "float64" else PRECISION_DTYPES[precision]
     dec = CodecDecoder(spec.codec).to(device=device, dtype=dtype)
+    dec.load_state({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()})
     if precision != "float64":
         dec.use_precision(precision)
     if not gemm_convs:
         dec.gemm_conv_min_channels = None
-    dec.load_state({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()})
     return dec.eval()
 
 

@@ -23,15 +23,11 @@ from higgs_serve.codec.split_conv import matmul_f32, split_bf16, split_weight, t
 from higgs_serve.deploy_config import CODEC_DTYPES  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from split_conv_checks import check_conv_split  # noqa: E402
-
-
-def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+from split_conv_checks import check_conv_split, randn  # noqa: E402
 
 
 def test_hi_plus_lo_is_the_float32_value_to_2_to_the_minus_16():
-    x = 10 * _randn(10_000, seed=0)
+    x = 10 * randn(10_000, seed=0)
     hi, lo = split_bf16(x)
     assert hi.dtype == lo.dtype == torch.bfloat16
     err = (hi.double() + lo.double() - x.double()).abs()
@@ -40,7 +36,7 @@ def test_hi_plus_lo_is_the_float32_value_to_2_to_the_minus_16():
 
 
 def test_split_weight_lays_out_hi_hi_lo_in_tap_order():
-    w = _randn(4, 3, 7, seed=1)
+    w = randn(4, 3, 7, seed=1)
     got = split_weight(w)
     hi, lo = split_bf16(w.reshape(4, 21))
     assert got.shape == (4, 63) and got.dtype == torch.bfloat16
@@ -48,7 +44,7 @@ def test_split_weight_lays_out_hi_hi_lo_in_tap_order():
 
 
 def test_the_split_snake_writes_hi_lo_hi_blocks_of_the_biased_snake():
-    x, alpha, bias = _randn(2, 5, 11, seed=2), _randn(1, 5, 1, seed=3).abs() + 0.5, _randn(5, seed=4)
+    x, alpha, bias = randn(2, 5, 11, seed=2), randn(1, 5, 1, seed=3).abs() + 0.5, randn(5, seed=4)
     got = snake_split(x, alpha, bias)
     want = snake(x + bias[:, None], alpha)
     assert got.shape == (2, 15, 11) and got.dtype == torch.bfloat16
@@ -61,7 +57,7 @@ def test_the_split_snake_writes_hi_lo_hi_blocks_of_the_biased_snake():
 def test_split_k7_conv_is_the_convolution_to_2_to_the_minus_15_of_its_terms(dilation, length):
     """Each output is off by at most 2^-15 of Σ|w·x| (the dropped lo·lo products are ~2^-16 of
     each term, float32 sums add less): float32-class, where TF32 would be ~2^-11."""
-    x, w = _randn(3, 8, length, seed=dilation), _randn(6, 8, 7, seed=length) / 8
+    x, w = randn(3, 8, length, seed=dilation), randn(6, 8, 7, seed=length) / 8
     hi, lo = split_bf16(x)
     got = matmul_f32(split_weight(w), taps(torch.cat([hi, lo, hi], dim=1), dilation))
     conv = dict(padding=3 * dilation, dilation=dilation)

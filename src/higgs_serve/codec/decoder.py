@@ -31,7 +31,7 @@ from torch import Tensor
 
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.snake import SnakeFn, SplitSnakeFn, snake, snake_for, snake_split_for
-from higgs_serve.codec.split_conv import SplitUnit, conv_split
+from higgs_serve.codec.split_conv import SplitUnit, conv_split, taps
 from higgs_serve.codec.weights import FlatWeights, expected_decoder_tensors
 
 __all__ = ["RESIDUAL_DILATIONS", "CodecDecoder", "DecodeRange", "check_codes", "decode_range", "receptive_field_frames",
@@ -129,12 +129,8 @@ def _cut(x: Tensor, start: int, span: tuple[int, int]) -> Tensor:
 def conv7_gemm(x: Tensor, weight: Tensor, bias: Tensor, dilation: int) -> Tensor:
     """F.conv1d(x, weight, bias, padding=3·dilation, dilation=dilation) for a k7 weight, as one
     batched GEMM: bias + W [C_out, C_in·7] @ taps [B, C_in·7, T]."""
-    batch, _, length = x.shape
-    taps = weight.shape[-1]
-    padded = F.pad(x, (dilation * (taps // 2),) * 2)
-    cols = torch.stack([padded[..., j * dilation : j * dilation + length] for j in range(taps)], dim=2)
-    return torch.baddbmm(bias[None, :, None], weight.reshape(weight.shape[0], -1).expand(batch, -1, -1),
-                         cols.reshape(batch, -1, length))
+    return torch.baddbmm(bias[None, :, None], weight.reshape(weight.shape[0], -1).expand(x.shape[0], -1, -1),
+                         taps(x, dilation, weight.shape[-1]))
 
 
 def residual_unit(x: Tensor, w: dict[str, Tensor], prefix: str, dilation: int, snake: SnakeFn = snake,

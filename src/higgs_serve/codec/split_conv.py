@@ -89,11 +89,12 @@ class SplitUnit:
                    SplitConv.of(w[prefix + ".conv2.weight"]), w[prefix + ".conv2.bias"].float())
 
 
-def taps(split: Tensor, dilation: int, kernel: int = 7) -> Tensor:
-    """Split activations [B, 3C, T] bf16 -> the k-tap columns [B, 3C·k, T] of a "same"-padded
-    dilated convolution, rows in (block, channel, tap) order."""
-    batch, rows, length = split.shape
-    padded = F.pad(split, (dilation * (kernel // 2),) * 2)
+def taps(x: Tensor, dilation: int, kernel: int = 7) -> Tensor:
+    """Activations [B, R, T] -> the k-tap columns [B, R·k, T] of a "same"-padded dilated
+    convolution, rows in (row, tap) order: for split activations (block, channel, tap), the
+    order of `split_weight`'s columns; for plain ones the order of a conv weight's flattening."""
+    batch, rows, length = x.shape
+    padded = F.pad(x, (dilation * (kernel // 2),) * 2)
     cols = torch.stack([padded[..., j * dilation : j * dilation + length] for j in range(kernel)], dim=2)
     return cols.reshape(batch, rows * kernel, length)
 

@@ -118,8 +118,9 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
         # the H200, benchmarks/bench_codec.py); the codec's float32 contract (SPEC §1.8) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
-    codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype).use_precision(codec_precision)
+    codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
     codec.load_state(cast_tensors(codec_tensors, codec_dtype, codec_device))
+    codec.use_precision(codec_precision)  # after the load: bf16x3 splits the loaded weights, once
     codec.eval()
     encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}
     logger.info("loaded %s (%s, %s, %s) in %.1f s", model, options.load_format, device, dtype, time.perf_counter() - t0)

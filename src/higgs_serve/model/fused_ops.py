@@ -77,7 +77,8 @@ class TorchOps:
 
     @staticmethod
     def linear_residual(x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
-        """residual + x @ weightᵀ, into `out` when given (rows not aliasing x or residual)."""
+        """residual + x @ weightᵀ, into `out` when given (not aliasing x; residual itself is allowed:
+        in place)."""
         return torch.add(residual, F.linear(x, weight), out=out)
 
     @classmethod

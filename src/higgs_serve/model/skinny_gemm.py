@@ -197,7 +197,8 @@ def skinny_linear(x: Tensor, weight: Tensor, residual: Tensor | None, cfg: Skinn
     With swiglu, weight is [gate; up] and the result silu(x @ gateᵀ) * (x @ upᵀ) [M, N / 2]
     (no residual; cfg from swiglu_config). x's rows must be contiguous and weight contiguous;
     cfg must fit (N, K), or (N / 2, K) with swiglu. `out`: where to write the result (rows with
-    unit column stride, not aliasing x or residual), else a new tensor."""
+    unit column stride, not aliasing x; residual itself is allowed: each program reads its residual
+    tile before it writes that tile), else a new tensor."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if out is None:

@@ -50,8 +50,9 @@ def build_pieces(backbone, embed: Callable[[], Tensor], positions: Tensor, write
 
     def after_attention(i: int) -> None:
         h = state["h"]
-        h = layers[i].o_proj_residual(io.o[: h.shape[0]], h)
-        state["h"] = layers[i].mlp_residual(h)
+        # in place from the first sum on, as Qwen3Backbone.forward does (no residual copies)
+        h = layers[i].o_proj_residual(io.o[: h.shape[0]], h, h if i else None)
+        state["h"] = layers[i].mlp_residual(h, out=h)
 
     def first() -> None:
         h = embed()

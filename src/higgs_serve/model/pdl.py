@@ -12,6 +12,10 @@ B = 1 goes from 3.12 to 2.95 ms, at B = 16 from 3.41 to 3.25 ms; B = 64 is uncha
 Tried and dropped: the skinny GEMM prefetching the start of its weight slice into L2 (a bulk
 prefetch) before its wait. It made the B = 1 step slower (3.26 against 2.95 ms GPU time): the
 prefetched lines did not survive until the loop read them, so the prefetch was extra traffic.
+A later form, a PDL kernel of its own prefetching the next GEMM's weights (the o weight whole,
+21 MB) before the small kernels that precede that GEMM, was slower as well: B = 1 2.74 -> 3.05 ms,
+and the more of the weight it fetched the slower the step (one prefetch per line: 4 MB +0.04 ms,
+21 MB +0.34 ms), so the lines it brought in bought nothing back in the o GEMM.
 Also dropped: the light kernels (norms, RoPE, SiLU, split reduces, KV write, decode attention)
 releasing their successor at their start while the GEMMs keep the late release, so that each
 GEMM is placed while the small kernel before it runs. GPU time at

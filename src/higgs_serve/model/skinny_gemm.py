@@ -26,6 +26,11 @@ time; captured ones on cuBLAS). The low-latency eager prefill did not move (TTFA
 before the launcher called Triton's C launcher directly).
 If it comes back: a graph's warm-up must choose the GEMMs its capture records, or cuBLAS's first
 call on the capture stream lands inside the capture and invalidates it (seen on the H200).
+Also dropped (H200, benchmarks/results/README.md): the split-K partials summed by each tile's
+last-arriving program (an arrival counter, the same bits) instead of the reduce kernel: the atomic
+and the re-read at the GEMM's end cost what the launch saved (full graph B = 1 2.76-2.94 -> 2.91 ms
+GPU, B = 16 3.07-3.23 -> 3.26); and captured 17-64-row GEMMs on this kernel: 0.1 ms faster at 32
+rows, slower at 48 and 64, with or without moving only gate_up and its SwiGLU epilogue.
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the

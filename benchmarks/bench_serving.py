@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -262,15 +264,33 @@ async def _poll_gpu_memory(peak: list[int], stop: asyncio.Event, interval_s: flo
             pass
 
 
-async def closed_loop(client: httpx.AsyncClient, url: str, indices: list[int], concurrency: int,
+@functools.lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every client: building one loads the CA store (~30 ms), which a
+    client per connection would otherwise repeat hundreds of times."""
+    return ssl.create_default_context()
+
+
+def http_client(args: argparse.Namespace, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.request_timeout, connect=30.0),
+                             verify=_tls_context())
+
+
+async def closed_loop(url: str, indices: list[int], concurrency: int,
                       args: argparse.Namespace) -> list[RequestRecord]:
-    """`concurrency` clients, each sending its next request as soon as its last one ended."""
+    """`concurrency` clients, each sending its next request as soon as its last one ended. Each
+    client has a connection of its own: httpcore checks every connection of a pool whenever a
+    request starts or a response closes, so one pool of c connections costs O(c) per request (at
+    c = 256 that scan was ~75 % of the benchmark's event loop, and requests went out and were read
+    seconds late; measured with py-spy, results README)."""
     queue = list(reversed(indices))
     records: list[RequestRecord] = []
 
     async def worker() -> None:
-        while queue:
-            records.append(await send_one(client, url, queue.pop(), args))
+        async with http_client(args, 1) as client:
+            while queue:
+                records.append(await send_one(client, url, queue.pop(), args))
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(indices)))))
     return sorted(records, key=lambda r: r.index)
@@ -390,12 +410,10 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     """`warmup` untimed requests, then the measured ones at one concurrency; returns (metrics,
     next request index)."""
     num = args.num_requests or max(2 * concurrency, 6)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with http_client(args, 2) as client:  # /metrics only: the requests have their own
         index = first_index
         if warmup:
-            warm = await closed_loop(client, url, list(range(index, index + warmup)), concurrency, args)
+            warm = await closed_loop(url, list(range(index, index + warmup)), concurrency, args)
             index += warmup
             bad = [r for r in warm if not r.ok]
             if bad:
@@ -406,7 +424,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
         counters_before = await engine_counters(client, url)
         t0 = time.perf_counter()
-        records = await closed_loop(client, url, list(range(index, index + num)), concurrency, args)
+        records = await closed_loop(url, list(range(index, index + num)), concurrency, args)
         window = max(r.end for r in records) - t0
         counters_after = await engine_counters(client, url)
         stop.set()

@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
 from fake_engine import FakeEngine, fake_deploy
 from live_server import MODEL_NAME, fake_settings, start_threaded_server
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_serving.py"
-
-
-def _bench_serving():
-    spec = importlib.util.spec_from_file_location("_bench_serving_client", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from support.bench_modules import load_bench
 
 def test_closed_loop_sends_every_request_once_and_reads_each_stream_whole(tmp_path):
-    bench = _bench_serving()
+    bench = load_bench("bench_serving")
     engine = FakeEngine(deploy=fake_deploy(max_num_seqs=4, max_tokens=200), chunk_frames=3,
                         frames_per_char=100, step_delay_s=0.01)
     live = start_threaded_server(engine, fake_settings(tmp_path, max_queue=4, max_input_chars=1000))

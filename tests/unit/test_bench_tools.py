@@ -11,21 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.bench_modules import BENCH_DIR, load_bench
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_serving = _load("bench_serving")
-bench_step = _load("bench_step")
-gpu_timeline = _load("gpu_timeline")
+bench_serving = load_bench("bench_serving")
+bench_step = load_bench("bench_step")
+gpu_timeline = load_bench("gpu_timeline")
 
 
 # ------------------------------------------------------------------------------ serving metrics
@@ -206,7 +196,7 @@ def test_bench_step_refuses_a_cuda_kernel_choice_on_cpu(tiny_model_dir: Path, ca
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
 def test_bench_overlap_says_it_needs_cuda(tiny_model_dir: Path, monkeypatch):
-    bench_overlap = _load("bench_overlap")
+    bench_overlap = load_bench("bench_overlap")
     monkeypatch.setattr(sys, "argv", ["bench_overlap.py", "--model", str(tiny_model_dir)])
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         bench_overlap.main()
@@ -314,7 +304,7 @@ def test_bench_serving_against_the_real_server(serving_json: Path):
 
 def test_plots_are_written(step_json: Path, serving_json: Path, tmp_path: Path):
     pytest.importorskip("matplotlib")
-    plot = _load("plot")
+    plot = load_bench("plot")
     assert plot.main(["--serving", str(serving_json), "--step", str(step_json), "--out-dir", str(tmp_path)]) == 0
     for name in ("serving.png", "step.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

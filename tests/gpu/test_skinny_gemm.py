@@ -31,12 +31,15 @@ def _assert_close_to_fp32(y: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES_4B))
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 32, 40, 64])
 @pytest.mark.parametrize("residual", [False, True])
 def test_matches_fp32_reference(name, m, residual):
     n, k = SHAPES_4B[name]
     x, w, r = _data(m, n, k)
     cfg = config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    if cfg is None:  # qkv past 16 rows stays on cuBLAS
+        assert name == "qkv" and m > 16
+        return
     y = skinny_linear(x, w, r if residual else None, cfg)
     ref = x.float() @ w.float().t() + (r.float() if residual else 0)
     _assert_close_to_fp32(y, ref)
@@ -61,9 +64,11 @@ def test_first_principles_config_agrees(m):
 
 def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     n, k = SHAPES_4B["o"]
-    x, w, r = _data(64, n, k)
+    x, w, r = _data(65, n, k)
     assert TritonOps._skinny(x[:16], w) is not None
-    assert TritonOps._skinny(x, w) is None  # 64 rows: cuBLAS is as fast
+    assert TritonOps._skinny(x[:64], w) is not None  # a measured 64-row bucket
+    assert TritonOps._skinny(x, w) is None  # past MAX_ROWS: cuBLAS
+    assert TritonOps._skinny(x[:64], torch.empty(6144, k, device="cuda", dtype=w.dtype)) is None  # qkv: cuBLAS
     assert TritonOps._skinny(x[:16].float(), w.float()) is None  # float32 stays exact on cuBLAS
     assert CublasOps._skinny(x[:16], w) is None
     x, r = x[:16], r[:16]
@@ -75,7 +80,7 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 24, 64])
 def test_swiglu_epilogue_matches_the_two_kernels(m):
     n, k = SHAPES_4B["gate_up"]
     x, w, _ = _data(m, n, k, seed=5)
@@ -95,7 +100,7 @@ def test_swiglu_epilogue_matches_the_two_kernels(m):
     assert torch.equal(CublasOps.linear_silu_mul(x, w), CublasOps.silu_mul(CublasOps.linear(x, w)))
 
 
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 64])
 def test_swiglu_epilogue_gives_the_two_kernels_bits(m):
     # the gate and up tiles are the plain GEMM's tile, so each sum runs in the same order
     n, k = SHAPES_4B["gate_up"]

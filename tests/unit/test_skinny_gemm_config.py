@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from higgs_serve.model.skinny_gemm import (MAX_ROWS, SkinnyConfig, config_for, default_config, row_block,
-                                            swiglu_config)
+from higgs_serve.model.skinny_gemm import (MAX_ROWS, SMALL_ROWS, TUNED, SkinnyConfig, config_for, default_config,
+                                            row_block, swiglu_config)
 
 # the four per-layer GEMMs of the 4B talker: (N, K)
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
@@ -24,6 +24,26 @@ def test_every_4b_decode_gemm_gets_a_fitting_config_with_enough_programs(name, m
     cfg = config_for(m, n, k, num_sms=132)
     assert cfg is not None and cfg.fits(n, k)
     assert (n // cfg.block_n) * cfg.split_k >= 132  # at least one program per SM streams weights
+
+
+@pytest.mark.parametrize("m", [17, 32, 33, 48, 64])
+def test_past_16_rows_only_measured_buckets_use_the_kernel(m):
+    for name in ("o", "gate_up", "down"):
+        n, k = SHAPES_4B[name]
+        cfg = config_for(m, n, k, num_sms=132)
+        bucket = min(max_m for max_m, _ in TUNED[(n, k)] if max_m >= m)
+        assert cfg == dict(TUNED[(n, k)])[bucket] and cfg.fits(n, k)
+        assert (n // cfg.block_n) * cfg.split_k >= 132
+    assert config_for(m, *SHAPES_4B["qkv"], num_sms=132) is None  # cuBLAS is as fast there
+    assert config_for(m, 4096, 4096, num_sms=132) is None  # no bucket measured: no first-principles guess
+    assert config_for(SMALL_ROWS, 4096, 4096, num_sms=132) is not None
+
+
+def test_gate_up_buckets_take_the_swiglu_epilogue():
+    n, k = SHAPES_4B["gate_up"]
+    for m in (1, 16, 17, 64):
+        cfg = config_for(m, n, k, num_sms=132)
+        assert swiglu_config(cfg, n, k) == cfg
 
 
 def test_no_config_past_max_rows_or_for_shapes_the_kernel_does_not_divide():

@@ -231,8 +231,9 @@ class TritonOps(TorchOps):
 
     @classmethod
     def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
-        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: more than MAX_ROWS
-        rows, float32 (tl.dot would round to TF32 where cuBLAS does not), layouts it does not take."""
+        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: rows or shapes
+        config_for does not serve, float32 (tl.dot would round to TF32 where cuBLAS does not),
+        layouts it does not take."""
         if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
                 or x.stride(1) != 1 or not weight.is_contiguous():
             return None

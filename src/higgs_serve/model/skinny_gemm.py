@@ -29,8 +29,13 @@ call on the capture stream lands inside the capture and invalidates it (seen on 
 Also dropped (H200, benchmarks/results/README.md): the split-K partials summed by each tile's
 last-arriving program (an arrival counter, the same bits) instead of the reduce kernel: the atomic
 and the re-read at the GEMM's end cost what the launch saved (full graph B = 1 2.76-2.94 -> 2.91 ms
-GPU, B = 16 3.07-3.23 -> 3.26); and captured 17-64-row GEMMs on this kernel: 0.1 ms faster at 32
-rows, slower at 48 and 64, with or without moving only gate_up and its SwiGLU epilogue.
+GPU, B = 16 3.07-3.23 -> 3.26); and captured 17-64-row GEMMs on the 16-row launch shapes: 0.1 ms
+faster at 32 rows, slower at 48 and 64, with or without moving only gate_up and its SwiGLU
+epilogue. What those shapes lacked at 64 rows was occupancy: the [K, 64] x tile doubles a
+stage's shared memory, so a 128-deep K tile in 3-5 stages left one or two programs per SM and
+gate_up's 304 tiles ran in uneven waves. A wider sweep (64-deep K tiles, 4 stages: three
+programs per SM) found launch shapes that beat cuBLAS at 32 and 64 rows for o, gate_up (with the
+SwiGLU epilogue) and down; qkv stays on cuBLAS there (benchmarks/results/README.md).
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -57,9 +62,12 @@ except ImportError:  # CPU-only installs
 from higgs_serve.model import pdl
 from higgs_serve.model.launcher import Launcher, next_pow2
 
-# Rows up to which the kernel beats cuBLAS on an H200 (bench_gemm: at 64 rows cuBLAS's tensor-core
-# tiles are as fast or faster, at 1-16 this kernel is 3-23 % faster per GEMM).
-MAX_ROWS = 16
+# Rows the kernel serves for any shape it divides (default_config): 3-23 % faster than cuBLAS per
+# GEMM at 1-16 rows on an H200. From there to MAX_ROWS only the (N, K) with a measured TUNED
+# bucket: 10-30 % faster for o, gate_up and down of the 4B talker, while cuBLAS's tensor-core tiles
+# stay as fast for qkv.
+SMALL_ROWS = 16
+MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -81,11 +89,19 @@ def row_block(m: int) -> int:
 
 # Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
 # per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
+# Buckets above 16 rows from a wider sweep (benchmarks/results/sweep_gemm_rows64_h200.json; us at
+# 32 / 64 rows): the 16-row shapes at 1 row; gate_up's entry also serves its SwiGLU epilogue
+# (swiglu_config), 27.1 / 28.1 us against 32.6 / 33.8 for cuBLAS and the SiLU-and-multiply kernel.
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
     (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
-    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),),  # o: 8.9 us, cuBLAS 11.5
-    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),),  # gate_up: 24.8 us, cuBLAS 28.7
-    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),),  # down: 16.2 us, cuBLAS 19.2
+    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),  # o: 8.9 us, cuBLAS 11.5
+                   (32, SkinnyConfig(64, 128, 4, num_stages=4)),  # 8.6 us, cuBLAS 12.2
+                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 10.0 us, cuBLAS 11.2
+    (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),  # gate_up: 24.8 us, cuBLAS 28.7
+                    (64, SkinnyConfig(64, 64, 1, num_stages=4))),  # 26.5 / 27.7 us, cuBLAS 30.4 / 31.2
+    (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),  # down: 16.2 us, cuBLAS 19.2
+                   (32, SkinnyConfig(64, 128, 4, num_stages=4)),  # 16.5 us, cuBLAS 20.1
+                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 18.6 us, cuBLAS 20.8
 }
 
 
@@ -110,13 +126,14 @@ def default_config(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
 
 @functools.lru_cache(maxsize=4096)  # eager steps ask ~150 times a step for a few shapes
 def config_for(m: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
-    """The config for m rows against W [n, k], or None where the kernel does not apply."""
+    """The config for m rows against W [n, k], or None where the kernel does not apply (cuBLAS):
+    past MAX_ROWS, and past SMALL_ROWS for shapes without a measured bucket."""
     if not 1 <= m <= MAX_ROWS:
         return None
     for max_m, cfg in TUNED.get((n, k), ()):
         if m <= max_m and cfg.fits(n, k):
             return cfg
-    return default_config(m, n, k, num_sms)
+    return default_config(m, n, k, num_sms) if m <= SMALL_ROWS else None
 
 
 if triton is not None:

@@ -34,8 +34,8 @@ faster at 32 rows, slower at 48 and 64, with or without moving only gate_up and 
 epilogue. What those shapes lacked at 64 rows was occupancy: the [K, 64] x tile doubles a
 stage's shared memory, so a 128-deep K tile in 3-5 stages left one or two programs per SM and
 gate_up's 304 tiles ran in uneven waves. A wider sweep (64-deep K tiles, 4 stages: three
-programs per SM) found launch shapes that beat cuBLAS at 32 and 64 rows for gate_up (with the SwiGLU epilogue),
-down and o; qkv stays on cuBLAS there, and so does o (TUNED says why; benchmarks/results/README.md).
+programs per SM) found launch shapes that beat cuBLAS at 32 and 64 rows for o, gate_up (with the
+SwiGLU epilogue) and down; qkv stays on cuBLAS there (benchmarks/results/README.md).
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
 benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
@@ -64,8 +64,8 @@ from higgs_serve.model.launcher import Launcher, next_pow2
 
 # Rows the kernel serves for any shape it divides (default_config): 3-23 % faster than cuBLAS per
 # GEMM at 1-16 rows on an H200. From there to MAX_ROWS only the (N, K) with a measured TUNED
-# bucket: 10-20 % faster for gate_up and down of the 4B talker (captured in every graph path),
-# while cuBLAS's tensor-core tiles stay as fast for qkv.
+# bucket: 10-30 % faster for o, gate_up and down of the 4B talker, while cuBLAS's tensor-core tiles
+# stay as fast for qkv.
 SMALL_ROWS = 16
 MAX_ROWS = 64
 
@@ -92,12 +92,13 @@ def row_block(m: int) -> int:
 # Buckets above 16 rows from a wider sweep (benchmarks/results/sweep_gemm_rows64_h200.json; us at
 # 32 / 64 rows): the 16-row shapes at 1 row; gate_up's entry also serves its SwiGLU epilogue
 # (swiglu_config), 27.1 / 28.1 us against 32.6 / 33.8 for cuBLAS and the SiLU-and-multiply kernel.
+# o runs eagerly in the high-throughput profile (a split-K pair of launches instead of one addmm);
+# taking o's buckets out did not change that profile's A/B (results README), so they stay.
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
     (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
-    # o past 16 rows: 8.6 / 10.0 us against cuBLAS's 12.2 / 11.2 at 32 / 64 rows, but the
-    # high-throughput profile runs o eagerly, where a split-K pair costs more host time than one
-    # addmm (that profile is bound by host time: 150 -> 140 audio s/s at c = 64), so o stays on cuBLAS
-    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),),  # o: 8.9 us, cuBLAS 11.5
+    (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),  # o: 8.9 us, cuBLAS 11.5
+                   (32, SkinnyConfig(64, 128, 4, num_stages=4)),  # 8.6 us, cuBLAS 12.2
+                   (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 10.0 us, cuBLAS 11.2
     (19456, 2560): ((16, SkinnyConfig(64, 128, 1, num_stages=3)),  # gate_up: 24.8 us, cuBLAS 28.7
                     (64, SkinnyConfig(64, 64, 1, num_stages=4))),  # 26.5 / 27.7 us, cuBLAS 30.4 / 31.2
     (2560, 9728): ((16, SkinnyConfig(64, 128, 4, num_stages=5)),  # down: 16.2 us, cuBLAS 19.2

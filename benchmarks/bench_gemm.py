@@ -28,7 +28,8 @@ from bench_step import measure_copy_bandwidth  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
 from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
-from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, skinny_linear  # noqa: E402
+from higgs_serve.model.fused_ops import TritonOps  # noqa: E402
+from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, row_block, skinny_linear  # noqa: E402
 
 logger = logging.getLogger("bench_gemm")
 
@@ -42,15 +43,51 @@ def layer_shapes(model_dir: str) -> dict[str, tuple[int, int, bool]]:
 
 
 def candidates(n: int, k: int, rows: int) -> list[SkinnyConfig]:
+    if rows > 16:
+        return wide_candidates(n, k, rows)
     out = []
     for block_n, block_k, split, stages in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8, 16), (3, 5)):
-        if rows > 16 and block_n < 64:
-            continue
         cfg = SkinnyConfig(block_n, block_k, split, num_warps=4, num_stages=stages)
         programs = (n // block_n) * split
         if cfg.fits(n, k) and 128 <= programs <= 1200:
             out.append(cfg)
     return out
+
+
+def wide_candidates(n: int, k: int, rows: int) -> list[SkinnyConfig]:
+    """Past 16 rows the x tile [K block, rows] is as large as the weight tile, so shared memory per
+    stage, not the weight stream, sets how many programs an SM holds: shallower K tiles and fewer
+    stages are in the space (what found the 32- and 64-row buckets of skinny_gemm.TUNED)."""
+    out = []
+    for block_n, block_k, split, stages, warps in itertools.product((32, 64, 128), (64, 128), (1, 2, 4, 8),
+                                                                    (2, 3, 4), (4, 8)):
+        cfg = SkinnyConfig(block_n, block_k, split, num_warps=warps, num_stages=stages)
+        smem = stages * (block_n + row_block(rows)) * block_k * 2
+        programs = (n // block_n) * split
+        if cfg.fits(n, k) and smem <= 220 * 1024 and 100 <= programs <= 2000 and k // split // block_k >= 2:
+            out.append(cfg)
+    return out
+
+
+def swiglu_candidates(n: int, k: int) -> list[SkinnyConfig]:
+    """Launch shapes of the SwiGLU epilogue for a [gate; up] weight [n, k] (whole sums: no split)."""
+    return [cfg for block_n, block_k, stages, warps in itertools.product((32, 64), (64, 128), (3, 4, 5), (4, 8))
+            if (cfg := SkinnyConfig(block_n, block_k, 1, num_warps=warps, num_stages=stages)).fits(n // 2, k)]
+
+
+def sweep(cands: list[SkinnyConfig], run, ref: torch.Tensor, args) -> list[dict]:
+    """Each launch shape's max error against ref and its time per call of run(layer, cfg), fastest
+    first; shapes the compiler rejects (shared memory) are skipped."""
+    results = []
+    for cfg in cands:
+        try:
+            err = (run(0, cfg).float() - ref).abs().max().item()
+            t = time_layers(lambda i: run(i, cfg), args.layers, args.iters)
+        except Exception as exc:
+            logger.info("%s failed: %s", cfg, str(exc).splitlines()[0][:120])
+            continue
+        results.append({"config": cfg.__dict__, "us": t * 1e6, "max_err": err})
+    return sorted(results, key=lambda r: r["us"])
 
 
 def time_layers(fn, layers: int, iters: int) -> float:
@@ -89,19 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                 cublas = time_layers(lambda i: F.linear(x, weights[i]), args.layers, args.iters)
             point = {"shape": name, "n": n, "k": k, "rows": m, "floor_us": floor_s * 1e6, "cublas_us": cublas * 1e6,
                      "default": str(config_for(m, n, k, num_sms))}
-            results = []
-            cands = candidates(n, k, m)
-            if args.max_configs:
-                cands = cands[: args.max_configs]
-            for cfg in cands:
-                try:
-                    err = (skinny_linear(x, weights[0], residual, cfg).float() - ref).abs().max().item()
-                    t = time_layers(lambda i: skinny_linear(x, weights[i], residual, cfg), args.layers, args.iters)
-                except Exception as exc:  # a launch shape the compiler rejects (shared memory): skip it
-                    logger.info("%s M=%d %s failed: %s", name, m, cfg, str(exc).splitlines()[0][:120])
-                    continue
-                results.append({"config": cfg.__dict__, "us": t * 1e6, "max_err": err})
-            results.sort(key=lambda r: r["us"])
+            cands = candidates(n, k, m)[: args.max_configs or None]
+            results = sweep(cands, lambda i, cfg: skinny_linear(x, weights[i], residual, cfg), ref, args)
+            if name == "gate_up":  # the SwiGLU epilogue against cuBLAS + the SiLU-and-multiply kernel
+                gate, up = ref[:, : n // 2], ref[:, n // 2:]
+                fused = sweep(swiglu_candidates(n, k)[: args.max_configs or None],
+                              lambda i, cfg: skinny_linear(x, weights[i], None, cfg, swiglu=True),
+                              F.silu(gate) * up, args)
+                two = time_layers(lambda i: TritonOps.silu_mul(F.linear(x, weights[i])), args.layers, args.iters)
+                point.update(cublas_silu_mul_us=two * 1e6, swiglu_top5=fused[:5])
             if results:
                 top = results[0]
                 point.update(best_us=top["us"], best_config=top["config"], best_err=top["max_err"],
@@ -111,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("%s N=%d K=%d M=%d: cublas %.1f us, best %s us %s (floor %.1f us)", name, n, k, m,
                         cublas * 1e6, f"{point.get('best_us', 0):.1f}", point.get("best_config"), floor_s * 1e6)
             rows_out.append(point)
-        del weights
+        weights.clear()  # free the copies before the next shape
         torch.cuda.empty_cache()
     result = {"tool": "bench_gemm", "command": command_line(), "git_commit": git_commit(),
               "device": {**device_description(), "torch": torch.__version__,

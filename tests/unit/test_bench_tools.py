@@ -308,3 +308,20 @@ def test_plots_are_written(step_json: Path, serving_json: Path, tmp_path: Path):
     assert plot.main(["--serving", str(serving_json), "--step", str(step_json), "--out-dir", str(tmp_path)]) == 0
     for name in ("serving.png", "step.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------ GEMM sweep space
+def test_gemm_sweep_space_past_16_rows_fits_shared_memory_and_holds_the_tuned_buckets():
+    bench_gemm = load_bench("bench_gemm")
+    from higgs_serve.model.skinny_gemm import TUNED, row_block
+
+    for (n, k), buckets in TUNED.items():
+        for max_m, cfg in buckets:
+            space = bench_gemm.candidates(n, k, max_m)
+            assert cfg in space, (n, k, max_m)  # every tuned entry is reproducible by the tool
+            if max_m > 16:
+                for c in space:
+                    assert c.fits(n, k) and c.num_stages * (c.block_n + row_block(max_m)) * c.block_k * 2 <= 220 * 1024
+    n, k = 19456, 2560
+    assert all(c.split_k == 1 and c.fits(n // 2, k) for c in bench_gemm.swiglu_candidates(n, k))
+    assert dict(TUNED[(n, k)])[64] in bench_gemm.swiglu_candidates(n, k)

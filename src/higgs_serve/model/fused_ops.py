@@ -9,8 +9,9 @@ plain paths agree to the last bit on the same hardware in most elements and to o
 elsewhere (transcendentals may differ by an ulp in fp32).
 
 The GEMMs go through the same object: on CUDA, a GEMM of at most 16 bfloat16/float16 rows (decode
-steps of small batches) runs the skinny kernel of skinny_gemm.py, larger ones cuBLAS. `CublasOps` keeps
-cuBLAS for all of them, as the baseline benchmarks compare against.
+steps of small batches) runs the skinny kernel of skinny_gemm.py, as do those of up to 64 rows for
+the weight shapes it has measured launch shapes for; the rest cuBLAS. `CublasOps` keeps cuBLAS for
+all of them, as the baseline benchmarks compare against.
 
 On Hopper every kernel here (and the skinny GEMM's) launches with programmatic dependent launch
 (pdl.py): it waits for its predecessor in-kernel, so the GPU places it while that one drains.

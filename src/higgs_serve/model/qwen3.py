@@ -153,7 +153,7 @@ class Qwen3Backbone(nn.Module):
         if mlp is None:
             for i, layer in enumerate(self.layers):
                 # From the first sum on, h is this forward's own buffer, and each residual sum is
-                # written into it in place: cuBLAS's addmm (above 16 rows) copies its residual into any
+                # written into it in place: cuBLAS's addmm (where it runs) copies its residual into any
                 # other output first (a device copy per GEMM, ~1.5 us each on the H200 at 64 rows).
                 h = layer.attn_residual(h, cos, sin, attention, h if i else None)
                 h = layer.mlp_residual(h, out=h)

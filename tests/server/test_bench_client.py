@@ -11,6 +11,7 @@ from fake_engine import FakeEngine, fake_deploy
 from live_server import MODEL_NAME, fake_settings, start_threaded_server
 from support.bench_modules import load_bench
 
+
 def test_closed_loop_sends_every_request_once_and_reads_each_stream_whole(tmp_path):
     bench = load_bench("bench_serving")
     engine = FakeEngine(deploy=fake_deploy(max_num_seqs=4, max_tokens=200), chunk_frames=3,

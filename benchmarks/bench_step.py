@@ -61,20 +61,7 @@ logger = logging.getLogger("bench_step")
 PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
-
-
-class TwoLaunchOps(TritonOps):
-    """TritonOps that ignores `one_launch`: the MLP-graph path's eager o projection keeps its
-    split-K skinny GEMM past 16 rows (the choice `one_launch` replaced, measured beside it)."""
-
-    name = "triton-two-launch"
-
-    @classmethod
-    def linear_residual(cls, x, weight, residual, out=None, one_launch=False):
-        return super().linear_residual(x, weight, residual, out)
-
-
-GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps, "skinny_two_launch": TwoLaunchOps}
+GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
 PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (model/pdl.py)
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
@@ -367,8 +354,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed decode steps per (path, batch, context)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps before each timed run")
     p.add_argument("--gemm", nargs="+", choices=sorted(GEMM_OPS), default=["skinny"],
-                   help="decode GEMMs: the skinny Triton kernel (the engine's default), cuBLAS, or the skinny kernel "
-                        "without the eager o projection's one-launch choice; several run side by side (repeats too)")
+                   help="decode GEMMs: the skinny Triton kernel (the engine's default) or cuBLAS; several run side by side")
     p.add_argument("--pdl", nargs="+", choices=list(PDL_MODES), default=["on"],
                    help="programmatic dependent launch between the Triton kernels (on: the engine's default on "
                         "Hopper); both values run side by side")

@@ -80,17 +80,6 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
 
 
-def test_one_launch_takes_cublas_for_split_gemms_past_16_rows():
-    """A host-bound caller's `one_launch` (the MLP-graph path's eager attention half) trades the
-    split-K skinny GEMM for cuBLAS's single addmm past 16 rows, and changes nothing up to 16."""
-    n, k = SHAPES_4B["o"]
-    x, w, r = _data(64, n, k, seed=5)
-    assert TritonOps._skinny(x, w).split_k > 1
-    assert torch.equal(TritonOps.linear_residual(x, w, r, one_launch=True), CublasOps.linear_residual(x, w, r))
-    x, r = x[:16], r[:16]
-    assert torch.equal(TritonOps.linear_residual(x, w, r, one_launch=True), TritonOps.linear_residual(x, w, r))
-
-
 @pytest.mark.parametrize("m", [1, 5, 16, 24, 64])
 def test_swiglu_epilogue_matches_the_two_kernels(m):
     n, k = SHAPES_4B["gate_up"]

@@ -31,8 +31,7 @@ from torch import Tensor
 
 from higgs_serve.model import pdl
 from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
-from higgs_serve.model.skinny_gemm import (MAX_ROWS, SMALL_ROWS, SkinnyConfig, config_for, skinny_linear,
-                                           swiglu_config)
+from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
 
 try:
     import triton
@@ -78,11 +77,9 @@ class TorchOps:
         return F.linear(x, weight)
 
     @staticmethod
-    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None,
-                        one_launch: bool = False) -> Tensor:
+    def linear_residual(x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
         """residual + x @ weightᵀ, into `out` when given (not aliasing x; residual itself is allowed:
-        in place). `one_launch`: the caller is bound by host time (an eagerly run attention half),
-        so a GEMM of one launch is worth more than a faster one of two."""
+        in place)."""
         return torch.add(residual, F.linear(x, weight), out=out)
 
     @classmethod
@@ -218,14 +215,8 @@ class TritonOps(TorchOps):
         return F.linear(x, weight) if cfg is None else skinny_linear(x, weight, None, cfg)
 
     @classmethod
-    def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None,
-                        one_launch: bool = False) -> Tensor:
+    def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
         cfg = cls._skinny(x, weight)
-        if one_launch and cfg is not None and cfg.split_k > 1 and x.shape[0] > SMALL_ROWS:
-            # Past 16 rows a split-K skinny GEMM saves 1-4 us of GPU time over cuBLAS but costs a
-            # second launch and its workspace, ~12 us of host time: a loss where the host is the
-            # bound (the MLP-graph path's attention half: 6.9 against 6.4 ms a step at B = 64).
-            cfg = None
         if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
             return torch.addmm(residual, x, weight.t(), out=out)
         return skinny_linear(x, weight, residual, cfg, out=out)

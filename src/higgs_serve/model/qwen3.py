@@ -99,16 +99,15 @@ class Qwen3Layer(nn.Module):
                                      self.num_heads, self.num_kv_heads, self.head_dim)
 
     def attn_residual(self, h: Tensor, cos: Tensor, sin: Tensor, attention: Attention,
-                      dest: Tensor | None = None, one_launch: bool = False) -> Tensor:
+                      dest: Tensor | None = None) -> Tensor:
         """h + o_proj(attention(rope(norm(q)), rope(norm(k)), v)) for h [N, D], into `dest` when
-        given (an [N, D] buffer, or h itself: the sum is then written in place). `one_launch`:
-        see `ops.linear_residual`."""
+        given (an [N, D] buffer, or h itself: the sum is then written in place)."""
         q, k, v = self.pre_attention(h, cos, sin)
-        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h, dest, one_launch)
+        return self.o_proj_residual(attention(self.layer_idx, q, k, v), h, dest)
 
-    def o_proj_residual(self, out: Tensor, h: Tensor, dest: Tensor | None = None, one_launch: bool = False) -> Tensor:
+    def o_proj_residual(self, out: Tensor, h: Tensor, dest: Tensor | None = None) -> Tensor:
         """h + o_proj(out) for the attention output out [N, Hq, Dh] (into `dest` when given)."""
-        return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h, dest, one_launch)
+        return self.ops.linear_residual(out.reshape(h.shape[0], self.q_size), self.o_proj, h, dest)
 
     def mlp_residual(self, h: Tensor, out: Tensor | None = None) -> Tensor:
         """h + down(silu(gate(norm(h))) * up(norm(h))): the part a per-layer MLP graph replays.
@@ -159,8 +158,7 @@ class Qwen3Backbone(nn.Module):
                 h = layer.attn_residual(h, cos, sin, attention, h if i else None)
                 h = layer.mlp_residual(h, out=h)
         else:
-            # The attention half runs eagerly here, one launch at a time: its host time is the bound.
             dest = mlp.input_rows(h.shape[0])
             for layer in self.layers:
-                h = mlp(layer.layer_idx, layer.attn_residual(h, cos, sin, attention, dest, one_launch=True))
+                h = mlp(layer.layer_idx, layer.attn_residual(h, cos, sin, attention, dest))
         return self.norm(h)

@@ -39,7 +39,7 @@ def deploy_from_args(args: argparse.Namespace, model_dir: Path):
     --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given)."""
     import torch
 
-    from higgs_serve.deploy_loader import load_deploy_config
+    from higgs_serve.config.loader import load_deploy_config
     from higgs_serve.model.hf_config import load_model_spec
 
     spec = load_model_spec(model_dir)
@@ -97,7 +97,7 @@ def _runtime_options(args: argparse.Namespace, **extra):
 def _log_graph_path(deploy) -> None:
     import torch
 
-    from higgs_serve.deploy_config import resolve_graph_path
+    from higgs_serve.config.deploy import resolve_graph_path
 
     path, reason = resolve_graph_path(deploy.stage0, torch.cuda.is_available())
     logger.info("Stage 0 graph path: %s (%s)", path.value, reason)

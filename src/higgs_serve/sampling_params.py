@@ -9,7 +9,7 @@ per request (`with_seed`) before the request reaches the worker.
 Lengths are counted in audio frames (one frame = 40 ms): `max_new_tokens` is the request's frame
 cap, `min_new_tokens` the earliest frame at which codebook 0 may end the utterance.
 
-The `*_problem` checkers are shared with `deploy_loader.py`, so a profile's
+The `*_problem` checkers are shared with `config/loader.py`, so a profile's
 `default_sampling_params` obeys exactly the same limits as a request.
 """
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from higgs_serve.errors import InvalidRequestError
 
-if TYPE_CHECKING:  # deploy_config imports this module; the type is only for annotations
-    from higgs_serve.deploy_config import DefaultSamplingParams
+if TYPE_CHECKING:  # config.deploy imports this module; the type is only for annotations
+    from higgs_serve.config.deploy import DefaultSamplingParams
 
 TEMPERATURE_MAX = 2.0
 TOP_K_MAX = 1026  # per-codebook vocabulary: 1024 real codes + BOC + EOC

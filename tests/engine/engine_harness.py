@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.deploy import DeployConfig
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import _CollectingSink
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
 from higgs_serve.engine.core import EngineCore

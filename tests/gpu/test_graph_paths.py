@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest

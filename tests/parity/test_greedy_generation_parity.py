@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.speech import SpeechRequest

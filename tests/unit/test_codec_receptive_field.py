@@ -14,7 +14,7 @@ from codec_fixtures import random_codec_tensors  # noqa: E402
 
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames  # noqa: E402
-from higgs_serve.deploy_loader import load_deploy_config  # noqa: E402
+from higgs_serve.config.loader import load_deploy_config  # noqa: E402
 
 
 def _reach(cfg: CodecConfig, frames: int, probe: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder  # noqa: E402
 from higgs_serve.codec.snake import snake, snake_split  # noqa: E402
 from higgs_serve.codec.split_conv import matmul_f32, split_bf16, split_weight, taps  # noqa: E402
-from higgs_serve.deploy_config import CODEC_DTYPES  # noqa: E402
+from higgs_serve.config.deploy import CODEC_DTYPES  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from split_conv_checks import check_conv_split, randn  # noqa: E402

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from higgs_serve.deploy_config import DefaultSamplingParams
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.deploy import DefaultSamplingParams
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.sampling_params import SEED_MAX, SamplingParams
 

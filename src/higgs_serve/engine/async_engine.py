@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult

@@ -18,7 +18,7 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
-from higgs_serve.deploy_config import (
+from higgs_serve.config.deploy import (
     CodecGraphPath,
     DeployConfig,
     GraphPath,

@@ -1,5 +1,5 @@
-"""Loading a deploy profile: find and merge its layers (`deploy_layers`), then read the merged
-document into the typed, validated `DeployConfig` of `deploy_config` (with `deploy_reader`): every
+"""Loading a deploy profile: find and merge its layers (`config.layers`), then read the merged
+document into the typed, validated `DeployConfig` of `config.deploy` (with `config.reader`): every
 key into a typed field, anything else an error that names the file (or override) and key path.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from higgs_serve.deploy_config import (
+from higgs_serve.config.deploy import (
     CODEC_DTYPES,
     CONNECTOR_NAME,
     KV_CACHE_DTYPE_ALIASES,
@@ -21,8 +21,8 @@ from higgs_serve.deploy_config import (
     StreamingWindowConfig,
     TalkerStageConfig,
 )
-from higgs_serve.deploy_layers import CODEC_STAGE_ID, TALKER_STAGE_ID, KeyPath, collect_layers, merge_layers
-from higgs_serve.deploy_reader import ReadContext, Section, key_text
+from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID, KeyPath, collect_layers, merge_layers
+from higgs_serve.config.reader import ReadContext, Section, key_text
 from higgs_serve.sampling_params import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -43,7 +43,7 @@ def load_deploy_config(
     cli_overrides: dict | None = None,
     device_count: int | None = None,
 ) -> DeployConfig:
-    """Find, merge and validate a deploy config (precedence: see `deploy_layers`).
+    """Find, merge and validate a deploy config (precedence: see `config.layers`).
 
     `stage_overrides`: `--stage-overrides` JSON (or its parsed dict), `{"0": {...}, "1": {...}}`.
     `cli_overrides`: the same per-stage shape from explicit CLI flags, plus top-level keys

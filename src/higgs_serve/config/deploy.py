@@ -1,8 +1,8 @@
 """Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
 
 Finding the YAML, its `base_config` chain, `--stage-overrides`, CLI flags and their precedence
-live in `deploy_layers`; `deploy_loader.load_deploy_config` reads the merged result (with
-`deploy_reader`) into the typed objects defined here. A key left out of every layer takes the
+live in `config.layers`; `config.loader.load_deploy_config` reads the merged result (with
+`config.reader`) into the typed objects defined here. A key left out of every layer takes the
 dataclass default below.
 
 YAML shape (names follow vllm-omni's deploy YAML):
@@ -21,7 +21,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
 Every key is read into a typed field below; anything else is an error. A bad key, type, range
 or combination raises `ConfigError` whose message starts with the file (or override) that set
 the value, then the key path, e.g.
-`deploy/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
+`profiles/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
 
 Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
   * MLP_GRAPHS (`enforce_eager: true`, `cudagraph_mode: LOCAL_MLP`, the default for eager):
@@ -52,9 +52,9 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from higgs_serve.deploy_layers import CODEC_STAGE_ID, TALKER_STAGE_ID
+from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID
 # Re-exported: callers and tests import these from here, the config's public module.
-from higgs_serve.deploy_layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
+from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
 from higgs_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 CONNECTOR_NAME = "talker_to_codec"

@@ -1,5 +1,5 @@
 """Typed reading of a merged deploy document: every read marks a key as known, every error names
-the source that set the value and the key path (`deploy_config` builds its dataclasses with it).
+the source that set the value and the key path (`config.deploy` builds its dataclasses with it).
 
     ctx = ReadContext(origins, default_origin, device_count)
     stage = Section(doc_stage, ("stages", 0), ctx)
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from higgs_serve.deploy_layers import KeyPath
+from higgs_serve.config.layers import KeyPath
 from higgs_serve.errors import ConfigError
 from higgs_serve.sampling_params import frame_count_problem
 

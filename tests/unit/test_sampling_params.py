@@ -6,8 +6,9 @@ import pytest
 
 from higgs_serve.config.deploy import DefaultSamplingParams
 from higgs_serve.config.loader import load_deploy_config
+from higgs_serve.config.validators import SEED_MAX
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.sampling_params import SEED_MAX, SamplingParams
+from higgs_serve.sampling_params import SamplingParams
 
 
 def test_defaults_are_the_spec_values():

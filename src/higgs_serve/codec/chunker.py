@@ -41,25 +41,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from higgs_serve.config.deploy import StreamingWindowConfig
+from higgs_serve.config.validators import is_int
+
 SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
+_DEFAULT = StreamingWindowConfig()  # the window defaults, written once in config/deploy.py
 
 
 @dataclass(frozen=True)
 class WindowParams:
     """Streaming window parameters, in frames (defaults = the shipped deploy profiles)."""
 
-    chunk_frames: int = 25  # C: steady-state chunk size
-    left_context_frames: int = 25  # L: frames decoded before the new ones, then cut
-    right_holdback_frames: int = 4  # H: newest frames held back until more arrive
-    initial_chunk_frames: int = 1  # I: first-chunk size; 0 (or ≥ C) means "use C"
-    chunk_doubling: bool = True  # later chunks as long as all sent before them, up to C
+    chunk_frames: int = _DEFAULT.codec_chunk_frames  # C: steady-state chunk size
+    left_context_frames: int = _DEFAULT.codec_left_context_frames  # L: frames decoded before the new ones, then cut
+    right_holdback_frames: int = _DEFAULT.codec_right_holdback_frames  # H: newest frames held back until more arrive
+    initial_chunk_frames: int = _DEFAULT.initial_codec_chunk_frames  # I: first-chunk size; 0 (or ≥ C) means "use C"
+    chunk_doubling: bool = _DEFAULT.codec_chunk_doubling  # later chunks as long as all sent before them, up to C
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunk_doubling, bool):
             raise TypeError(f"WindowParams.chunk_doubling must be a bool, got {self.chunk_doubling!r}")
         for name in ("chunk_frames", "left_context_frames", "right_holdback_frames", "initial_chunk_frames"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if not is_int(value):
                 raise TypeError(f"WindowParams.{name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"WindowParams.{name} must be >= 0, got {value}")

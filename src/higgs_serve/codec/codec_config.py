@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from higgs_serve.config.validators import is_int, is_real
 from higgs_serve.errors import ConfigError
 
 # The rest of the system assumes these (architecture.md "Shared constants"): 960 samples per
@@ -300,11 +301,11 @@ def _coerce(value: Any, default: Any, key: str, where: str) -> Any:
             _fail(key, value, "must be true or false", where)
         return value
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             _fail(key, value, "must be an integer", where)
         return value
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             _fail(key, value, "must be a number", where)
         return float(value)
     if isinstance(default, str):

@@ -55,7 +55,9 @@ from typing import Any
 from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID
 # Re-exported: callers and tests import these from here, the config's public module.
 from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
-from higgs_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+# Re-exported: DefaultSamplingParams is a field of TalkerStageConfig (defined beside the
+# request-side defaults so `sampling_params` and this module never import each other).
+from higgs_serve.config.sampling_defaults import DefaultSamplingParams
 
 CONNECTOR_NAME = "talker_to_codec"
 MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
@@ -102,19 +104,17 @@ class GraphPath(enum.Enum):
     FULL_DECODE_AND_PIECEWISE = "FULL_DECODE_AND_PIECEWISE"
 
 
-@dataclass(frozen=True)
-class DefaultSamplingParams:
-    """Profile defaults a request's own fields override (sampling_params.from_defaults).
+DEFAULT_MAX_NUM_SEQS = 16  # running requests (decode slots); the capture sizes default from it
+PIECEWISE_TOKEN_SIZES = (96, 128, 192, 256, 384, 512)
 
-    `seed: null` means a random seed per request. A fixed profile seed would make every request
-    without its own seed produce identical audio for the same text (vllm-omni ships one; we don't).
-    """
 
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = DEFAULT_TOP_P
-    top_k: int = DEFAULT_TOP_K
-    max_tokens: int = DEFAULT_MAX_NEW_TOKENS  # frames; also the ceiling for max_new_tokens
-    seed: int | None = None
+def default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...]:
+    """Decode batch sizes up to max_num_seqs; piecewise modes (max_tokens > max_num_seqs) add
+    token counts for prefill and mixed steps."""
+    sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}
+    sizes = {s for s in sizes if s <= max_num_seqs}
+    sizes |= {s for s in PIECEWISE_TOKEN_SIZES if max_num_seqs < s <= max_tokens}
+    return tuple(sorted(sizes))
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class CompilationConfig:
     # the next size; a batch above the largest runs eagerly. Default: 1, 2, 4, 8, then every 8,
     # then max_num_seqs itself. Piecewise modes: token counts (<= max_num_batched_tokens); the
     # default adds 96, 128, 192, 256, 384, 512 above max_num_seqs for prefill and mixed steps.
-    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    cudagraph_capture_sizes: tuple[int, ...] = default_capture_sizes(DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)
     cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture (piecewise: at least 1)
 
 
@@ -132,7 +132,7 @@ class CompilationConfig:
 class TalkerStageConfig:
     """Stage 0 (talker, autoregressive, KV cache)."""
 
-    max_num_seqs: int = 16  # running requests (decode slots)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # running requests (decode slots)
     gpu_memory_utilization: float = 0.8  # fraction of device memory for weights + KV + work
     enforce_eager: bool = True
     enable_prefix_caching: bool = True

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from higgs_serve.config.validators import is_int
 from higgs_serve.errors import ConfigError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
@@ -172,8 +173,7 @@ def _stages_by_id(doc: dict, source: str) -> dict:
 
 
 def _check_stage_id(stage_id: Any, where: str) -> None:
-    is_int = isinstance(stage_id, int) and not isinstance(stage_id, bool)
-    if not is_int or stage_id not in (TALKER_STAGE_ID, CODEC_STAGE_ID):
+    if not is_int(stage_id) or stage_id not in (TALKER_STAGE_ID, CODEC_STAGE_ID):
         raise ConfigError(f"{where}: {stage_id!r} is not a stage (0 = talker, 1 = codec)")
 
 

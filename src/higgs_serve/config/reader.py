@@ -12,7 +12,7 @@ from typing import Any
 
 from higgs_serve.config.layers import KeyPath
 from higgs_serve.errors import ConfigError
-from higgs_serve.sampling_params import frame_count_problem
+from higgs_serve.config.validators import int_problem
 
 
 def key_text(path: KeyPath) -> str:
@@ -73,10 +73,7 @@ class Section:
         def problem_of(value: Any) -> str | None:
             if value is None and optional:
                 return None
-            problem = frame_count_problem(value, minimum)  # int, not bool, >= minimum
-            if problem is None and maximum is not None and value > maximum:
-                problem = f"{value!r} is above the maximum {maximum}"
-            return problem
+            return int_problem(value, minimum, maximum)
         return self.checked(name, default, problem_of)
 
     def boolean(self, name: str, default: bool) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.config.validators import is_int, is_real
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"
@@ -209,7 +210,7 @@ def _rope_theta(t: dict[str, Any], w: str) -> float:
         theta = params.get("rope_theta")
     if theta is None:
         return QWEN3_DEFAULT_ROPE_THETA
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    if not is_real(theta) or theta <= 0:
         raise ConfigError(f"{w}.rope_theta = {theta!r} must be a positive number")
     return float(theta)
 
@@ -257,7 +258,7 @@ def _get(d: dict[str, Any], key: str, typ: type, where: str, default: Any = _MIS
         return default
     v = d[key]
     ok = isinstance(v, typ) and not (typ in (int, float) and isinstance(v, bool))
-    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+    if typ is float and is_int(v):
         ok, v = True, float(v)
     if not ok:
         raise ConfigError(f"{where}.{key} = {v!r} must be of type {typ.__name__}")

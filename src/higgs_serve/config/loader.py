@@ -5,6 +5,7 @@ key into a typed field, anything else an error that names the file (or override)
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 
 from higgs_serve.config.deploy import (
@@ -61,6 +62,68 @@ def load_deploy_config(
     merged, origins = merge_layers(layers)
     ctx = ReadContext(origins, f"{path} (default value)", device_count)
     return _build(merged, ctx, str(path), tuple(source for source, _ in layers))
+
+
+def load_for_command_line(
+    deploy_config: str | None,
+    model_type: str | None,
+    *,
+    stage_overrides: str | None = None,
+    force_cpu: bool = False,
+    kv_cache_dtype: str | None = None,
+    max_num_seqs: int | None = None,
+    device_count: int | None = None,
+) -> DeployConfig:
+    """The deploy config the command-line values select; the CLI only hands them over.
+
+    `force_cpu` puts both stages on the CPU (`--device cpu`, or no CUDA). `kv_cache_dtype` and
+    `max_num_seqs` override Stage 0's keys, validated like every other key. `--max-num-seqs` also
+    refits what the profile sized for its own max_num_seqs (the capture sizes, the token budget)
+    to the new bound, unless `--stage-overrides` sets those keys itself.
+    """
+    cli: dict = {}
+    if force_cpu:
+        cli["0"] = {"devices": "cpu"}
+        cli["1"] = {"devices": "cpu"}
+    if kv_cache_dtype is not None:
+        cli.setdefault("0", {})["kv_cache_dtype"] = kv_cache_dtype
+
+    def load(overrides: dict, stage_overrides=stage_overrides) -> DeployConfig:
+        return load_deploy_config(deploy_config, model_type, stage_overrides=stage_overrides,
+                                  cli_overrides=overrides or None, device_count=device_count)
+
+    if max_num_seqs is None:
+        return load(cli)
+    profile = load(cli, stage_overrides=None).stage0
+    cli.setdefault("0", {}).update(_refit_max_num_seqs(profile, max_num_seqs, _stage0_keys(stage_overrides)))
+    return load(cli)
+
+
+def _refit_max_num_seqs(profile: TalkerStageConfig, max_num_seqs: int, given: dict) -> dict:
+    """Stage 0 overrides for `--max-num-seqs`: the bound, plus the capture sizes and token budget
+    the profile sized for its own bound, unless `given` (--stage-overrides' stage 0) sets them."""
+    stage0: dict = {"max_num_seqs": max_num_seqs}
+    if "cudagraph_capture_sizes" not in given.get("compilation_config", {}):
+        compilation = profile.compilation_config
+        sizes = [s for s in compilation.cudagraph_capture_sizes if s < max_num_seqs] + [max_num_seqs]
+        if compilation.cudagraph_mode.piecewise:  # the token counts above the batch sizes stay
+            sizes += [s for s in compilation.cudagraph_capture_sizes if s > max(max_num_seqs, profile.max_num_seqs)]
+        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes}
+    if "max_num_batched_tokens" not in given:
+        stage0["max_num_batched_tokens"] = max(max_num_seqs, profile.max_num_batched_tokens)
+    return stage0
+
+
+def _stage0_keys(stage_overrides: str | None) -> dict:
+    """Stage 0's part of --stage-overrides (malformed JSON is reported by `load_deploy_config`)."""
+    if not stage_overrides:
+        return {}
+    try:
+        parsed = json.loads(stage_overrides)
+    except json.JSONDecodeError:
+        return {}
+    stage0 = parsed.get("0", {}) if isinstance(parsed, dict) else {}
+    return stage0 if isinstance(stage0, dict) else {}
 
 
 def _build(doc: dict, ctx: ReadContext, source: str, layers: tuple[str, ...]) -> DeployConfig:

@@ -31,7 +31,7 @@ try:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from higgs_serve.model.launcher import Launcher, cdiv
+    from higgs_serve.kernels.launcher import Launcher, cdiv
 except ImportError:  # CPU-only installs
     triton = None
 

@@ -34,7 +34,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.launcher import Launcher, cdiv
+    from higgs_serve.kernels.launcher import Launcher, cdiv
 except ImportError:  # CPU-only installs
     triton = None
 

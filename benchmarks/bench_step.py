@@ -47,7 +47,7 @@ from common import (command_line, device_description, git_commit, markdown_table
                     percentile, write_json)
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
 from higgs_serve.kernels import pdl  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402

@@ -52,7 +52,7 @@ from higgs_serve.kernels import pdl  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype  # noqa: E402
-from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
+from higgs_serve.worker.attention.selector import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 

@@ -34,7 +34,7 @@ from higgs_serve.model.hf_config import ModelSpec, load_model_spec
 from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
-from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
 from higgs_serve.worker.cuda_graphs import GraphPolicy
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner

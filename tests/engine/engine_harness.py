@@ -11,7 +11,7 @@ import numpy as np
 
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.config.loader import load_deploy_config
-from higgs_serve.engine.async_engine import _CollectingSink
+from higgs_serve.engine.async_engine import CollectingSink
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.speech import SpeechRequest
@@ -70,7 +70,7 @@ def speech(request_id: str, text: str, params: SamplingParams, stream: bool = Fa
     return SpeechRequest(request_id, text, params, stream=stream)
 
 
-class Collected(_CollectingSink):
+class Collected(CollectingSink):
     """One request's output as its sink saw it (chunks from the codec thread): the engine's own
     collecting sink (chunks, rows [N, 8] and frames [T, 8] int64, finish_reason, prompt_tokens,
     error, done) plus the audio joined."""

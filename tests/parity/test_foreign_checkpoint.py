@@ -12,7 +12,6 @@ own `to_dict()` (full of keys we ignore). Sharded into 2 files with an index.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,20 +20,19 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import Qwen3Config, Qwen3Model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.hf_reference import (  # noqa: E402
+from support.hf_reference import (
     build_reference,
     import_higgs_tokenizer_model,
     randomize_,
     reference_codec_tensors,
 )
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.weights import CODEC_PREFIX, expected_codec_tensors  # noqa: E402
-from higgs_serve.model.checkpoint import load_checkpoint  # noqa: E402
-from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
-from higgs_serve.model.prompt import PromptBuilder  # noqa: E402
-from higgs_serve.model.talker import Talker  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.weights import CODEC_PREFIX, expected_codec_tensors
+from higgs_serve.model.checkpoint import load_checkpoint
+from higgs_serve.model.hf_config import load_model_spec
+from higgs_serve.model.prompt import PromptBuilder
+from higgs_serve.model.talker import Talker
 
 SPECIALS = ["<|endoftext|>", "<|audio|>", "<|text|>", "<|tts|>", "<|ref_audio|>"]
 

@@ -24,8 +24,6 @@ from higgs_serve.kernels import pdl
 from higgs_serve.sampling_params import SamplingParams
 from higgs_serve.worker.cuda_graphs import StepMode
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
 TEXTS = [
     "Hello there.",
     "The cat quickly reads the morning news.",

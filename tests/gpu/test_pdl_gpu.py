@@ -18,8 +18,6 @@ from higgs_serve.model.fused_ops import TritonOps
 from higgs_serve.worker.attention.metadata import build_attention_metadata
 from higgs_serve.worker.attention.triton_paged import DecodeWorkspace, decode_num_splits, paged_decode, write_kv_triton
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
 D, I, HQ, HKV, DH, EPS = 2560, 9728, 32, 8, 128, 1e-6
 BATCH, CONTEXT, BLOCK = 4, 100, 16
 

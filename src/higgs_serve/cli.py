@@ -131,7 +131,7 @@ def _write_result(out_dir: Path, res, sample_rate: int) -> None:
 
 def _stream_check(engine, out_dir: Path, res, samples_per_frame: int) -> str:
     """Streamed chunks must concatenate to the final audio; report the seam error against a
-    one-shot decode of all frames (SPEC §1.9)."""
+    one-shot decode of all frames (docs/model.md#streaming-windows)."""
     import numpy as np
 
     streamed = np.fromfile(out_dir / f"{res.request_id}.stream.f32", dtype=np.float32)

@@ -1,4 +1,4 @@
-"""Per-request sampling knobs (SPEC §1.7), frozen and validated at construction.
+"""Per-request sampling knobs (docs/model.md#sampling), frozen and validated at construction.
 
 One `SamplingParams` applies to all 8 codebooks of a request: temperature → top-k → top-p →
 multinomial. Temperature 0 or top_k 1 is greedy. `top_k = 0` means "off" (no top-k cut: all

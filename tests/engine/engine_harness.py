@@ -43,7 +43,8 @@ def engine_deploy(
     kv_cache_dtype: str = "auto",
     codec_dtype: str = "float32",
 ) -> DeployConfig:
-    """The shipped default profile on CPU, shrunk for tests; `window` overrides SPEC §1.9 keys."""
+    """The shipped default profile on CPU, shrunk for tests; `window` overrides the streaming
+    window keys (docs/model.md#streaming-windows)."""
     stage0 = {
         "devices": "cpu",
         "max_num_seqs": max_num_seqs,

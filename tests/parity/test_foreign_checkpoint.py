@@ -1,6 +1,6 @@
 """A checkpoint built WITHOUT our writer loads, and reproduces the transformers models it came from.
 
-Talker: a transformers `Qwen3Model` state_dict renamed to the real Higgs names (SPEC §1.4), plus
+Talker: a transformers `Qwen3Model` state_dict renamed to the real Higgs names (docs/model.md#checkpoint-layout), plus
 a text head (ignored) and a random fused audio table. Codec: a transformers
 `HiggsAudioV2TokenizerModel` with weight norm applied (parametrization names; one conv converted to
 the old `weight_g`/`weight_v` style), with its training-only buffers, under the codec prefix.

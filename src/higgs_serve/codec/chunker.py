@@ -1,4 +1,4 @@
-"""The streaming window rule (SPEC §1.9): which codec frames to decode, and what to keep.
+"""The streaming window rule (docs/model.md#streaming-windows): which codec frames to decode, and what to keep.
 
 Pure integer arithmetic on frame counts; no torch. One `StreamChunker` per request is fed the
 number of de-delayed frames available after each talker step and answers with a `Window` when
@@ -27,7 +27,7 @@ least the decoder's left receptive field (10 frames; every shipped profile) the 
 context changes nothing: the audio is the rule's own, to float rounding. (With a smaller L the
 final chunk gets more context than the rule gives it: closer to a one-shot decode.)
 
-Chunk doubling (on in the shipped profiles; off is SPEC §1.9's plain rule): after a first chunk
+Chunk doubling (docs/model.md#chunk-doubling; on in the shipped profiles): after a first chunk
 of I frames the plain rule waits for C more frames, C talker steps, while a player that started at
 the first audio holds only I·40 ms, so every stream ran dry once, at any load (even at c = 1).
 With doubling each chunk is as long as all audio sent before it (1, 1, 2, 4, 8, 16, then C): the

@@ -2,7 +2,7 @@
 
 The checkpoint's config.json may carry `audio_tokenizer_config`, a transformers
 `HiggsAudioV2TokenizerConfig` dict (our extension for small test checkpoints). When it is absent,
-or when a field is absent from it, the Higgs v2 tokenizer geometry below is used (SPEC §1.1).
+or when a field is absent from it, the Higgs v2 tokenizer geometry below is used (docs/model.md#config-keys).
 
 Note on defaults: transformers' own `HiggsAudioV2TokenizerConfig` defaults differ from the shipped
 Higgs v2 tokenizer (it uses `downsampling_ratios=[8, 5, 4, 2]` and `target_bandwidths` ending in 4,

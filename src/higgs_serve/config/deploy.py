@@ -1,4 +1,4 @@
-"""Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
+"""Deploy profiles: YAML → frozen, validated `DeployConfig` (docs/model.md#deploy-profiles).
 
 Finding the YAML, its `base_config` chain, `--stage-overrides`, CLI flags and their precedence
 live in `config.layers`; `config.loader.load_deploy_config` reads the merged result (with
@@ -12,7 +12,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
     connectors:
       talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
         extra: {codec_chunk_frames, codec_left_context_frames,
-                codec_right_holdback_frames, initial_codec_chunk_frames,   # SPEC §1.9
+                codec_right_holdback_frames, initial_codec_chunk_frames,   # docs/model.md#streaming-windows
                 codec_chunk_doubling}                                      # codec/chunker.py
     stages:
       - stage_id: 0                  # talker: see TalkerStageConfig
@@ -60,7 +60,7 @@ from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa
 from higgs_serve.config.sampling_defaults import DefaultSamplingParams
 
 CONNECTOR_NAME = "talker_to_codec"
-MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
+MODEL_MAX_LEN = 8192  # the model's training context (docs/model.md)
 # "tf32": float32 weights and activations, convolutions on TF32 tensor cores (measured on the
 # H200: 2x the float32 throughput at 64 windows, max error 2e-3 of peak; bf16: 3e-2 of peak).
 # "bf16x3": float32 weights and activations, the residual units' convolutions as three bf16
@@ -171,7 +171,8 @@ class CodecStageConfig:
     enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
     devices: str = "0"
-    dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
+    # docs/model.md#codec-geometry: float32 unless another precision is measured transparent
+    dtype: str = "float32"  # one of CODEC_DTYPES
 
     @property
     def device(self) -> str:
@@ -180,14 +181,14 @@ class CodecStageConfig:
 
 @dataclass(frozen=True)
 class StreamingWindowConfig:
-    """SPEC §1.9 window rule (`connectors.talker_to_codec.extra`), in frames."""
+    """The streaming window rule (docs/model.md#streaming-windows; `connectors.talker_to_codec.extra`), in frames."""
 
     codec_chunk_frames: int = 25  # C: steady-state chunk size
     codec_left_context_frames: int = 25  # L: frames re-decoded before a chunk, then cut
     codec_right_holdback_frames: int = 4  # H: frames held back until more arrive
     initial_codec_chunk_frames: int = 1  # I: first chunk size (time to first audio)
     # later chunks as long as all audio sent before them, up to C: no stream runs dry at start
-    # (false: SPEC §1.9's plain rule, C after the first chunk; see codec/chunker.py)
+    # (false: the plain window rule (docs/model.md#chunk-doubling), C after the first chunk; see codec/chunker.py)
     codec_chunk_doubling: bool = True
 
 

@@ -115,7 +115,7 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     del talker_tensors
     if codec_device.type == "cuda":
         # cuDNN's TF32 convolutions move the float32 codec output by ~2e-3 of peak (measured on
-        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (SPEC §1.8) wants
+        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (docs/model.md#codec-geometry) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
     codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
@@ -128,7 +128,8 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
 
 
 def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = None) -> CodecEncoder:
-    """The codec encoder for voice cloning (SPEC §1.8), float32 on `device` (default: the model's)."""
+    """The codec encoder for voice cloning (docs/model.md#reference-encoder), float32 on `device`
+    (default: the model's)."""
     encoder = CodecEncoder(loaded.spec.codec).to(device=device or loaded.device, dtype=torch.float32)
     encoder.load_state(loaded.codec_encoder_tensors)
     return encoder.eval()
@@ -136,7 +137,7 @@ def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = No
 
 def _log_window_against_receptive_field(window: WindowParams, field: tuple[int, int]) -> None:
     """Say what the streaming window costs or loses against the decoder's receptive field
-    (SPEC §1.9 asks for the seam error to be reported; this is its cause)."""
+    (docs/model.md#receptive-field-and-seams: the seam error's cause)."""
     left, right = field
     if window.left_context_frames > left:
         logger.info("codec_left_context_frames %d: the decoder sees %d frames back, so %d frames per chunk are "

@@ -1,7 +1,7 @@
 """config.json -> frozen `ModelSpec` (`TextConfig`, `AudioConfig`, `CodecConfig`).
 
 No tokenizer I/O and no side effects: the spec is parsed and validated once, then frozen.
-Every error is a `ConfigError` that names the key and the file (SPEC §1.1).
+Every error is a `ConfigError` that names the key and the file (docs/model.md#config-keys).
 
 Missing optional Qwen3 keys take the transformers `Qwen3Config` defaults (that is what the
 reference engines do when they build the text config from a partial dict), except `rope_theta`:
@@ -53,7 +53,7 @@ class TextConfig:
 
     @classmethod
     def preset_4b(cls) -> TextConfig:
-        """Higgs-Audio V3 4B (Qwen3-4B geometry, SPEC §1.1).
+        """Higgs-Audio V3 4B (Qwen3-4B geometry, docs/model.md#config-keys).
 
         max_position_embeddings is Qwen3-4B's 40960; the model was trained with 8192-token
         contexts, which is a serving limit (deploy `max_model_len`), not a config value.

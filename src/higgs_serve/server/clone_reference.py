@@ -70,8 +70,8 @@ def _check_one_reference(body: SpeechFields, voice: str) -> None:
         ("reference_codes", body.reference_codes is not None)) if present]
     if len(given) > 1:
         raise InvalidRequestError(
-            f"give one reference per request, not {' and '.join(given)} (either voice or "
-            "ref_audio, references or reference_codes)", param=given[-1])
+            f"give one reference per request, not both {' and '.join(given)}: either voice "
+            "or ref_audio, references or reference_codes", param=given[-1])
     if body.ref_text is not None and body.ref_audio is None:
         raise InvalidRequestError("ref_text needs ref_audio (the transcript of that clip)",
                                   param="ref_text")

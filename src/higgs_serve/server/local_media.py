@@ -58,10 +58,11 @@ def read_local_reference(value: str, allowed_dir: Path | None, max_bytes: int,
     except OSError as error:
         raise InvalidRequestError(f"{param}: the file cannot be opened ({error.strerror})",
                                   param=param) from error
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise InvalidRequestError(f"{param}: not a regular file", param=param)
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InvalidRequestError(f"{param}: not a regular file", param=param)
         if info.st_size > max_bytes:
             raise InvalidRequestError(
                 f"{param} is {info.st_size} bytes; the limit is {max_bytes}", param=param)

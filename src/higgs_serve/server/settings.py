@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from higgs_serve.errors import ConfigError
+
 DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
@@ -44,13 +46,13 @@ class ServerSettings:
             raise ValueError("server setting served_model_name must not be empty")
         object.__setattr__(self, "voices_dir", Path(self.voices_dir))
         if any(not name for name in self.extra_served_model_names):
-            raise ValueError("server setting extra_served_model_names must not hold empty names")
+            raise ConfigError("--served-model-name must not hold empty names")
         if self.allowed_local_media_path is not None:
             # resolved once: requests compare real paths against this real directory
             directory = Path(self.allowed_local_media_path).expanduser().resolve()
             if not directory.is_dir():
-                raise ValueError("--allowed-local-media-path must be an existing directory, "
-                                 f"got {self.allowed_local_media_path}")
+                raise ConfigError("--allowed-local-media-path must be an existing directory, "
+                                  f"got {self.allowed_local_media_path}")
             object.__setattr__(self, "allowed_local_media_path", directory)
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))

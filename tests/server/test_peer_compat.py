@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -56,26 +57,33 @@ def _pcm_frames(data: bytes, rate: int = RATE) -> float:
 
 
 # ----------------------------------------------------------------------------- vllm-omni e2e
-def test_vllm_e2e_zero_shot_wav_with_voice_null(oai):
-    """Their helper: audio.speech.create(model, input, response_format, extra_body, voice=None)."""
+@pytest.mark.parametrize("extra_body", [None, {"max_new_tokens": 32, "seed": 5}])
+def test_vllm_e2e_zero_shot_wav_with_voice_null(oai, extra_body):
+    """Their helper: audio.speech.create(model, input, response_format, extra_body or None,
+    voice=None): the plain-text case exactly, and the max_new_tokens case."""
     response = oai.audio.speech.with_raw_response.create(
-        model=HUB_ID, input=TEXT, response_format="wav", voice=None,
-        extra_body={"max_new_tokens": 32, "seed": 5})
+        model=HUB_ID, input=TEXT, response_format="wav", voice=None, extra_body=extra_body)
     audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
     assert rate == RATE and len(audio) == frames_of(response.headers) * 960 > 0
 
 
-def test_vllm_e2e_pcm_streaming(oai, http):
-    """stream_format 'audio' in extra_body, raw PCM read with iter_bytes; same length as the file."""
-    with oai.audio.speech.with_streaming_response.create(
-            model=HUB_ID, input="The quick brown fox jumps over the lazy dog.",
-            response_format="pcm", voice=None,
-            extra_body={"stream_format": "audio", "max_new_tokens": 30, "seed": 9}) as response:
-        streamed = b"".join(response.iter_bytes())
-        assert response.headers["content-type"] == "audio/pcm"
-    file = speak(http, input="The quick brown fox jumps over the lazy dog.",
-                 response_format="pcm", max_new_tokens=30, seed=9)
-    assert len(streamed) == len(file.content) > 0
+def test_vllm_e2e_pcm_streaming_three_at_once(oai, http):
+    """Their concurrent streaming case (stream_format 'audio' in extra_body, iter_bytes,
+    request_num=3), with max_new_tokens (which their helper forwards) to keep it short."""
+    text = "She sells seashells by the seashore."
+
+    def one(_) -> tuple[bytes, str]:
+        with oai.audio.speech.with_streaming_response.create(
+                model=HUB_ID, input=text, response_format="pcm", voice=None,
+                extra_body={"stream_format": "audio", "max_new_tokens": 30, "seed": 9}
+        ) as response:
+            return b"".join(response.iter_bytes()), response.headers["content-type"]
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        streams = list(pool.map(one, range(3)))
+    file = speak(http, input=text, response_format="pcm", max_new_tokens=30, seed=9)
+    for data, content_type in streams:
+        assert content_type == "audio/pcm" and len(data) == len(file.content) > 0
 
 
 @pytest.mark.parametrize("shape", ["ref_audio", "references"])
@@ -129,17 +137,20 @@ def test_sglang_benchmark_non_stream(http, media_dir, ref_format):
 
 
 def test_sglang_benchmark_raw_pcm_stream(http, media_dir):
-    """stream: true + pcm + initial_codec_chunk_frames; it reads x-sample-rate/channels/depth."""
-    body = {"model": HUB_ID, "input": TEXT, "response_format": "pcm", "stream": True,
+    """stream: true + pcm + initial_codec_chunk_frames 20 (its Higgs default); it reads
+    x-sample-rate/channels/bit-depth. Same length as the file answer for the same seed."""
+    body = {"model": HUB_ID, "input": TEXT, "response_format": "pcm",
             "references": [{"audio_path": str(media_dir / "clip.wav"), "text": REF_TEXT}],
-            "initial_codec_chunk_frames": 5, **FIXED, "seed": 3}
-    with http.stream("POST", "/v1/audio/speech", json=body) as response:
+            "max_new_tokens": 2048, "seed": 3}
+    with http.stream("POST", "/v1/audio/speech",
+                     json={**body, "stream": True, "initial_codec_chunk_frames": 20}) as response:
         assert response.status_code == 200
         data = b"".join(response.iter_bytes())
         assert response.headers["content-type"] == "audio/pcm"
         assert (response.headers["x-sample-rate"], response.headers["x-channels"],
                 response.headers["x-bit-depth"]) == (str(RATE), "1", "16")
-    assert _pcm_frames(data) == FIXED["max_new_tokens"]
+    file = speak(http, **body)
+    assert _pcm_frames(data) == frames_of(file.headers) > 0
 
 
 # ----------------------------------------------------------------------------- point 1: nulls

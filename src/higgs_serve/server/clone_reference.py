@@ -20,7 +20,7 @@ from higgs_serve.engine.speech import ReferenceAudio
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.server.local_media import is_local_reference, read_local_reference
 from higgs_serve.server.ref_audio import ref_audio_bytes
-from higgs_serve.server.schemas import SpeechFields, VoiceId
+from higgs_serve.server.schemas import SpeechFields
 from higgs_serve.server.state import ServerState
 from higgs_serve.voices.reference_encoder import reference_audio
 from higgs_serve.voices.registry import normalise_reference
@@ -34,8 +34,8 @@ OPENAI_VOICES = frozenset({
 
 
 def voice_name(body: SpeechFields) -> str:
-    """`voice` (a name or {"id": name}) merged with its alias `speaker`."""
-    voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
+    """`voice` merged with its alias `speaker`."""
+    voice = body.voice
     if body.speaker is None:
         return voice
     if "voice" in body.model_fields_set and voice != body.speaker:

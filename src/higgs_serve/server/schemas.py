@@ -49,12 +49,6 @@ class PeerModel(BaseModel):
                 or (key not in fields and key not in UNSUPPORTED_FIELDS)}
 
 
-class VoiceId(PeerModel):
-    """vllm-omni's voice object: {"id": "<name>"}."""
-
-    id: str = Field(min_length=1)
-
-
 class ReferenceClip(PeerModel):
     """One entry of `references` (Boson's cloning shape): one audio field + its transcript."""
 
@@ -92,7 +86,7 @@ class SpeechFields(PeerModel):
     model: str | None = Field(
         default=None, description="One of the served model names or the model path/hub id it "
         "was started with; may be omitted.")
-    voice: str | VoiceId = Field(
+    voice: str = Field(
         default="default", description="'default' (zero-shot) or a voice registered through "
         "POST /v1/audio/voices (a name, or {\"id\": name}). OpenAI's stock voice names are not "
         "available (400).")
@@ -137,6 +131,16 @@ class SpeechFields(PeerModel):
     initial_codec_chunk_frames: int | None = Field(
         default=None, ge=0, description="Streaming only: frames in the first audio chunk "
         "(0 = the steady chunk size; at most the profile's codec_chunk_frames).")
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_object(cls, value: Any) -> Any:
+        """vllm-omni's voice object {"id": name} is the name."""
+        if not isinstance(value, dict):
+            return value
+        if set(value) == {"id"} and isinstance(value["id"], str):
+            return value["id"]
+        raise ValueError('must be a voice name or {"id": "<name>"}')
 
     @field_validator("references")
     @classmethod

@@ -38,7 +38,7 @@ def voice_name(body: SpeechFields) -> str:
     voice = body.voice
     if body.speaker is None:
         return voice
-    if "voice" in body.model_fields_set and voice != body.speaker:
+    if "voice" in body.model_fields_set and voice not in (DEFAULT_VOICE, body.speaker):
         raise InvalidRequestError(
             f"speaker {body.speaker!r} and voice {voice!r} differ; speaker is an alias of "
             "voice: send one of them", param="speaker")

@@ -86,11 +86,18 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     sampling = SamplingParams.from_defaults(deploy.stage0.default_sampling_params, **overrides)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.ref_text is not None and args.ref_audio is None:
+    if args.ref_text is not None and args.ref_audio is None and args.ref_codes is None:
         raise HiggsServeError("--ref-text is the transcript of --ref-audio: give --ref-audio too")
+    if args.ref_codes is not None and args.ref_audio is not None:
+        raise HiggsServeError("give --ref-audio or --ref-codes, not both")
+    reference = None
+    if args.ref_codes is not None:  # checked before the model loads
+        from higgs_serve.voices.codes_file import reference_from_codes_file
+        reference = reference_from_codes_file(args.ref_codes, args.ref_text)
     engine = SyncEngine.from_model(str(model_dir), deploy, _runtime_options(args))
     try:
-        reference = _reference_from_file(args.ref_audio, args.ref_text, engine.loaded) if args.ref_audio else None
+        if args.ref_audio:
+            reference = _reference_from_file(args.ref_audio, args.ref_text, engine.loaded)
         requests = [SpeechRequest(f"{i:04d}", text, sampling, stream=args.stream, reference=reference)
                     for i, text in enumerate(args.text)]
         stream_files = {r.request_id: open(out_dir / f"{r.request_id}.stream.f32", "wb") for r in requests} if args.stream else {}
@@ -188,7 +195,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     deploy = deploy_from_args(args, model_dir)
     _log_graph_path(deploy)
     settings = ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
+        host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name[0],
+        extra_served_model_names=tuple(args.served_model_name[1:]),
+        allowed_local_media_path=args.allowed_local_media_path,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         **({"voices_dir": Path(args.voices_dir)} if args.voices_dir else {}),
@@ -240,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true",
                    help="stream chunks to OUT/NNNN.stream.f32 as they arrive and check them against the final audio")
     p.add_argument("--ref-audio", default=None, help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text")
-    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (optional)")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio / --ref-codes (optional)")
+    p.add_argument("--ref-codes", default=None,
+                   help="clone from codes [T, 8] saved by encode-voice (.npy) instead of --ref-audio")
     _add_model_options(p)
     p.set_defaults(func=_cmd_synth)
 
@@ -257,13 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=ServerSettings.host)
     p.add_argument("--port", type=int, default=ServerSettings.port)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
-    p.add_argument("--served-model-name", default=ServerSettings.served_model_name)
+    p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
+                   help="one or more names to serve the model under (listed by /v1/models)")
     p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
                    help="requests allowed to wait; past it, 429")
     p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars)
     p.add_argument("--voices-dir", default=None, help="where registered voices persist")
     p.add_argument("--allowed-ref-audio-domains", default="",
                    help="comma-separated hosts whose http(s) URLs may be given as ref_audio")
+    p.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                   help="directory whose files may be named as reference audio (path or file:// URL)")
     _add_model_options(p)
     p.set_defaults(func=_cmd_serve)
 

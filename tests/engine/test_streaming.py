@@ -17,6 +17,7 @@ from engine_harness import SAMPLES_PER_FRAME, ManualEngine, engine_deploy, sampl
 
 from higgs_serve.codec.chunker import StreamChunker, WindowParams, final_window_shape, widen_final
 from higgs_serve.codec.decoder import receptive_field_frames
+from higgs_serve.engine.speech import SpeechRequest
 
 TOLERANCE = 1e-4  # max abs error relative to the one-shot decode's peak
 NUM_FRAMES = 60
@@ -251,3 +252,15 @@ def test_a_widened_final_window_decodes_what_the_rules_final_window_decodes(tiny
     want, got = kept(final), kept(widened)
     assert len(got) == len(want) == final.new_frames * SAMPLES_PER_FRAME
     assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max()
+
+
+@pytest.mark.parametrize("initial, sizes", [(10, [10, 10, 20, 20]), (0, [25, 25, 10]), (25, [25, 25, 10])])
+def test_per_request_initial_chunk(default_engine, initial, sizes):
+    """SpeechRequest.initial_chunk_frames (the API's initial_codec_chunk_frames) replaces the
+    profile's first chunk for that request only; the rest of the rule is the profile's."""
+    params = sampling(0.8, 3, NUM_FRAMES, min_frames=NUM_FRAMES)
+    request = SpeechRequest("ic", TEXT, params, stream=True, initial_chunk_frames=initial)
+    res, plain = default_engine.generate([request, speech("plain", TEXT, params, stream=True)])
+    assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 4, initial) == sizes
+    assert [c.num_frames for c in plain.chunks][:2] == [1, 1]  # its batch-mate keeps the profile's
+    np.testing.assert_array_equal(res.rows, plain.rows)  # same codes: only the chunking differs

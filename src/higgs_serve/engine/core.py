@@ -125,7 +125,7 @@ class EngineCore:
                     f"the waiting queue is full ({self.max_waiting} requests); retry later"
                 )
             self.scheduler.add_request(request)
-            window = self.window if speech.stream else self.file_window
+            window = speech.stream_window(self.window) if speech.stream else self.file_window
             out = OutputStream(window, self.async_chunk, self.num_codebooks, self.codebook_size)
             self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
         self._wake.set()

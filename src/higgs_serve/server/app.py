@@ -24,7 +24,7 @@ from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
-from higgs_serve.server.routers import health, speech, voices
+from higgs_serve.server.routers import health, speech, speech_batch, voices
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import VoiceRegistry
@@ -66,6 +66,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     install_error_handlers(app)
     protected = [Depends(_api_key_checker(settings.api_key))]
     app.include_router(speech.router, dependencies=protected)
+    app.include_router(speech_batch.router, dependencies=protected)
     app.include_router(voices.router, dependencies=protected)
     app.include_router(health.router)
     return app

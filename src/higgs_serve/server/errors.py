@@ -21,6 +21,7 @@ from higgs_serve.errors import (
     EngineOverloadedError,
     InvalidRequestError,
 )
+from higgs_serve.server.peer_fields import explain_unknown
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
         return "request body is not valid JSON", None
     unknown = [_field_name(error["loc"]) for error in errors if error["type"] == "extra_forbidden"]
     if unknown:
-        return f"unknown field(s): {', '.join(unknown)}", ",".join(unknown)
+        return explain_unknown(unknown), ",".join(unknown)
     messages, params = [], []
     for error in errors:
         field = _field_name(error["loc"])

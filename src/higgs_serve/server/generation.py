@@ -29,12 +29,15 @@ class Generation:
         self.num_frames = 0
         self.num_samples = 0
         self.finish_reason: str | None = None
+        self._submitted_s: float | None = None
+        self.engine_time_s = 0.0  # submit -> final chunk (sglang-omni's X-Engine-Time)
         self._closed = False
 
     async def start(self) -> None:
         """Submit and wait for the first chunk. The caller holds an admission slot; on error the
         slot is released here and the error propagates."""
         try:
+            self._submitted_s = time.perf_counter()
             self._stream = self._state.engine.generate(self.plan.request)
             self._first = await anext(self._stream)
         except BaseException:
@@ -61,6 +64,7 @@ class Generation:
         self.num_samples += chunk.audio.shape[0]
         if chunk.is_final:
             self.finish_reason = chunk.finish_reason
+            self.engine_time_s = time.perf_counter() - self._submitted_s
 
     async def collect(self) -> np.ndarray:
         """All audio: [n] float32. `chunks` always yields at least the final chunk."""

@@ -2,7 +2,8 @@
 
 Layout, one folder per voice so a voice is added or removed with a single rename:
 
-    <directory>/<name>/voice.json   {"name", "ref_text", "created_at", "duration_s", "sample_rate_hz"}
+    <directory>/<name>/voice.json   {"name", "ref_text", "created_at", "duration_s", "sample_rate_hz",
+                                     "consent", "speaker_description"}
     <directory>/<name>/audio.wav    the reference, mono PCM_16 at the model rate (24 kHz)
     <directory>/<name>/codes.npy    [T, 8] int64 codec codes, written once the voice is first encoded
 
@@ -45,6 +46,8 @@ class Voice:
     created_at: int          # unix seconds
     duration_s: float
     sample_rate_hz: int
+    consent: str | None = None  # the uploader's consent reference, kept as given
+    speaker_description: str | None = None
 
 
 def check_voice_name(name: str) -> None:
@@ -120,8 +123,11 @@ class VoiceRegistry:
         with self._lock:
             return self._voices.get(name)
 
-    def add(self, name: str, audio_bytes: bytes, ref_text: str | None = None) -> Voice:
-        """Decode, resample to the model rate and persist a reference clip under `name`."""
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None = None, *,
+            consent: str | None = None, speaker_description: str | None = None,
+            overwrite: bool = False) -> Voice:
+        """Decode, resample to the model rate and persist a reference clip under `name`
+        (replacing an existing voice of that name only with `overwrite`)."""
         check_voice_name(name)
         if len(audio_bytes) > MAX_UPLOAD_BYTES:
             raise InvalidRequestError(
@@ -130,15 +136,23 @@ class VoiceRegistry:
         audio = normalise_reference(audio_bytes, self.sample_rate_hz, param="audio_sample")
         voice = Voice(name=name, ref_text=ref_text or None, created_at=int(time.time()),
                       duration_s=round(audio.shape[0] / self.sample_rate_hz, 3),
-                      sample_rate_hz=self.sample_rate_hz)
+                      sample_rate_hz=self.sample_rate_hz, consent=consent or None,
+                      speaker_description=speaker_description or None)
         with self._lock:
-            if name in self._voices:
+            if name in self._voices and not overwrite:
                 raise InvalidRequestError(f"voice {name!r} already exists", param="name")
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.directory))
             sf.write(staging / "audio.wav", audio, self.sample_rate_hz, subtype="PCM_16")
             (staging / "voice.json").write_text(json.dumps(asdict(voice)))
+            old = None
+            if name in self._voices:  # overwrite: moved aside (a crash leaves a .staging-*
+                old = staging.with_name(staging.name + "-replaced")  # that _scan removes)
+                os.rename(self.directory / name, old)
+                self._codes.pop(name, None)
             os.rename(staging, self.directory / name)
             self._voices[name] = voice
+            if old is not None:
+                shutil.rmtree(old)
         return voice
 
     def delete(self, name: str) -> bool:

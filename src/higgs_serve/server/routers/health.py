@@ -15,9 +15,8 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList, tags=["models"])
 async def list_models(request: Request) -> ModelList:
     state = server_state(request)
-    model = ModelObject(id=state.settings.served_model_name, created=state.created_at,
-                        owned_by="higgs-serve")
-    return ModelList(data=[model])
+    return ModelList(data=[ModelObject(id=name, created=state.created_at, owned_by="higgs-serve")
+                           for name in state.settings.served_model_names])
 
 
 @router.get("/health", tags=["health"])

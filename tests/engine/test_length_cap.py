@@ -47,7 +47,7 @@ def test_max_new_tokens_cap_gives_exactly_n_frames(default_engine):
         assert res.frames.shape == (n, 8) and len(res.audio) == n * 960
         # capped: codebook 0 forced to EOC at row n, then the 7-row ramp
         assert res.rows.shape == (n + 8, 8) and res.rows[n, 0] == EOC
-        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True).numpy(), res.frames)
+        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True), res.frames)
 
 
 def test_natural_end_is_stop_with_exactly_r_frames(eoc_engine):
@@ -57,7 +57,7 @@ def test_natural_end_is_stop_with_exactly_r_frames(eoc_engine):
         assert res.finish_reason == "stop"
         assert r == 8  # EOC at the first row the minimum-length rule allows
         assert res.rows.shape == (r + 8, 8) and res.rows[r, 0] == EOC and EOC not in res.rows[:r, 0]
-        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True).numpy(), res.frames)
+        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True), res.frames)
         assert len(res.audio) == r * 960 and sum(c.num_frames for c in res.chunks) == r
         assert res.chunks[-1].finish_reason == "stop"
         assert not np.isin(res.frames, (BOC, EOC)).any()

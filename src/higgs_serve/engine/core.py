@@ -280,7 +280,7 @@ class EngineCore:
         if speech.reference is None:
             prompt = self.prompts.zero_shot(speech.text)
         else:
-            ref_rows = apply_delay(speech.reference.codes).numpy()
+            ref_rows = apply_delay(speech.reference.codes, self.codebook_size, self.num_codebooks)
             clone = self.prompts.clone(speech.text, len(ref_rows), speech.reference.ref_text)
             prompt = clone.token_ids
             placeholder = dict(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams, widen_final
-from higgs_serve.model.delay_pattern import boc_id, eoc_id, num_complete_frames
+from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frames, revert_delay, sanitize_codes
 
 
 class OutputStream:
@@ -33,15 +33,9 @@ class OutputStream:
 
     def frames_available(self, finished: bool) -> int:
         """Complete de-delayed frames; once finished, the EOC frame of a natural end is dropped."""
-        complete = num_complete_frames(self.num_rows)
-        return self._frames_without_eoc(complete) if finished else complete
-
-    def _frames_without_eoc(self, complete: int) -> int:
-        # Frame t's codebook 0 sits in row t. A frame whose codebook 0 is EOC (the natural end,
-        # or the forced end at the frame cap) carries no audio and is never decoded.
-        eoc = eoc_id(self.codebook_size)
-        hits = np.nonzero(self._rows[:complete, 0] == eoc)[0]
-        return int(hits[0]) if len(hits) else complete
+        complete = num_complete_frames(self.num_rows, self._rows.shape[1])
+        # the EOC frame (natural end, or the forced end at the frame cap) is never decoded
+        return frames_until_eoc(self._rows, complete, self.codebook_size) if finished else complete
 
     def next_window(self, finished: bool) -> tuple[Window, np.ndarray] | None:
         """The next codec window (if the rule says one is due) and its frames [T, 8]."""
@@ -59,6 +53,5 @@ class OutputStream:
         """Frames [start, end) as [T, 8] int64: frame t of codebook q is row t + q; any special
         code left (BOC/EOC) becomes 0, never clamped (1025 clamped would be 1023, a real code)."""
         num_codebooks = self._rows.shape[1]
-        out = np.stack([self._rows[start + q : end + q, q] for q in range(num_codebooks)], axis=1)
-        out[(out >= boc_id(self.codebook_size)) | (out < 0)] = 0
-        return out
+        frames = revert_delay(self._rows, start, end, num_codebooks)
+        return sanitize_codes(frames, self.codebook_size)

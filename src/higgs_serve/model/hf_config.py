@@ -71,6 +71,16 @@ class TextConfig:
                    tie_word_embeddings=False)
 
 
+def boc_id(codebook_size: int) -> int:
+    """Begin-of-codes id: the second-to-last entry of each codebook's vocabulary."""
+    return codebook_size - 2
+
+
+def eoc_id(codebook_size: int) -> int:
+    """End-of-codes id: the last entry of each codebook's vocabulary."""
+    return codebook_size - 1
+
+
 @dataclass(frozen=True)
 class AudioConfig:
     """The discrete audio modality (config.json `audio_encoder_config`)."""
@@ -82,11 +92,11 @@ class AudioConfig:
 
     @property
     def boc(self) -> int:
-        return self.codebook_size - 2
+        return boc_id(self.codebook_size)
 
     @property
     def eoc(self) -> int:
-        return self.codebook_size - 1
+        return eoc_id(self.codebook_size)
 
     @property
     def num_real_codes(self) -> int:

@@ -83,7 +83,8 @@ class ModelRunner:
             shape = (max_tokens, text.num_heads, text.head_dim)
             self._piece_io = PieceIO(q=torch.zeros(shape, dtype=dtype, device=device),
                                      o=torch.zeros(shape, dtype=dtype, device=device))
-        self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size)
+        self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size,
+                                      num_codebooks=self.num_codebooks)
         self.stager = StepStager(self.buffers, kv.block_size, self.num_codebooks, self.audio_state.pad_slot,
                                  self.scratch_block)
         # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step

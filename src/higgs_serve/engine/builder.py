@@ -25,8 +25,10 @@ from higgs_serve.deploy_config import (
     resolve_codec_graph_path,
     resolve_graph_path,
 )
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
+from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
+from higgs_serve.engine.output_processor import OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError
 from higgs_serve.model.checkpoint import cast_tensors, load_checkpoint, resolve_model_dir
@@ -199,7 +201,16 @@ def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
     )
 
 
-def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions) -> EngineCore:
+def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
+                      hooks: EngineHooks | None = None) -> EngineCore:
+    """A ready `EngineCore` (not started): its parts built, warmed up and captured, with `hooks`
+    (metrics, profiling; engine/core.py says when each is called)."""
+    return EngineCore(build_engine_parts(loaded, deploy), max_waiting=options.max_waiting, hooks=hooks)
+
+
+def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig) -> EngineParts:
+    """Stage 0 (runner, graphs captured), Stage 1 (codec, warmed up), the scheduler, and the
+    input and output processing around them."""
     s0 = deploy.stage0
     kv = size_kv_cache(loaded, deploy)
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
@@ -244,16 +255,10 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     )
     logger.info("KV cache: %d blocks of %d tokens, %s (%.2f GB)", kv.num_blocks, kv.block_size, kv.dtype,
                 kv.num_blocks * kv_bytes_per_block(loaded.spec, kv.block_size, kv.dtype) / 1e9)
-    return EngineCore(
-        scheduler=scheduler,
-        runner=runner,
-        codec=codec,
-        prompts=loaded.prompts,
-        window=window,
-        file_window=file_window,
-        async_chunk=deploy.async_chunk,
-        max_model_len=s0.max_model_len,
-        max_waiting=options.max_waiting,
-        num_codebooks=loaded.spec.audio.num_codebooks,
-        codebook_size=loaded.spec.audio.codebook_size,
-    )
+    audio = loaded.spec.audio
+    inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
+                            frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
+                            codebook_size=audio.codebook_size)
+    outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
+                              audio.codebook_size)
+    return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs)

@@ -14,6 +14,8 @@ import torch
 from engine_harness import CPU, TEXTS, ManualEngine, engine_deploy, sampling, speech
 
 from higgs_serve.engine.builder import load_model
+from higgs_serve.engine.input_processor import text_frame_cap
+from higgs_serve.errors import InvalidRequestError
 from higgs_serve.model.delay_pattern import rows_to_codec_frames
 
 EOC = 1025
@@ -72,3 +74,16 @@ def test_min_new_tokens_delays_the_end(eoc_engine):
     assert fixed.finish_reason == "length" and fixed.frames.shape == (30, 8)
     assert later.finish_reason == "stop" and later.frames.shape == (20, 8)
     assert later.rows[20, 0] == EOC and EOC not in later.rows[:20, 0]
+
+
+def test_min_new_tokens_above_the_text_cap_is_refused_naming_the_limit(default_engine):
+    """Issue 27 item 6: `min_new_tokens` forbids an earlier end, so a value above the text's
+    frame cap (which would have lowered it silently) is refused, and the cap itself is served."""
+    prompts = default_engine.core.inputs.prompts
+    cap = text_frame_cap(prompts.count_text_tokens("hi"), frame_rate=25)
+    with pytest.raises(InvalidRequestError, match=rf"min_new_tokens=300 .*limit of this text: {cap} frames") as err:
+        default_engine.submit(speech("over", "hi", sampling(frames=300, min_frames=300)))
+    assert err.value.param == "min_new_tokens"
+    assert default_engine.core.stats()["num_waiting"] == 0  # nothing was admitted
+    (res,) = default_engine.generate([speech("at-cap", "hi", sampling(frames=300, min_frames=cap))])
+    assert res.finish_reason == "length" and res.frames.shape == (cap, 8)  # min = cap: exactly the cap

@@ -4,7 +4,9 @@ Contract: `InputProcessor.process(speech) -> ProcessedInput` resolves the seed, 
 text, builds the prompt (zero-shot, or a clone prompt whose placeholder positions carry the
 reference codes after the delay pattern), and fixes the request's frame limits (the length rules
 below). It reads nothing but its own frozen fields, so any thread may call it; it raises
-`InvalidRequestError` (with `param`) for a request that can never be served as asked.
+`InvalidRequestError` (with `param`) for a request that can never be served as asked: a
+`min_new_tokens` above the text's frame cap (or above what max_model_len leaves) is refused with
+the limit named.
 
 Length rules (docs/architecture.md, "Length caps"):
     max_frames = min(max_new_tokens, text cap, max(max_model_len - prompt_len - TAIL_ROWS, 1))
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from higgs_serve.engine.request import TAIL_ROWS, Request
 from higgs_serve.engine.speech import SpeechRequest
+from higgs_serve.errors import InvalidRequestError
 from higgs_serve.model.delay_pattern import apply_delay
 from higgs_serve.model.prompt import PromptBuilder
 
@@ -84,11 +87,24 @@ class InputProcessor:
         )
 
     def _frame_limits(self, speech: SpeechRequest, prompt_len: int) -> tuple[int, int]:
-        """(max_frames, min_frames) after every length rule."""
+        """(max_frames, min_frames) after every length rule. A `min_new_tokens` above a cap is
+        refused, never silently lowered: it promises that the audio does not end earlier."""
         sampling = speech.sampling
-        text_cap = text_frame_cap(self.prompts.count_text_tokens(speech.text), self.frame_rate)
+        num_text_tokens = self.prompts.count_text_tokens(speech.text)
+        text_cap = text_frame_cap(num_text_tokens, self.frame_rate)
         # the EOC row and the ramp follow the last frame (the scheduler's worst-case context)
         room = self.max_model_len - prompt_len - TAIL_ROWS
+        if sampling.min_new_tokens > text_cap:
+            raise InvalidRequestError(
+                f"min_new_tokens={sampling.min_new_tokens} is above the frame limit of this text: "
+                f"{text_cap} frames ({num_text_tokens} text tokens allow 4 s plus 0.5 s per token, at "
+                f"{self.frame_rate} frames per second); lower min_new_tokens or give a longer text",
+                param="min_new_tokens")
+        if room >= 1 and sampling.min_new_tokens > room:
+            raise InvalidRequestError(
+                f"min_new_tokens={sampling.min_new_tokens} is above the {room} frames that "
+                f"max_model_len={self.max_model_len} leaves after this prompt of {prompt_len} tokens",
+                param="min_new_tokens")
         max_frames = min(sampling.max_new_tokens, text_cap, max(room, 1))
         min_frames = min(max(MIN_FRAMES, sampling.min_new_tokens), max_frames)
         return max_frames, min_frames

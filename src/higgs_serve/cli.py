@@ -97,10 +97,10 @@ def _runtime_options(args: argparse.Namespace, **extra):
 def _log_graph_path(deploy) -> None:
     import torch
 
-    from higgs_serve.deploy_config import resolve_graph_path
+    from higgs_serve.deploy_config import resolve_graph_mode
 
-    path, reason = resolve_graph_path(deploy.stage0, torch.cuda.is_available())
-    logger.info("Stage 0 graph path: %s (%s)", path.value, reason)
+    mode, reason = resolve_graph_mode(deploy.stage0, torch.cuda.is_available())
+    logger.info("Stage 0 graph mode: %s (%s)", mode.value, reason)
 
 
 # ---------------------------------------------------------------------------- synth

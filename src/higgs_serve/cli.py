@@ -209,7 +209,7 @@ def _cmd_encode_voice(args: argparse.Namespace) -> int:
     codes, encoder = _encode_file(args.file, loaded)
     np.save(args.output, codes)
     print(f"wrote {args.output}: codes [{len(codes)}, {codes.shape[1]}] int64 "
-          f"({len(codes) / 25:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
+          f"({len(codes) / loaded.spec.codec.frame_rate:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
     return 0
 
 

@@ -41,7 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
+from higgs_serve.codec.codec_config import REQUIRED_HOP_LENGTH
+
+SAMPLES_PER_FRAME = REQUIRED_HOP_LENGTH  # the one hop the codec config accepts (24 kHz / 25 frames per second)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.deploy_config import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
 from higgs_serve.engine.core import EngineCore, EngineHooks
@@ -84,7 +85,10 @@ class RequestStream(AsyncIterator[AudioChunk]):
 class AsyncEngine:
     """`generate` returns at once with a stream, or raises (overload, bad request, dead engine)."""
 
-    sample_rate_hz = 24000
+    @property
+    def sample_rate_hz(self) -> int:
+        """The loaded checkpoint's codec rate; before the load, the one rate its config accepts."""
+        return self.loaded.spec.codec.sample_rate if self.loaded is not None else REQUIRED_SAMPLE_RATE
 
     def __init__(self, model: str, deploy: DeployConfig, options: RuntimeOptions | None = None):
         self.model = model

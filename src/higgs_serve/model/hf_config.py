@@ -230,8 +230,8 @@ def _parse_audio(a: dict[str, Any], where: str) -> AudioConfig:
     if enc != "discrete":
         raise ConfigError(f"{w}.encoder_type = {enc!r}, only 'discrete' is supported")
     cfg = AudioConfig(
-        num_codebooks=_get(a, "num_codebooks", int, w, default=8),
-        codebook_size=_get(a, "vocab_size", int, w, default=1026),
+        num_codebooks=_get(a, "num_codebooks", int, w, default=AudioConfig.num_codebooks),
+        codebook_size=_get(a, "vocab_size", int, w, default=AudioConfig.codebook_size),
         tie_word_embeddings=_get(a, "tie_word_embeddings", bool, w, default=True),
         out_dim=_get(a, "out_dim", int, w, default=None),
     )

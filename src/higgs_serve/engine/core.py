@@ -25,7 +25,7 @@ from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
 
-if TYPE_CHECKING:  # torch-side parts: the engine package itself never imports torch
+if TYPE_CHECKING:  # the device-side parts, for their types only: the loop imports no tensor library
     from higgs_serve.codec.codec_runner import CodecRunner
     from higgs_serve.worker.model_runner import ModelRunner
 

@@ -62,10 +62,10 @@ def _runtime_options(args: argparse.Namespace, **extra):
 def _log_graph_path(deploy) -> None:
     import torch
 
-    from higgs_serve.config.deploy import resolve_graph_path
+    from higgs_serve.config.deploy import resolve_graph_mode
 
-    path, reason = resolve_graph_path(deploy.stage0, torch.cuda.is_available())
-    logger.info("Stage 0 graph path: %s (%s)", path.value, reason)
+    mode, reason = resolve_graph_mode(deploy.stage0, torch.cuda.is_available())
+    logger.info("Stage 0 graph mode: %s (%s)", mode.value, reason)
 
 
 # ---------------------------------------------------------------------------- synth
@@ -181,7 +181,7 @@ def _cmd_encode_voice(args: argparse.Namespace) -> int:
     codes, encoder = _encode_file(args.file, loaded)
     np.save(args.output, codes)
     print(f"wrote {args.output}: codes [{len(codes)}, {codes.shape[1]}] int64 "
-          f"({len(codes) / 25:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
+          f"({len(codes) / loaded.spec.codec.frame_rate:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
     return 0
 
 

@@ -13,7 +13,7 @@ from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import CollectingSink
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.core import EngineCore, EngineHooks
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.sampling_params import SamplingParams
 
@@ -98,8 +98,8 @@ def assert_same_output(got: Collected, ref: Collected, what: str) -> None:
 class ManualEngine:
     """An `EngineCore` with its codec thread running and its step loop driven by the test."""
 
-    def __init__(self, loaded: LoadedModel, deploy: DeployConfig):
-        self.core: EngineCore = build_engine_core(loaded, deploy, CPU)
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, hooks: EngineHooks | None = None):
+        self.core: EngineCore = build_engine_core(loaded, deploy, CPU, hooks)
         self.core.codec.start()
 
     @property

@@ -103,7 +103,7 @@ def test_teacher_forced_clone_with_chunk_split_inside_placeholders(tiny_loaded, 
 
     # the prompt is the clone layout of docs/model.md#prompt-layout, its P rows the delayed reference codes
     prompts = tiny_loaded.prompts
-    ref_rows = apply_delay(codes).numpy()  # [T + 7, 8]
+    ref_rows = apply_delay(codes)  # [T + 7, 8]
     ph_start = 3 + len(prompts.tok(REF_TEXT))
     expected_prompt = ([prompts.tts_id, prompts.ref_text_id, *prompts.tok(REF_TEXT), prompts.ref_audio_id]
                        + [prompts.tts_id] * len(ref_rows)

@@ -113,7 +113,7 @@ def _seams(res) -> list[int]:
 
 
 def test_default_chunk_schedule(default_engine):
-    params = default_engine.core.window
+    params = default_engine.core.outputs.window
     assert (params.chunk_frames, params.left_context_frames, params.right_holdback_frames,
             params.initial_chunk_frames, params.chunk_doubling) == (25, 25, 4, 1, True)  # the shipped profile
     res, windows = _run_recorded(default_engine, speech("s", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
@@ -160,7 +160,7 @@ def test_non_streamed_request_is_one_shot_and_same_codes(default_engine, tiny_lo
 
 def test_wide_window_stream_equals_one_shot(wide_engine, tiny_loaded, receptive_field):
     left_rf, right_rf = receptive_field
-    params = wide_engine.core.window
+    params = wide_engine.core.outputs.window
     assert params.left_context_frames >= left_rf and params.right_holdback_frames >= right_rf
     res, _ = _run_recorded(wide_engine, speech("w", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 16, 1) == [1, 1, 2, 4, 8, 16, 28]
@@ -172,7 +172,7 @@ def test_wide_window_stream_equals_one_shot(wide_engine, tiny_loaded, receptive_
 
 def test_default_window_seam_error_confined_near_seams(default_engine, tiny_loaded, receptive_field):
     _, right_rf = receptive_field
-    holdback = default_engine.core.window.right_holdback_frames
+    holdback = default_engine.core.outputs.window.right_holdback_frames
     res, _ = _run_recorded(default_engine, speech("d", TEXT, sampling(0.0, 0, NUM_FRAMES), stream=True))
     oneshot = _decode(tiny_loaded, res.frames)
     peak = np.abs(oneshot).max()

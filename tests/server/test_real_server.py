@@ -174,6 +174,15 @@ def test_bad_requests_then_the_engine_still_serves(http):
     assert len(_pcm(http, 1)) == FRAMES * 960 * 2
 
 
+def test_min_new_tokens_above_the_text_frame_cap_is_a_400_naming_the_limit(http):
+    """Issue 27 item 6: min_new_tokens above what the text allows is refused, not cut short."""
+    body = {"input": "hi", "response_format": "pcm", "max_new_tokens": MAX_TOKENS, "min_new_tokens": MAX_TOKENS}
+    post_bad_request(http, body, 400, "min_new_tokens")
+    message = http.post("/v1/audio/speech", json=body).json()["error"]["message"]
+    assert f"min_new_tokens={MAX_TOKENS}" in message and "frame limit of this text: 125 frames" in message
+    assert len(_pcm(http, 1)) == FRAMES * 960 * 2  # the engine still serves
+
+
 def test_codec_counters_count_the_windows_of_a_request(http):
     names = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
              "higgs_serve_codec_busy_seconds_total", "higgs_serve_codec_graph_calls_total")

@@ -35,15 +35,7 @@ LAYERS = {
 
 # Engine modules that must load without torch (ints, ids and NumPy only). builder.py is the one
 # engine module that imports torch; core.py holds the runners it is given.
-TORCH_FREE_ENGINE = ("scheduler", "kv_cache_manager", "request", "speech", "output_stream")
-
-# Known edges waiting on lane i26b (issue 26 part B: the delay pattern becomes NumPy-only): the
-# one way a torch-free engine module loads torch today. Remove the entry once i26b has merged
-# (test_known_torch_edges_are_still_needed fails until then); the test then guards it for good.
-KNOWN_TORCH_EDGES = {
-    ("higgs_serve.engine.output_stream", "higgs_serve.model.delay_pattern"),
-}
-
+TORCH_FREE_ENGINE = ("scheduler", "kv_cache_manager", "request", "speech", "input_processor")
 
 @dataclass(frozen=True)
 class Import:
@@ -195,8 +187,6 @@ def _loads_torch(module: str, by_module: dict[str, list[Import]], seen: set[str]
             continue
         if imp.target.split(".")[0] == "torch":
             return [module, "torch"]
-        if (imp.source, imp.target) in KNOWN_TORCH_EDGES:
-            continue
         parts = imp.target.split(".")  # importing a.b.c runs a/__init__, a/b/__init__, then c
         for depth in range(2, len(parts) + 1):
             chain = _loads_torch(".".join(parts[:depth]), by_module, seen)
@@ -215,15 +205,3 @@ def test_the_engines_pure_modules_load_without_torch():
         if chain:
             chains[name] = " -> ".join(chain)
     assert not chains, f"engine modules that load torch: {chains}"
-
-
-def test_known_torch_edges_are_still_needed():
-    """An allowed exception that no longer loads torch is removed from the list, not kept: once
-    i26b's NumPy-only delay pattern has merged this fails until KNOWN_TORCH_EDGES is emptied."""
-    by_module: dict[str, list[Import]] = {}
-    for imp in _all_imports():
-        by_module.setdefault(imp.source, []).append(imp)
-    edges = {(imp.source, imp.target) for imp in _all_imports()}
-    stale = [edge for edge in KNOWN_TORCH_EDGES
-             if edge not in edges or not _loads_torch(edge[1], by_module, set())]
-    assert not stale, f"drop from KNOWN_TORCH_EDGES: {stale}"

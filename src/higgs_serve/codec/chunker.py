@@ -41,10 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from higgs_serve.codec.codec_config import REQUIRED_HOP_LENGTH
 from higgs_serve.config.deploy import StreamingWindowConfig
 from higgs_serve.config.validators import is_int
 
-SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
+SAMPLES_PER_FRAME = REQUIRED_HOP_LENGTH  # the one hop the codec config accepts (24 kHz / 25 frames per second)
 _DEFAULT = StreamingWindowConfig()  # the window defaults, written once in config/deploy.py
 
 

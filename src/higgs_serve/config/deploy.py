@@ -23,19 +23,19 @@ or combination raises `ConfigError` whose message starts with the file (or overr
 the value, then the key path, e.g.
 `profiles/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
 
-Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
-  * MLP_GRAPHS (`enforce_eager: true`, `cudagraph_mode: LOCAL_MLP`, the default for eager):
-    attention runs eagerly; each decoder layer's post-attention RMSNorm + MLP replays a CUDA
-    graph, captured at start-up (never lazily on live traffic) for `cudagraph_capture_sizes`.
-  * FULL_DECODE_GRAPH (`enforce_eager: false`, `cudagraph_mode: FULL_DECODE_ONLY`, the default
-    when not eager): a decode-only step replays one whole-step CUDA graph; MLP graphs are off.
-  * PIECEWISE_GRAPHS (`enforce_eager: true`, `cudagraph_mode: PIECEWISE`, an option beyond the
-    two profiles): attention kernels run eagerly, everything else of a step (prefill, mixed or
-    decode) replays per padded token count; `cudagraph_capture_sizes` are token counts and may
-    exceed max_num_seqs (up to max_num_batched_tokens).
-  * FULL_DECODE_AND_PIECEWISE (`enforce_eager: false`, `cudagraph_mode: FULL_AND_PIECEWISE`):
-    decode-only steps replay the full decode graph, every other step the piecewise graphs.
-  * EAGER (`cudagraph_mode: NONE`, or no CUDA device): no graphs.
+Stage 0 graph modes (`CudaGraphMode`, resolved on the machine by `resolve_graph_mode`):
+  * LOCAL_MLP (`enforce_eager: true`, the default for eager): attention runs eagerly; each
+    decoder layer's post-attention RMSNorm + MLP replays a CUDA graph, captured at start-up
+    (never lazily on live traffic) for `cudagraph_capture_sizes`.
+  * FULL_DECODE_ONLY (`enforce_eager: false`, the default when not eager): a decode-only step
+    replays one whole-step CUDA graph; MLP graphs are off.
+  * PIECEWISE (`enforce_eager: true`, an option beyond the two profiles): attention kernels run
+    eagerly, everything else of a step (prefill, mixed or decode) replays per padded token
+    count; `cudagraph_capture_sizes` are token counts and may exceed max_num_seqs (up to
+    max_num_batched_tokens).
+  * FULL_AND_PIECEWISE (`enforce_eager: false`): decode-only steps replay the full decode
+    graph, every other step the piecewise graphs.
+  * NONE (asked for, or no CUDA device): no graphs.
 The full decode graph and the local MLP graphs exclude each other; a config asking for both is
 an error, never a choice. (The mode names are vLLM's; PIECEWISE is vLLM's piecewise graph.)
 
@@ -74,17 +74,45 @@ KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}  # one spelling downstream
 
 
 class CudaGraphMode(enum.Enum):
-    """`compilation_config.cudagraph_mode` values."""
+    """Stage 0's CUDA-graph mode, the one type for config, resolution and dispatch (vLLM's
+    `CUDAGraphMode` shape). A configured mode (`compilation_config.cudagraph_mode`) pairs the
+    mode of decode-only steps (`decode_mode`) with the mode of every other step (`mixed_mode`);
+    each step runs in one of NONE, PIECEWISE, FULL or LOCAL_MLP (worker/cuda_graphs.py picks it).
+    """
 
     NONE = "NONE"  # no CUDA graphs at all
     LOCAL_MLP = "LOCAL_MLP"  # per-layer post-attention norm + MLP graphs (needs enforce_eager)
     FULL_DECODE_ONLY = "FULL_DECODE_ONLY"  # whole decode step as one graph (needs not eager)
     PIECEWISE = "PIECEWISE"  # every step but its attention kernels, per token count (eager attention)
     FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"  # full decode graph + piecewise for other steps
+    FULL = "FULL"  # a step's mode only: the whole decode step as one graph (not a config value)
+
+    @property
+    def decode_mode(self) -> CudaGraphMode:
+        """The mode a decode-only step runs in."""
+        return _DECODE_MODE[self]
+
+    @property
+    def mixed_mode(self) -> CudaGraphMode:
+        """The mode any other step (prefill, mixed) runs in."""
+        return _MIXED_MODE[self]
 
     @property
     def piecewise(self) -> bool:
-        return self in (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
+        """Some steps replay piecewise graphs: the capture sizes are token counts."""
+        return CudaGraphMode.PIECEWISE in (self.decode_mode, self.mixed_mode)
+
+    @classmethod
+    def config_values(cls) -> tuple[str, ...]:
+        """What `cudagraph_mode` accepts: every mode but FULL (no full graphs of mixed steps)."""
+        return tuple(m.value for m in cls if m is not cls.FULL)
+
+
+_M = CudaGraphMode
+_DECODE_MODE = {_M.NONE: _M.NONE, _M.PIECEWISE: _M.PIECEWISE, _M.FULL: _M.FULL, _M.FULL_DECODE_ONLY: _M.FULL,
+                _M.FULL_AND_PIECEWISE: _M.FULL, _M.LOCAL_MLP: _M.LOCAL_MLP}
+_MIXED_MODE = {_M.NONE: _M.NONE, _M.PIECEWISE: _M.PIECEWISE, _M.FULL: _M.FULL, _M.FULL_DECODE_ONLY: _M.NONE,
+               _M.FULL_AND_PIECEWISE: _M.PIECEWISE, _M.LOCAL_MLP: _M.NONE}
 
 
 class CodecGraphPath(enum.Enum):
@@ -92,16 +120,6 @@ class CodecGraphPath(enum.Enum):
 
     EAGER = "EAGER"
     CUDA_GRAPHS = "CUDA_GRAPHS"  # whole-decoder graphs per warmed (window length, batch size)
-
-
-class GraphPath(enum.Enum):
-    """What Stage 0 actually runs, after the mode meets the machine."""
-
-    EAGER = "EAGER"
-    MLP_GRAPHS = "MLP_GRAPHS"
-    FULL_DECODE_GRAPH = "FULL_DECODE_GRAPH"
-    PIECEWISE_GRAPHS = "PIECEWISE_GRAPHS"
-    FULL_DECODE_AND_PIECEWISE = "FULL_DECODE_AND_PIECEWISE"
 
 
 DEFAULT_MAX_NUM_SEQS = 16  # running requests (decode slots); the capture sizes default from it
@@ -203,7 +221,7 @@ class DeployConfig:
 
     def to_dict(self, cuda_available: bool = True) -> dict[str, Any]:
         """The fully resolved config in the YAML's shape, for `config show` (JSON-ready)."""
-        path, reason = resolve_graph_path(self.stage0, cuda_available)
+        mode, reason = resolve_graph_mode(self.stage0, cuda_available)
         codec_path, codec_reason = resolve_codec_graph_path(self.stage1, cuda_available)
         stage0 = _plain(asdict(self.stage0))
         stage1 = _plain(asdict(self.stage1))
@@ -214,15 +232,16 @@ class DeployConfig:
             "connectors": {CONNECTOR_NAME: {"extra": asdict(self.streaming)}},
             "stages": [
                 {"stage_id": TALKER_STAGE_ID, **stage0,
-                 "resolved_graph_path": {"path": path.value, "reason": reason}},
+                 "resolved_graph_path": {"path": mode.value, "reason": reason}},
                 {"stage_id": CODEC_STAGE_ID, **stage1,
                  "resolved_graph_path": {"path": codec_path.value, "reason": codec_reason}},
             ],
         }
 
 
-def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple[GraphPath, str]:
-    """The graph path Stage 0 uses on this machine, and why (the caller logs the reason once).
+def resolve_graph_mode(stage0: TalkerStageConfig, cuda_available: bool) -> tuple[CudaGraphMode, str]:
+    """The graph mode Stage 0 uses on this machine (NONE off CUDA), and why (the caller logs the
+    reason once).
 
     The config was validated at load, so the mode and enforce_eager never conflict here.
     """
@@ -230,30 +249,30 @@ def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple
     mode = compilation.cudagraph_mode
     sizes = list(compilation.cudagraph_capture_sizes)
     if mode is CudaGraphMode.NONE:
-        return GraphPath.EAGER, "compilation_config.cudagraph_mode is NONE: no CUDA graphs"
+        return CudaGraphMode.NONE, "compilation_config.cudagraph_mode is NONE: no CUDA graphs"
     if stage0.devices == "cpu":
-        return GraphPath.EAGER, (f"devices is \"cpu\": cudagraph_mode {mode.value} needs a CUDA "
+        return CudaGraphMode.NONE, (f"devices is \"cpu\": cudagraph_mode {mode.value} needs a CUDA "
                                  "device, falling back to eager")
     if not cuda_available:
-        return GraphPath.EAGER, (f"CUDA is not available: cudagraph_mode {mode.value} falls back "
+        return CudaGraphMode.NONE, (f"CUDA is not available: cudagraph_mode {mode.value} falls back "
                                  "to eager")
     if mode is CudaGraphMode.LOCAL_MLP:
-        return GraphPath.MLP_GRAPHS, (
+        return mode, (
             f"enforce_eager: true, cudagraph_mode: LOCAL_MLP: attention runs eagerly; each "
             f"decoder layer's post-attention RMSNorm + MLP replays a CUDA graph captured at "
             f"start-up for batch sizes {sizes}")
     if mode is CudaGraphMode.PIECEWISE:
-        return GraphPath.PIECEWISE_GRAPHS, (
+        return mode, (
             f"enforce_eager: true, cudagraph_mode: PIECEWISE: the attention kernels run eagerly; "
             f"the rest of every step (prefill, mixed, decode) replays CUDA graphs captured at "
             f"start-up for token counts {sizes}")
     if mode is CudaGraphMode.FULL_AND_PIECEWISE:
-        return GraphPath.FULL_DECODE_AND_PIECEWISE, (
+        return mode, (
             f"enforce_eager: false, cudagraph_mode: FULL_AND_PIECEWISE: each decode-only step "
             f"replays one whole-step CUDA graph (batch sizes {list(stage0.decode_capture_sizes)}); "
             f"prefill and mixed steps replay piecewise graphs, attention eager (token counts "
             f"{sizes}); the local MLP graphs are off")
-    return GraphPath.FULL_DECODE_GRAPH, (
+    return mode, (
         f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
         f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "
         f"eagerly; the local MLP graphs are off (the two paths are mutually exclusive)")

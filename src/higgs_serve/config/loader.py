@@ -218,7 +218,7 @@ def _build_sampling(section: Section) -> DefaultSamplingParams:
 def _build_compilation(stage: Section, enforce_eager: bool, max_num_seqs: int,
                        max_num_batched_tokens: int) -> CompilationConfig:
     section = stage.section("compilation_config")
-    mode_name = section.choice("cudagraph_mode", None, tuple(m.value for m in CudaGraphMode))
+    mode_name = section.choice("cudagraph_mode", None, CudaGraphMode.config_values())
     if mode_name is None:  # not given: the graph path that matches enforce_eager
         mode = CudaGraphMode.LOCAL_MLP if enforce_eager else CudaGraphMode.FULL_DECODE_ONLY
     else:

@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.core import EngineCore, EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult
 from higgs_serve.errors import EngineDeadError
 
@@ -84,7 +85,10 @@ class RequestStream(AsyncIterator[AudioChunk]):
 class AsyncEngine:
     """`generate` returns at once with a stream, or raises (overload, bad request, dead engine)."""
 
-    sample_rate_hz = 24000
+    @property
+    def sample_rate_hz(self) -> int:
+        """The loaded checkpoint's codec rate; before the load, the one rate its config accepts."""
+        return self.loaded.spec.codec.sample_rate if self.loaded is not None else REQUIRED_SAMPLE_RATE
 
     def __init__(self, model: str, deploy: DeployConfig, options: RuntimeOptions | None = None):
         self.model = model
@@ -98,12 +102,14 @@ class AsyncEngine:
     def prompt_builder(self):
         return self.loaded.prompts if self.loaded else None
 
-    async def start(self) -> None:
-        await asyncio.to_thread(self._start_blocking)
+    async def start(self, hooks: EngineHooks | None = None) -> None:
+        """Load, warm up and capture, then start the loop; `hooks` (metrics, profiling) are
+        called by the loop from then on (engine/core.py)."""
+        await asyncio.to_thread(self._start_blocking, hooks)
 
-    def _start_blocking(self) -> None:
+    def _start_blocking(self, hooks: EngineHooks | None) -> None:
         self.loaded = load_model(self.model, self.options, self.deploy)
-        self.core = build_engine_core(self.loaded, self.deploy, self.options)
+        self.core = build_engine_core(self.loaded, self.deploy, self.options, hooks)
         self.core.start()
         self.ready = True
 
@@ -165,14 +171,16 @@ class CollectingSink:
 class SyncEngine:
     """Blocking helper: run a batch of requests concurrently and return their full results."""
 
-    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions):
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
+                 hooks: EngineHooks | None = None):
         self.loaded = loaded
-        self.core = build_engine_core(loaded, deploy, options)
+        self.core = build_engine_core(loaded, deploy, options, hooks)
         self.core.start()
 
     @classmethod
-    def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions) -> SyncEngine:
-        return cls(load_model(model, options, deploy), deploy, options)
+    def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions,
+                   hooks: EngineHooks | None = None) -> SyncEngine:
+        return cls(load_model(model, options, deploy), deploy, options, hooks)
 
     def generate_batch(
         self,

@@ -18,15 +18,11 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
-from higgs_serve.config.deploy import (
-    CodecGraphPath,
-    DeployConfig,
-    GraphPath,
-    resolve_codec_graph_path,
-    resolve_graph_path,
-)
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.config.deploy import CodecGraphPath, DeployConfig, resolve_codec_graph_path
+from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
+from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
+from higgs_serve.engine.output_processor import OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError
 from higgs_serve.model.checkpoint import cast_tensors, load_checkpoint, resolve_model_dir
@@ -36,7 +32,7 @@ from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
 from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
-from higgs_serve.worker.cuda_graphs import GraphPolicy
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, ProgressCallback
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -183,24 +179,23 @@ def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size, dtype=cache_dtype)
 
 
-def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
-    """The deploy profile's graph path on this device (graph modes need CUDA)."""
-    path, _ = resolve_graph_path(deploy.stage0, device.type == "cuda")
-    if path is GraphPath.EAGER:
-        return GraphPolicy.eager()
-    compilation = deploy.stage0.compilation_config
-    piecewise = path in (GraphPath.PIECEWISE_GRAPHS, GraphPath.FULL_DECODE_AND_PIECEWISE)
-    return GraphPolicy(
-        full_decode=path in (GraphPath.FULL_DECODE_GRAPH, GraphPath.FULL_DECODE_AND_PIECEWISE),
-        mlp=path is GraphPath.MLP_GRAPHS,
-        # PIECEWISE alone has no decode-batch graphs; its sizes are all token counts
-        capture_sizes=() if path is GraphPath.PIECEWISE_GRAPHS else deploy.stage0.decode_capture_sizes,
-        num_warmups=compilation.cudagraph_num_of_warmups,
-        piecewise_sizes=compilation.cudagraph_capture_sizes if piecewise else (),
-    )
+def graph_dispatcher(deploy: DeployConfig, device: torch.device) -> CudaGraphDispatcher:
+    """The deploy profile's CUDA graphs on this device (graph modes need CUDA)."""
+    return CudaGraphDispatcher.from_config(deploy.stage0, device.type == "cuda")
 
 
-def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions) -> EngineCore:
+def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
+                      hooks: EngineHooks | None = None, on_progress: ProgressCallback | None = None) -> EngineCore:
+    """A ready `EngineCore` (not started): its parts built, warmed up and captured, with `hooks`
+    (metrics, profiling; engine/core.py says when each is called). `on_progress(done, total,
+    label)` follows Stage 0's graph capture, called after each captured size."""
+    return EngineCore(build_engine_parts(loaded, deploy, on_progress), max_waiting=options.max_waiting, hooks=hooks)
+
+
+def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
+                       on_progress: ProgressCallback | None = None) -> EngineParts:
+    """Stage 0 (runner, graphs captured), Stage 1 (codec, warmed up), the scheduler, and the
+    input and output processing around them."""
     s0 = deploy.stage0
     kv = size_kv_cache(loaded, deploy)
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
@@ -213,9 +208,9 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_model_len=s0.max_model_len,
         device=loaded.device,
         dtype=loaded.dtype,
-        graphs=graph_policy(deploy, loaded.device),
+        graphs=graph_dispatcher(deploy, loaded.device),
     )
-    runner.capture_graphs()
+    runner.capture_graphs(on_progress)
     codec_device = next(loaded.codec.parameters()).device
     codec_path, codec_reason = resolve_codec_graph_path(deploy.stage1, codec_device.type == "cuda")
     logger.info("codec graph path %s: %s", codec_path.value, codec_reason)
@@ -245,16 +240,10 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     )
     logger.info("KV cache: %d blocks of %d tokens, %s (%.2f GB)", kv.num_blocks, kv.block_size, kv.dtype,
                 kv.num_blocks * kv_bytes_per_block(loaded.spec, kv.block_size, kv.dtype) / 1e9)
-    return EngineCore(
-        scheduler=scheduler,
-        runner=runner,
-        codec=codec,
-        prompts=loaded.prompts,
-        window=window,
-        file_window=file_window,
-        async_chunk=deploy.async_chunk,
-        max_model_len=s0.max_model_len,
-        max_waiting=options.max_waiting,
-        num_codebooks=loaded.spec.audio.num_codebooks,
-        codebook_size=loaded.spec.audio.codebook_size,
-    )
+    audio = loaded.spec.audio
+    inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
+                            frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
+                            codebook_size=audio.codebook_size)
+    outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
+                              audio.codebook_size)
+    return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs)

@@ -72,6 +72,16 @@ class TextConfig:
                    tie_word_embeddings=False)
 
 
+def boc_id(codebook_size: int) -> int:
+    """Begin-of-codes id: the second-to-last entry of each codebook's vocabulary."""
+    return codebook_size - 2
+
+
+def eoc_id(codebook_size: int) -> int:
+    """End-of-codes id: the last entry of each codebook's vocabulary."""
+    return codebook_size - 1
+
+
 @dataclass(frozen=True)
 class AudioConfig:
     """The discrete audio modality (config.json `audio_encoder_config`)."""
@@ -83,11 +93,11 @@ class AudioConfig:
 
     @property
     def boc(self) -> int:
-        return self.codebook_size - 2
+        return boc_id(self.codebook_size)
 
     @property
     def eoc(self) -> int:
-        return self.codebook_size - 1
+        return eoc_id(self.codebook_size)
 
     @property
     def num_real_codes(self) -> int:
@@ -221,8 +231,8 @@ def _parse_audio(a: dict[str, Any], where: str) -> AudioConfig:
     if enc != "discrete":
         raise ConfigError(f"{w}.encoder_type = {enc!r}, only 'discrete' is supported")
     cfg = AudioConfig(
-        num_codebooks=_get(a, "num_codebooks", int, w, default=8),
-        codebook_size=_get(a, "vocab_size", int, w, default=1026),
+        num_codebooks=_get(a, "num_codebooks", int, w, default=AudioConfig.num_codebooks),
+        codebook_size=_get(a, "vocab_size", int, w, default=AudioConfig.codebook_size),
         tie_word_embeddings=_get(a, "tie_word_embeddings", bool, w, default=True),
         out_dim=_get(a, "out_dim", int, w, default=None),
     )

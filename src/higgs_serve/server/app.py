@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI, Request
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.routers import health, speech, speech_batch, voices
@@ -74,7 +75,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
 
 async def _start_engine(state: ServerState, on_failure: Callable[[], None] | None) -> None:
     try:
-        await state.engine.start()
+        # the Stage 0 step histogram is fed by the engine loop's per-step hook
+        await state.engine.start(EngineHooks(on_step=state.metrics.observe_step))
     except asyncio.CancelledError:
         raise
     except Exception as error:  # logged, shown by /health, re-raised by run_server
@@ -84,15 +86,7 @@ async def _start_engine(state: ServerState, on_failure: Callable[[], None] | Non
             on_failure()
         return
     state.engine_started = True
-    _attach_step_metrics(state)
     logger.info("engine ready: serving %s", state.settings.served_model_name)
-
-
-def _attach_step_metrics(state: ServerState) -> None:
-    """Feed the Stage 0 step histogram from the engine loop's per-step hook."""
-    engine = state.engine
-    if isinstance(engine, AsyncEngine) and engine.core is not None:
-        engine.core.on_step = state.metrics.observe_step
 
 
 def _api_key_checker(api_key: str | None):

@@ -14,6 +14,7 @@ import numpy as np
 from fastapi import Request
 
 from higgs_serve.config.deploy import DeployConfig
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.settings import ServerSettings
@@ -37,7 +38,7 @@ class SpeechEngine(Protocol):
     @property
     def prompt_builder(self): ...  # count_text_tokens(text) -> int; None before start()
 
-    async def start(self) -> None: ...
+    async def start(self, hooks: EngineHooks | None = None) -> None: ...
 
     async def shutdown(self) -> None: ...
 

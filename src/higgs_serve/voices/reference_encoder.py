@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
 from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
 from higgs_serve.engine.speech import ReferenceAudio
@@ -89,7 +90,7 @@ class CodesCache:
 class ReferenceEncoder:
     """Reference audio -> codes [T, 8] int64. Build with `from_loaded` (or `for_engine`: lazy)."""
 
-    def __init__(self, build: Callable[[], CodecEncoder], sample_rate_hz: int = 24000,
+    def __init__(self, build: Callable[[], CodecEncoder], sample_rate_hz: int = REQUIRED_SAMPLE_RATE,
                  limits: ReferenceLimits | None = None):
         self._build = build  # called once, on first use, under the encode lock
         self._encoder: CodecEncoder | None = None

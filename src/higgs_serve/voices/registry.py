@@ -29,6 +29,7 @@ import soundfile as sf
 import soxr
 
 from higgs_serve.audio.formats import decode_audio_bytes
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.errors import InvalidRequestError
 
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
@@ -98,7 +99,7 @@ def normalise_reference(audio_bytes: bytes, sample_rate_hz: int, param: str) -> 
 class VoiceRegistry:
     """Thread-safe store of voices under `directory` (created if missing)."""
 
-    def __init__(self, directory: str | os.PathLike, sample_rate_hz: int = 24000):
+    def __init__(self, directory: str | os.PathLike, sample_rate_hz: int = REQUIRED_SAMPLE_RATE):
         self.directory = Path(directory)
         self.sample_rate_hz = sample_rate_hz
         self.directory.mkdir(parents=True, exist_ok=True)

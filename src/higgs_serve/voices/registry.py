@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-import soxr
 
-from higgs_serve.audio.formats import decode_audio_bytes
+from higgs_serve.audio.decode import load_clip, read_clip
 from higgs_serve.errors import InvalidRequestError
 
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
@@ -58,22 +57,13 @@ def check_voice_name(name: str) -> None:
 
 
 def decode_reference(audio_bytes: bytes, param: str) -> tuple[np.ndarray, int]:
-    """Reference file bytes (wav, flac, ogg, mp3) -> ([n] float32 mono, sample rate in Hz).
+    """Reference file bytes (wav, flac, ogg, mp3, aac, m4a, webm) -> ([n] float32 mono, rate Hz).
 
-    The one decode of a reference clip (uploads, `ref_audio`, the CLI's files). Errors are
-    InvalidRequestError naming `param`.
+    The one decode of a reference clip (uploads, `ref_audio`, the CLI's files), bounded by
+    audio/decode.py (header checks before decoding, at most MAX_REFERENCE_SECONDS decoded).
+    Errors are InvalidRequestError naming `param`.
     """
-    if not audio_bytes:
-        raise InvalidRequestError(f"{param} is empty", param=param)
-    try:
-        audio, rate_hz = decode_audio_bytes(audio_bytes)
-    except InvalidRequestError as error:
-        raise InvalidRequestError(
-            f"{param} is not readable audio (wav, flac, ogg or mp3 expected): {error}", param=param
-        ) from error
-    if audio.size == 0:
-        raise InvalidRequestError(f"{param} contains no audio samples", param=param)
-    return audio, rate_hz
+    return read_clip(audio_bytes, param, MAX_REFERENCE_SECONDS)
 
 
 def normalise_reference(audio_bytes: bytes, sample_rate_hz: int, param: str) -> np.ndarray:
@@ -81,15 +71,8 @@ def normalise_reference(audio_bytes: bytes, sample_rate_hz: int, param: str) -> 
 
     Errors are InvalidRequestError naming `param` (the upload field or `ref_audio`).
     """
-    audio, rate_hz = decode_reference(audio_bytes, param)
-    if rate_hz != sample_rate_hz:
-        audio = soxr.resample(audio, rate_hz, sample_rate_hz).astype(np.float32)
-    duration_s = audio.shape[0] / sample_rate_hz
-    if not MIN_REFERENCE_SECONDS <= duration_s <= MAX_REFERENCE_SECONDS:
-        raise InvalidRequestError(
-            f"reference audio must last {MIN_REFERENCE_SECONDS}-{MAX_REFERENCE_SECONDS} s, "
-            f"got {duration_s:.2f} s", param=param)
-    return audio
+    return load_clip(audio_bytes, param, sample_rate_hz, MIN_REFERENCE_SECONDS,
+                     MAX_REFERENCE_SECONDS)
 
 
 class VoiceRegistry:

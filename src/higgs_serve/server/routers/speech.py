@@ -1,8 +1,8 @@
 """POST /v1/audio/speech: one encoded file, raw chunked pcm/wav, or SSE events.
 
-Order of work: validate the body's schema, refuse at once if the engine is dead or warming up
-(before any reference clip is fetched, decoded or encoded), build the plan (speech_plan), admit
-(bounded in-flight count, 429 past it), submit and wait for the first chunk; only then does a
+Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
+admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
+encoded), build the plan (speech_plan), submit and wait for the first chunk; only then does a
 response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
@@ -52,15 +52,17 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
     _check_engine(state)
-    try:
-        plan = await build_plan(body, state)
-    except (ApiError, InvalidRequestError):
-        state.metrics.count("invalid")
-        raise
-    if not state.gate.try_acquire():
+    if not state.gate.try_acquire():  # before any reference clip is fetched or decoded
         state.metrics.count("rejected")
         raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
                                     "in flight); retry later")  # 429 + Retry-After (errors.py)
+    try:
+        plan = await build_plan(body, state)
+    except BaseException as error:
+        state.gate.release()
+        if isinstance(error, (ApiError, InvalidRequestError)):
+            state.metrics.count("invalid")
+        raise
     generation = Generation(state, plan, arrived_s)
     try:
         if await _unless_disconnected(generation.start(), request) is _CLIENT_GONE:

@@ -28,6 +28,11 @@ class InvalidRequestError(HiggsServeError, ValueError):
         self.param = param
 
 
+class ConflictError(InvalidRequestError):
+    """The request collides with another one (a voice registered twice at once, or deleted while
+    this request was using it): 409, the client may retry."""
+
+
 class EngineOverloadedError(HiggsServeError):
     """The waiting queue is full; the client should retry later."""
 

@@ -38,9 +38,11 @@ class ThreadedServer:
         self.thread.join(timeout=10)
 
 
-def start_threaded_server(engine: FakeEngine, settings: ServerSettings) -> ThreadedServer:
-    """Serve build_app(engine, settings) on 127.0.0.1 (port chosen by the OS); wait until ready."""
-    app = build_app(engine, settings)
+def start_threaded_server(engine: FakeEngine, settings: ServerSettings,
+                          **app_options) -> ThreadedServer:
+    """Serve build_app(engine, settings, **app_options) on 127.0.0.1 (port chosen by the OS);
+    wait until ready."""
+    app = build_app(engine, settings, **app_options)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)

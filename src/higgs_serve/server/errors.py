@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from higgs_serve.errors import (
+    ConflictError,
     EngineDeadError,
     EngineOverloadedError,
     InvalidRequestError,
@@ -52,6 +53,8 @@ def to_api_error(error: Exception) -> ApiError:
     """Map a known exception to its ApiError; unknown exceptions become a generic 500."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, ConflictError):
+        return ApiError(409, str(error), param=error.param, code="conflict")
     if isinstance(error, InvalidRequestError):
         return ApiError(400, str(error), param=error.param)
     if isinstance(error, EngineOverloadedError):

@@ -123,11 +123,13 @@ async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
             f"unknown voice {name!r}.{hint} Use 'default', a voice registered with "
             "POST /v1/audio/voices, or ref_audio + ref_text", param="voice")
     encoder = _encoder(state, "voice")
-    codes = state.voices.cached_codes(name)
+    # by the Voice looked up above, not its name: deleted meanwhile is a 409 (ConflictError), and
+    # codes of a voice replaced while it was encoding are not stored into its successor
+    codes = state.voices.cached_codes(voice)
     if codes is None:
-        audio = state.voices.load_audio(name)
+        audio = state.voices.load_audio(voice)
         codes = await asyncio.to_thread(encoder, audio)
-        state.voices.store_codes(name, codes)
+        state.voices.store_codes(voice, codes)
     return reference_audio(codes, voice.ref_text)
 
 

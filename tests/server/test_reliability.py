@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -155,5 +156,44 @@ def test_a_voice_folder_without_audio_is_not_listed_and_never_500s(tmp_path):
             assert http.get("/v1/audio/voices").json()["data"] == []
             response = http.post("/v1/audio/speech", json={"input": "hi", "voice": "ghost"})
             assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+    finally:
+        live.stop()
+
+
+# ----------------------------------------------------------------------------- slow readers
+def _stalled_stream(url: str, body: dict) -> socket.socket:
+    """A raw client that sends a streaming request and then reads nothing (tiny receive buffer)."""
+    host, port = url.removeprefix("http://").split(":")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return client
+
+
+def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(tmp_path):
+    """Capacity 1 (one slot, no queue). A stalled reader takes the slot; after the send timeout
+    its response is abandoned, its engine request aborted, and a second client is served."""
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=1, max_tokens=20000), chunk_frames=10)
+    settings = fake_settings(tmp_path, max_queue=0, max_input_chars=10000, send_timeout_s=1.0)
+    live = start_threaded_server(engine, settings)
+    long_stream = {"input": "x" * 8000, "response_format": "pcm", "stream": True}  # 30 MB of pcm
+    try:
+        stalled = _stalled_stream(live.url, long_stream)
+        with httpx.Client(base_url=live.url, timeout=30) as http:
+            deadline = time.monotonic() + 5
+            while live.app.state.server.gate.in_flight == 0:  # the stalled stream holds the slot
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert http.post("/v1/audio/speech", json={"input": "hi"}).status_code == 429
+            started = time.monotonic()
+            while (status := http.post("/v1/audio/speech", json={"input": "hi"}).status_code) == 429:
+                assert time.monotonic() - started < 10, "the stalled reader kept its slot"
+                time.sleep(0.05)
+            assert status == 200
+            assert len(engine.aborted) == 1  # the stalled request's engine work was aborted
+        stalled.close()
     finally:
         live.stop()

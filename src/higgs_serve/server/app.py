@@ -25,6 +25,7 @@ from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.routers import health, speech, voices
+from higgs_serve.server.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import VoiceRegistry
@@ -64,6 +65,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")
     app.state.server = state
     install_error_handlers(app)
+    app.add_middleware(SendTimeoutMiddleware, send_timeout_s=settings.send_timeout_s)
     protected = [Depends(_api_key_checker(settings.api_key))]
     app.include_router(speech.router, dependencies=protected)
     app.include_router(voices.router, dependencies=protected)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
@@ -33,6 +33,7 @@ from higgs_serve.server import sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
+from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.speech_plan import SpeechPlan, build_plan
 from higgs_serve.server.state import ServerState, server_state
 
@@ -84,10 +85,10 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     headers = {**_stream_headers(plan, state), "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
-        return StreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
+        return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
                                  headers={**headers, "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(generation.close))
-    return StreamingResponse(_raw_audio(generation, state),
+    return ClosingStreamingResponse(_raw_audio(generation, state),
                              media_type=formats.MEDIA_TYPES[plan.response_format],
                              headers=headers, background=BackgroundTask(generation.close))
 

@@ -197,3 +197,68 @@ def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(tmp_p
         stalled.close()
     finally:
         live.stop()
+
+
+# ----------------------------------------------------------------------------- starvation
+@pytest.fixture
+def small_limits_server(tmp_path):
+    settings = fake_settings(tmp_path, max_ref_audio_bytes=30_000)
+    encoder = GatedEncoder()
+    live = start_threaded_server(FakeEngine(), settings, reference_encoder=encoder)
+    yield live, encoder
+    live.stop()
+
+
+def _raw_response_head(url: str, head: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send only `head` (request line + headers, no body) and read the response's first bytes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as client:
+        client.sendall(head)
+        return client.recv(4096)
+
+
+def test_oversized_bodies_are_refused_before_they_are_read(small_limits_server):
+    live, _ = small_limits_server
+    limit = live.app.state.server.settings.max_json_body_bytes
+    for path in ("/v1/audio/speech", "/v1/audio/voices"):
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {200 * 2**20}\r\n\r\n").encode()
+        answer = _raw_response_head(live.url, head)  # no body sent: answered from the headers
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
+        assert b'"code":"body_too_large"' in answer.replace(b" ", b"")
+
+    def chunked(total: int):
+        for _ in range(total // 65536 + 1):
+            yield b" " * 65536
+
+    with httpx.Client(base_url=live.url, timeout=30) as http:  # no Content-Length: counted
+        response = http.post("/v1/audio/speech", content=chunked(limit + 1),
+                             headers={"Content-Type": "application/json"})
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+        assert http.get("/health").status_code == 200
+
+
+def test_ref_text_is_bounded_like_input(small_limits_server):
+    live, _ = small_limits_server
+    limit = live.app.state.server.settings.max_input_chars
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        response = http.post("/v1/audio/speech", json={
+            "input": "hi", "ref_audio": base64.b64encode(_clip(1.0, 200)[:20000]).decode(),
+            "ref_text": "w" * (limit + 1)})
+        assert response.status_code == 413 and response.json()["error"]["param"] == "ref_text"
+        response = http.post("/v1/audio/voices", data={"name": "n", "ref_text": "w" * (limit + 1)},
+                             files={"audio_sample": ("c.wav", _clip(1.0, 200))})
+        assert response.status_code == 413 and response.json()["error"]["param"] == "ref_text"
+
+
+def test_audio_work_runs_on_the_dedicated_pool(small_limits_server):
+    live, _ = small_limits_server
+    names = []
+    live.app.state.server.reference_encoder = lambda audio: (
+        names.append(threading.current_thread().name), np.zeros((3, 8), np.int64))[1]
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        response = http.post("/v1/audio/speech", json={
+            "input": "hi", "ref_audio": base64.b64encode(_clip(0.6, 200)).decode()})
+        assert response.status_code == 200, response.text
+    assert names and all(name.startswith("higgs-audio") for name in names)

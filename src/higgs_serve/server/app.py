@@ -25,10 +25,11 @@ from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.routers import health, speech, voices
+from higgs_serve.server.body_limit import BodyLimitMiddleware
 from higgs_serve.server.send_timeout import SendTimeoutMiddleware
-from higgs_serve.server.settings import ServerSettings
+from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
-from higgs_serve.voices.registry import VoiceRegistry
+from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, VoiceRegistry
 from higgs_serve.voices.reference_encoder import ReferenceEncoder as CodecReferenceEncoder
 
 __all__ = ["ServerSettings", "build_app", "run_server"]
@@ -60,12 +61,15 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
             if not starting.done():
                 starting.cancel()
             await engine.shutdown()
+            state.audio_workers.shutdown()
 
     app = FastAPI(title="higgs-serve", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(SendTimeoutMiddleware, send_timeout_s=settings.send_timeout_s)
+    app.add_middleware(BodyLimitMiddleware, default_bytes=settings.max_json_body_bytes,
+                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES})
     protected = [Depends(_api_key_checker(settings.api_key))]
     app.include_router(speech.router, dependencies=protected)
     app.include_router(voices.router, dependencies=protected)

@@ -10,6 +10,12 @@ from higgs_serve.errors import ConfigError
 DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
+# Request bodies, counted while they arrive (server/body_limit.py): JSON room for a base64
+# ref_audio of max_ref_audio_bytes (4/3 of it) plus input and ref_text; uploads get the file
+# limit (voices/registry.py MAX_UPLOAD_BYTES) plus the multipart envelope.
+JSON_BODY_OVERHEAD_BYTES = 1024 * 1024
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+AUDIO_WORKERS = 4  # threads for decoding, resampling, encoding (server/audio_workers.py)
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
 
@@ -33,6 +39,11 @@ class ServerSettings:
     # A response write that waits longer (the client stopped reading) ends the response, which
     # aborts its engine request and frees its admission slot (server/send_timeout.py).
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+
+    @property
+    def max_json_body_bytes(self) -> int:
+        """The largest JSON body accepted (413 past it)."""
+        return 4 * -(-self.max_ref_audio_bytes // 3) + JSON_BODY_OVERHEAD_BYTES
 
     def __post_init__(self) -> None:
         positive = {"port": self.port, "max_input_chars": self.max_input_chars,

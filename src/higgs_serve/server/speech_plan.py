@@ -8,7 +8,6 @@ naming the field, so a streaming response never opens for a request that cannot 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Literal
@@ -98,16 +97,17 @@ async def _reference(body: SpeechRequestBody, state: ServerState) -> ReferenceAu
     """The cloning reference from `voice` or `ref_audio`, or None for zero-shot."""
     if body.voice != "default" and body.ref_audio is not None:
         raise InvalidRequestError("give either voice or ref_audio, not both", param="ref_audio")
+    check_ref_text_length(body.ref_text, state.settings.max_input_chars)
     if body.ref_audio is None and body.ref_text is not None:
         raise InvalidRequestError("ref_text needs ref_audio (the transcript of that clip)",
                                   param="ref_text")
     if body.ref_audio is not None:
         data = await ref_audio_bytes(body.ref_audio, state.settings.allowed_ref_audio_domains,
                                      state.settings.max_ref_audio_bytes)
-        audio = await asyncio.to_thread(
+        audio = await state.audio_workers.run(
             normalise_reference, data, state.engine.sample_rate_hz, "ref_audio")
         encoder = _encoder(state, "ref_audio")
-        codes = await asyncio.to_thread(encoder, audio)
+        codes = await state.audio_workers.run(encoder, audio)
         return reference_audio(codes, body.ref_text)
     if body.voice == "default":
         return None
@@ -128,7 +128,7 @@ async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
     codes = state.voices.cached_codes(voice)
     if codes is None:
         audio = state.voices.load_audio(voice)
-        codes = await asyncio.to_thread(encoder, audio)
+        codes = await state.audio_workers.run(encoder, audio)
         state.voices.store_codes(voice, codes)
     return reference_audio(codes, voice.ref_text)
 
@@ -139,6 +139,13 @@ def _encoder(state: ServerState, param: str):
             "voice cloning is not enabled on this server (no reference encoder is loaded); "
             "use voice 'default'", param=param)
     return state.reference_encoder
+
+
+def check_ref_text_length(ref_text: str | None, max_chars: int) -> None:
+    """413 past the input limit: the transcript is tokenized like `input`, and bounded alike."""
+    if ref_text is not None and len(ref_text) > max_chars:
+        raise ApiError(413, f"ref_text is {len(ref_text)} characters; the limit is {max_chars}",
+                       param="ref_text", code="ref_text_too_long")
 
 
 def _count_tokens(text: str, state: ServerState) -> int:

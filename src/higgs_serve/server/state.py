@@ -16,7 +16,8 @@ from fastapi import Request
 from higgs_serve.deploy_config import DeployConfig
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
-from higgs_serve.server.settings import ServerSettings
+from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.settings import AUDIO_WORKERS, ServerSettings
 from higgs_serve.voices.registry import VoiceRegistry
 
 # Reference clip -> codec codes, for voice cloning: audio [n] float32 at 24 kHz -> [T, 8] int64.
@@ -75,6 +76,7 @@ class ServerState:
     metrics: ServerMetrics
     gate: AdmissionGate
     reference_encoder: ReferenceEncoder | None
+    audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None

@@ -121,8 +121,8 @@ async def _file_response(generation: Generation, request: Request,
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
         if plan.speed != 1.0:
-            audio = await asyncio.to_thread(time_stretch, audio, plan.speed)
-        data = await asyncio.to_thread(formats.encode_audio, audio, plan.response_format,
+            audio = await state.audio_workers.run(time_stretch, audio, plan.speed)
+        data = await state.audio_workers.run(formats.encode_audio, audio, plan.response_format,
                                        state.engine.sample_rate_hz)
     except BaseException:
         generation.close(outcome="error")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from higgs_serve.server.errors import ApiError
 from higgs_serve.server.schemas import ERROR_RESPONSES, VoiceDeleted, VoiceList, VoiceObject
+from higgs_serve.server.speech_plan import check_ref_text_length
 from higgs_serve.server.state import server_state
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
 
@@ -40,6 +41,7 @@ async def create_voice(
     if unknown:
         raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
     check_voice_name(name)
+    check_ref_text_length(ref_text, server_state(request).settings.max_input_chars)
     data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
         raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
@@ -48,7 +50,7 @@ async def create_voice(
     if voices.get(name) is not None:
         raise ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
                        code="voice_exists")
-    voice = await asyncio.to_thread(voices.add, name, data, ref_text)
+    voice = await server_state(request).audio_workers.run(voices.add, name, data, ref_text)
     return _voice_object(voice)
 
 

@@ -10,7 +10,10 @@ There are no prefill and decode phases: each request's `num_computed_tokens` cat
    a long prompt is never starved by a stream of short ones.
 
 Decodes always come first and `max_num_batched_tokens >= max_num_seqs`, so a long prompt delays
-running decodes by at most one chunk per step.
+running decodes by at most one chunk per step. Prompts share what the decodes leave: while more
+than one prompt is in flight (prefilling, or waiting with a free slot) each takes at most an
+equal share of it per step, so a short prompt never waits for a long one's whole prefill (a
+lone prompt still gets the whole budget).
 
 Memory policy: reserve on admission, no preemption. A request is admitted only when the KV blocks
 of its worst-case context (`Request.max_num_tokens` = prompt + max_frames + 7 fed rows) fit
@@ -142,15 +145,16 @@ class Scheduler:
                 # decode: num_tokens - num_computed_tokens is 1, the last sampled row
                 chunks.append(self._schedule_chunk(request, 1))
         budget -= len(chunks)
+        share = self._prefill_share(budget, len(prefilling))
         for request in prefilling:  # then unfinished prompts, in admission order
             if budget == 0:
                 break
-            num_new = min(request.num_prompt_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_prompt_tokens - request.num_computed_tokens, budget, share)
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
         new_requests: list[NewRequestData] = []
         while budget > 0 and self.waiting and self._free_slots:  # then admissions, FCFS
-            num_new = self._admit(self.waiting[0], budget)
+            num_new = self._admit(self.waiting[0], min(budget, share))
             if num_new == 0:
                 break  # the head does not fit: later requests wait behind it
             request = self.waiting.popleft()
@@ -209,6 +213,13 @@ class Scheduler:
         return finished
 
     # ----- helpers
+    def _prefill_share(self, budget: int, num_prefilling: int) -> int:
+        """Most prompt tokens one request gets this step: the whole budget when it is the only
+        prompt in flight, else an equal share, so a short prompt arriving behind a long one is
+        admitted in the next step instead of after the long prompt's last chunk."""
+        contenders = num_prefilling + min(len(self.waiting), len(self._free_slots))
+        return budget if contenders <= 1 else max(1, -(-budget // contenders))
+
     def _admit(self, request: Request, budget: int) -> int:
         """Take KV blocks for the queue head; returns its first chunk size, 0 if it does not fit."""
         computed_blocks, num_computed = self.kv.get_computed_blocks(request)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import socket
 import threading
 import time
@@ -22,6 +23,8 @@ import soundfile as sf
 from bombs import bombs
 from fake_engine import FakeEngine, fake_deploy
 from live_server import Subprocess, fake_settings, serve_subprocess, start_threaded_server
+
+from higgs_serve.errors import ConfigError
 
 NAME = "higgs-tiny-hostile"
 RSS_GROWTH_LIMIT = 200 * 1024 * 1024
@@ -262,3 +265,100 @@ def test_audio_work_runs_on_the_dedicated_pool(small_limits_server):
             "input": "hi", "ref_audio": base64.b64encode(_clip(0.6, 200)).decode()})
         assert response.status_code == 200, response.text
     assert names and all(name.startswith("higgs-audio") for name in names)
+
+
+# ----------------------------------------------------------------------------- auth
+def _routes(app) -> list:
+    """Every route of the app (FastAPI keeps included routers as nested route groups)."""
+    routes = []
+    for route in app.routes:
+        if hasattr(route, "effective_route_contexts"):
+            routes += list(route.effective_route_contexts())
+        else:
+            routes.append(route)
+    return routes
+
+
+def _v1_operations(app) -> list[tuple[str, str]]:
+    """(method, path) of every /v1 route, path parameters filled in."""
+    operations = []
+    for route in _routes(app):
+        if route.path.startswith("/v1"):
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            operations += [(method, path) for method in sorted(route.methods)]
+    return operations
+
+
+def test_every_v1_route_needs_the_key_and_odd_headers_are_401(tmp_path):
+    live = start_threaded_server(FakeEngine(), fake_settings(tmp_path, api_key="s3cret"))
+    try:
+        operations = _v1_operations(live.app)
+        assert ("GET", "/v1/models") in operations and len(operations) >= 5
+        with httpx.Client(base_url=live.url, timeout=30) as http:
+            for method, path in operations:
+                for headers in ({}, {"Authorization": "Bearer wrong"},
+                                {"Authorization": "Bearer s3cr\xe9t".encode("latin-1")},  # non-ASCII
+                                {"Authorization": b"Bearer \xc3\xa9\xff"}, {"Authorization": ""},
+                                {"Authorization": "Basic s3cret"}):
+                    response = http.request(method, path, headers=headers)
+                    assert response.status_code == 401, (method, path, headers, response.text)
+                    assert response.json()["error"]["code"] == "invalid_api_key"
+            good = {"Authorization": "Bearer s3cret"}
+            assert http.get("/v1/models", headers=good).status_code == 200
+            assert http.get("/health").status_code == 200  # health and metrics stay open
+            schema = http.get("/openapi.json").json()
+        assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+        for path, item in schema["paths"].items():
+            for operation in item.values():
+                assert (operation.get("security") is not None) == path.startswith("/v1"), path
+    finally:
+        live.stop()
+
+
+@pytest.mark.parametrize("api_key", ["", "   ", "cl\xe9"])
+def test_an_empty_or_non_ascii_api_key_is_refused_at_startup(api_key, tmp_path):
+    with pytest.raises(ConfigError, match="api_key"):
+        fake_settings(tmp_path, api_key=api_key)
+
+
+# ----------------------------------------------------------------------------- small 500s
+def test_an_empty_json_key_is_a_400_naming_it(fake_server):
+    response = httpx.post(f"{fake_server.url}/v1/audio/speech", json={"input": "hi", "": 0})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == '""'
+
+
+def test_shutdown_past_the_grace_period_answers_503_and_sse_error(tmp_path):
+    """SIGTERM-like stop with a 1 s grace period: a queued request gets an OpenAI-shaped 503 and
+    a streaming SSE response ends with a speech.audio.error event (before: a plain-text 500 and
+    a stream cut without an event)."""
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=2, max_tokens=20000), step_delay_s=0.05)
+    settings = fake_settings(tmp_path, graceful_shutdown_s=1, max_input_chars=5000)
+    live = start_threaded_server(engine, settings, draining=True)
+    engine.hold.clear()  # "HOLD..." requests wait before their first chunk: they stay queued
+    results = {}
+
+    def queued() -> None:
+        results["queued"] = httpx.post(f"{live.url}/v1/audio/speech",
+                                       json={"input": "HOLD on"}, timeout=30)
+
+    def sse() -> None:
+        with httpx.stream("POST", f"{live.url}/v1/audio/speech", timeout=30, json={
+                "input": "x" * 4000, "response_format": "pcm", "stream_format": "sse"}) as stream:
+            results["sse"] = [json.loads(line[6:])["type"] for line in stream.iter_lines()
+                              if line.startswith("data: ")]
+
+    threads = [threading.Thread(target=queued), threading.Thread(target=sse)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(live.app.state.server.generations) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    live.server.should_exit = True
+    for thread in threads:
+        thread.join(timeout=15)
+    live.thread.join(timeout=15)
+    assert results["queued"].status_code == 503
+    assert results["queued"].json()["error"]["code"] == "shutting_down"
+    assert results["sse"][0] == "speech.audio.delta" and results["sse"][-1] == "speech.audio.error"

@@ -78,7 +78,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     kinds = {error["type"] for error in errors}
     if "json_invalid" in kinds:
         return "request body is not valid JSON", None
-    unknown = [_field_name(error["loc"]) for error in errors if error["type"] == "extra_forbidden"]
+    unknown = [_field_name(error["loc"]) or '""' for error in errors  # "" is a legal JSON key
+               if error["type"] == "extra_forbidden"]
     if unknown:
         return f"unknown field(s): {', '.join(unknown)}", ",".join(unknown)
     messages, params = [], []

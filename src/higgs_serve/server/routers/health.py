@@ -10,9 +10,10 @@ from higgs_serve.server.schemas import ModelList, ModelObject
 from higgs_serve.server.state import server_state
 
 router = APIRouter()
+models_router = APIRouter()  # under /v1: behind the API key, unlike health and metrics
 
 
-@router.get("/v1/models", response_model=ModelList, tags=["models"])
+@models_router.get("/v1/models", response_model=ModelList, tags=["models"])
 async def list_models(request: Request) -> ModelList:
     state = server_state(request)
     model = ModelObject(id=state.settings.served_model_name, created=state.created_at,

@@ -78,6 +78,9 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     except BaseException:
         state.metrics.count("error")
         raise
+    if generation.aborted_before_audio:  # queued past the shutdown's grace period
+        generation.close()
+        raise _shutting_down()
     if plan.mode == "file":
         return await _file_response(generation, request, state)
     # the server's own share of the time to first audio, as OpenAI reports its processing time:
@@ -102,6 +105,12 @@ def _check_engine(state: ServerState) -> None:
                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down and aborted this request; retry later",
+                    type="server_error", code="shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def _stream_headers(plan: SpeechPlan, state: ServerState) -> dict[str, str]:
     return {
         "X-Request-Id": plan.request.request_id,
@@ -120,6 +129,9 @@ async def _file_response(generation: Generation, request: Request,
         if audio is _CLIENT_GONE:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
+        if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            generation.close()
+            raise _shutting_down()
         if plan.speed != 1.0:
             audio = await state.audio_workers.run(time_stretch, audio, plan.speed)
         data = await state.audio_workers.run(formats.encode_audio, audio, plan.response_format,

@@ -33,6 +33,10 @@ class ConflictError(InvalidRequestError):
     this request was using it): 409, the client may retry."""
 
 
+class InputTooLongError(InvalidRequestError):
+    """The prompt (input, plus the reference when cloning) leaves no room to generate: 413."""
+
+
 class EngineOverloadedError(HiggsServeError):
     """The waiting queue is full; the client should retry later."""
 

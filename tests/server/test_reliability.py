@@ -33,7 +33,8 @@ RSS_GROWTH_LIMIT = 200 * 1024 * 1024
 @pytest.fixture(scope="module")
 def real_server(tiny_model_dir, tmp_path_factory) -> Subprocess:
     work = tmp_path_factory.mktemp("hostile")
-    args = ["--served-model-name", NAME, "--voices-dir", str(work / "voices")]
+    args = ["--served-model-name", NAME, "--voices-dir", str(work / "voices"),
+            "--stage-overrides", json.dumps({"0": {"max_model_len": 512}})]
     with serve_subprocess(tiny_model_dir, work, args) as server:
         yield server
 
@@ -68,6 +69,17 @@ def test_reference_bombs_are_refused_with_little_memory(real_server):
         assert http.get("/v1/audio/voices").json()["data"] == []
     growth = _peak_rss_bytes(real_server.process.pid) - before
     assert growth < RSS_GROWTH_LIMIT, f"peak RSS grew by {growth / 2**20:.0f} MB"
+
+
+def test_a_prompt_too_long_for_the_model_is_413_on_input(real_server):
+    """The real engine (max_model_len 512 here): a prompt that leaves no room to speak is a 413
+    naming `input` (before: a 400 on max_new_tokens carrying an internal request id)."""
+    text = " ".join(f"word{i}" for i in range(400))  # < 4096 chars, > 512 tokens
+    response = httpx.post(f"{real_server.url}/v1/audio/speech", json={"input": text}, timeout=60)
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("input", "input_too_long")
+    assert "leave room to speak" in error["message"] and "speech-" not in error["message"]
 
 
 # ----------------------------------------------------------------------------- voices (fake engine)
@@ -362,3 +374,22 @@ def test_shutdown_past_the_grace_period_answers_503_and_sse_error(tmp_path):
     assert results["queued"].status_code == 503
     assert results["queued"].json()["error"]["code"] == "shutting_down"
     assert results["sse"][0] == "speech.audio.delta" and results["sse"][-1] == "speech.audio.error"
+
+
+# ----------------------------------------------------------------------------- the document
+def test_openapi_documents_metrics_as_text_and_the_error_statuses(fake_server):
+    schema = httpx.get(f"{fake_server.url}/openapi.json").json()
+    metrics = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+    for path, methods in [("/v1/audio/speech", ["post"]), ("/v1/audio/voices", ["get", "post"]),
+                          ("/v1/audio/voices/{name}", ["delete"]), ("/v1/models", ["get"])]:
+        assert sorted(schema["paths"][path]) == methods  # no OPTIONS/HEAD operations
+        for method in methods:
+            assert "500" in schema["paths"][path][method]["responses"], (path, method)
+    assert "404" in schema["paths"]["/v1/audio/speech"]["post"]["responses"]
+
+
+def test_an_empty_ref_text_is_accepted(fake_server):
+    response = httpx.post(f"{fake_server.url}/v1/audio/speech", json={"input": "hi", "ref_text": ""})
+    assert response.status_code == 200, response.text
+

@@ -6,7 +6,7 @@ from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.outputs import StepResult
 from higgs_serve.engine.request import TAIL_ROWS, Request, RequestStatus
 from higgs_serve.engine.scheduler import Scheduler
-from higgs_serve.errors import ConfigError, InvalidRequestError
+from higgs_serve.errors import ConfigError, InputTooLongError, InvalidRequestError
 
 BS = 4
 ROW = (5,) * 8  # any delayed row: the scheduler only counts rows
@@ -208,6 +208,19 @@ def test_rejects_requests_that_can_never_fit():
     with pytest.raises(InvalidRequestError, match="already in use"):
         scheduler.add_request(make_request("ok", 4))
     assert scheduler.num_waiting == 1
+
+
+def test_a_prompt_with_no_room_to_speak_is_input_too_long_without_ids():
+    """A prompt that leaves no frame of room is the input's fault (413 on `input`), and the
+    client-facing message carries no internal request id."""
+    scheduler = make_scheduler(max_model_len=64)
+    with pytest.raises(InputTooLongError) as caught:
+        scheduler.add_request(make_request("speech-0123abcd", 56, max_frames=1))  # 56 + 1 + 8 > 64
+    assert caught.value.param == "input" and "speech-0123abcd" not in str(caught.value)
+    assert "at most 55" in str(caught.value)
+    with pytest.raises(InvalidRequestError) as caught:
+        scheduler.add_request(make_request("speech-0123abcd", 40, max_frames=20))
+    assert caught.value.param == "max_new_tokens" and "speech-" not in str(caught.value)
 
 
 def test_rejects_budget_below_max_num_seqs_and_mismatched_caching():

@@ -40,7 +40,7 @@ from collections import deque
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan, StepResult
 from higgs_serve.engine.request import Request, RequestStatus
-from higgs_serve.errors import ConfigError, InvalidRequestError
+from higgs_serve.errors import ConfigError, InputTooLongError, InvalidRequestError
 
 
 class Scheduler:
@@ -97,19 +97,24 @@ class Scheduler:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise InvalidRequestError(f"request {request.request_id} was already scheduled")
+        # client-facing messages: no request ids (internal), the field to change named
+        tail_rows = request.max_num_rows - request.max_frames
+        if request.num_prompt_tokens + tail_rows + 1 > self.max_model_len:
+            raise InputTooLongError(
+                f"the prompt is {request.num_prompt_tokens} tokens (the input, plus the reference "
+                f"clip when cloning); at most {self.max_model_len - tail_rows - 1} leave room to "
+                "speak: shorten the input or the reference", "input")
         worst_len = request.num_prompt_tokens + request.max_num_rows
         if worst_len > self.max_model_len:
             raise InvalidRequestError(
-                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + "
-                f"max_frames ({request.max_frames}) + {request.max_num_rows - request.max_frames} "
-                f"tail rows = {worst_len} exceeds max_model_len ({self.max_model_len})",
-                "max_new_tokens",
-            )
+                f"prompt ({request.num_prompt_tokens} tokens) + max_frames ({request.max_frames}) "
+                f"+ {tail_rows} tail rows = {worst_len} exceeds max_model_len "
+                f"({self.max_model_len}); lower max_new_tokens", "max_new_tokens")
         worst_blocks = self.kv.num_blocks_for(request.max_num_tokens)
         if worst_blocks > self.kv.num_usable_blocks:
             raise InvalidRequestError(
-                f"request {request.request_id}: needs {worst_blocks} KV blocks in the worst case "
-                f"but the cache has {self.kv.num_usable_blocks}; lower max_new_tokens or the input",
+                f"the request needs {worst_blocks} KV blocks in the worst case but the cache has "
+                f"{self.kv.num_usable_blocks}; lower max_new_tokens or the input",
                 "max_new_tokens",
             )
         request.block_keys = self.kv.block_keys(request)

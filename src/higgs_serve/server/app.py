@@ -26,6 +26,7 @@ from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.routers import health, speech, voices
+from higgs_serve.server.schemas import ERROR_RESPONSES
 from higgs_serve.server.body_limit import BodyLimitMiddleware
 from higgs_serve.server.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
@@ -73,9 +74,10 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                        limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES})
     # every /v1 route needs the key (tests/server/test_reliability.py enumerates app.routes)
     protected = [Security(_api_key_checker(settings.api_key))] if settings.api_key else []
-    app.include_router(speech.router, dependencies=protected)
-    app.include_router(voices.router, dependencies=protected)
-    app.include_router(health.models_router, dependencies=protected)
+    documented = {status: ERROR_RESPONSES[status] for status in (401, 500)
+                  if status != 401 or settings.api_key}
+    for router in (speech.router, voices.router, health.models_router):
+        app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
     return app
 

@@ -20,6 +20,7 @@ from higgs_serve.errors import (
     ConflictError,
     EngineDeadError,
     EngineOverloadedError,
+    InputTooLongError,
     InvalidRequestError,
 )
 
@@ -53,6 +54,8 @@ def to_api_error(error: Exception) -> ApiError:
     """Map a known exception to its ApiError; unknown exceptions become a generic 500."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, InputTooLongError):
+        return ApiError(413, str(error), param=error.param, code="input_too_long")
     if isinstance(error, ConflictError):
         return ApiError(409, str(error), param=error.param, code="conflict")
     if isinstance(error, InvalidRequestError):

@@ -98,7 +98,7 @@ async def _reference(body: SpeechRequestBody, state: ServerState) -> ReferenceAu
     if body.voice != "default" and body.ref_audio is not None:
         raise InvalidRequestError("give either voice or ref_audio, not both", param="ref_audio")
     check_ref_text_length(body.ref_text, state.settings.max_input_chars)
-    if body.ref_audio is None and body.ref_text is not None:
+    if body.ref_audio is None and body.ref_text:  # "" (no transcript) is as good as absent
         raise InvalidRequestError("ref_text needs ref_audio (the transcript of that clip)",
                                   param="ref_text")
     if body.ref_audio is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.schemas import ModelList, ModelObject
@@ -41,6 +41,7 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", tags=["health"])
+@router.get("/metrics", tags=["health"], response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format"}})
 async def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -23,6 +23,7 @@ import pytest
 import soundfile as sf
 from bombs import bombs
 from fake_engine import FakeEngine, fake_deploy
+from fuzz import clamp_frame_fields, fuzz_server
 from live_server import (
     Subprocess,
     fake_settings,
@@ -61,6 +62,17 @@ def test_reference_bombs_are_refused_with_little_memory(real_server):
     a 400 naming its field, through `ref_audio` and a voice upload alike, and the server's peak
     RSS grows by less than 200 MB over all of them (it grew by 1.4-1.8 GB per bomb before)."""
     before = _peak_rss_bytes(real_server.process.pid)
+    latencies, stop = [], threading.Event()
+
+    def poll_health() -> None:  # /health must answer within 1 s throughout
+        with httpx.Client(base_url=real_server.url, timeout=1.0) as health:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert health.get("/health").status_code == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.05)
+
+    poller = ThreadPoolExecutor(1).submit(poll_health)
     with httpx.Client(base_url=real_server.url, timeout=60) as http:
         for name, data in bombs():
             started = time.monotonic()
@@ -75,6 +87,9 @@ def test_reference_bombs_are_refused_with_little_memory(real_server):
             assert time.monotonic() - started < 10, name
             assert http.get("/health").status_code == 200
         assert http.get("/v1/audio/voices").json()["data"] == []
+    stop.set()
+    poller.result()  # re-raises a /health timeout
+    assert latencies and max(latencies) < 1.0
     growth = _peak_rss_bytes(real_server.process.pid) - before
     assert growth < RSS_GROWTH_LIMIT, f"peak RSS grew by {growth / 2**20:.0f} MB"
 
@@ -502,3 +517,61 @@ def test_url_fetches_wait_for_admission(url_server):
         live.engine.hold.set()
         assert held.result().status_code == 200
     assert clips.hits == []
+
+
+# ----------------------------------------------------------------------------- fuzzing
+def test_fuzzing_every_operation_with_and_without_the_key_gives_no_5xx(tmp_path):
+    """schemathesis over every operation (GET included) of a server with an API key, first with
+    the key, then with a wrong one: never a 5xx, the engine alive after each case."""
+    settings = fake_settings(tmp_path, api_key="k3y", max_ref_audio_bytes=50_000)
+    live = start_threaded_server(FakeEngine(), settings,
+                                 reference_encoder=lambda audio: np.zeros((3, 8), np.int64))
+    try:
+        openapi = httpx.get(f"{live.url}/openapi.json").json()
+        openapi = clamp_frame_fields(openapi, 20)
+        every = ("GET", "POST", "DELETE")
+        fuzz_server(live.url, openapi, max_examples=6, headers={"Authorization": "Bearer k3y"},
+                    methods=every)
+        fuzz_server(live.url, openapi, max_examples=2, headers={"Authorization": "Bearer no"},
+                    methods=every)
+    finally:
+        live.stop()
+
+
+def _hostile_bodies() -> list[tuple[str, bytes | dict]]:
+    return [
+        ("empty key", {"input": "hi", "": 0}),
+        ("control tokens in input", {"input": "<|audio|><|endoftext|><|tts|> hi"}),
+        ("control tokens in ref_text", {"input": "hi", "ref_text": "<|ref_audio|>"}),
+        ("NaN speed", b'{"input": "hi", "speed": NaN}'),
+        ("Infinity temperature", b'{"input": "hi", "temperature": Infinity}'),
+        ("deep nesting", b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("huge int", b'{"input": "hi", "seed": ' + b"9" * 5000 + b"}"),
+        ("lone surrogate", b'{"input": "\\ud800"}'),
+        ("nul in input", {"input": "hi\x00there"}),
+        ("utf-16 body", '{"input": "hi"}'.encode("utf-16")),
+        ("voice with newline", {"input": "hi", "voice": "evil\n"}),
+        ("model with newline", {"input": "hi", "model": "x\r\nSet-Cookie: a=b"}),
+        ("ref_audio tab url", {"input": "hi", "ref_audio": "http://exa\tmple.com/a.wav"}),
+        ("ref_audio 1 Hz wav", {"input": "hi", "ref_audio": base64.b64encode(
+            bombs()[1][1]).decode()}),
+    ]
+
+
+def test_hostile_bodies_never_get_a_5xx(fake_server):
+    with httpx.Client(base_url=fake_server.url, timeout=30) as http:
+        for case, body in _hostile_bodies():
+            if isinstance(body, dict):
+                response = http.post("/v1/audio/speech", json=body)
+            else:
+                response = http.post("/v1/audio/speech", content=body,
+                                     headers={"Content-Type": "application/json"})
+            assert response.status_code < 500, (case, response.status_code, response.text)
+            if response.status_code != 200:
+                assert set(response.json()["error"]) == {"message", "type", "param", "code"}, case
+            assert http.get("/health").status_code == 200, case
+        for name in ("evil%0A", "a%00b", "..", "%2e%2e%2fetc"):
+            assert http.delete(f"/v1/audio/voices/{name}").status_code in (400, 404), name
+            response = http.post("/v1/audio/voices", data={"name": name.replace("%0A", "\n")},
+                                 files={"audio_sample": ("a.wav", _clip(1.0, 200))})
+            assert response.status_code == 400, (name, response.text)

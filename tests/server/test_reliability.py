@@ -183,3 +183,34 @@ def test_hostile_bodies_never_get_a_5xx(fake_server):
             response = http.post("/v1/audio/voices", data={"name": name.replace("%0A", "\n")},
                                  files={"audio_sample": ("a.wav", tone_wav(1.0, 200))})
             assert response.status_code == 400, (name, response.text)
+
+
+def test_the_limits_section_matches_the_code():
+    """docs/api.md states each limit once; its numbers are the code's."""
+    from pathlib import Path
+
+    from higgs_serve.audio import decode
+    from higgs_serve.server import ref_audio, settings
+    from higgs_serve.server.app import SHUTDOWN_ABORT_WINDOW_S
+    from higgs_serve.server.settings import AUDIO_WORKERS, MULTIPART_OVERHEAD_BYTES, ServerSettings
+    from higgs_serve.voices.registry import (
+        MAX_REFERENCE_SECONDS,
+        MAX_UPLOAD_BYTES,
+        MIN_REFERENCE_SECONDS,
+    )
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    limits = text[text.index("## Limits"):]
+    defaults = ServerSettings()
+    expected = [
+        f"{defaults.max_json_body_bytes:,} bytes", f"{MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES:,}",
+        f"{MIN_REFERENCE_SECONDS}–{MAX_REFERENCE_SECONDS:g} s",
+        f"{decode.MIN_RATE_HZ:,}–{decode.MAX_RATE_HZ:,} Hz", f"1 or {decode.MAX_CHANNELS} channels",
+        f"one {ref_audio.FETCH_DEADLINE_S:g} s deadline", f"({defaults.send_timeout_s:g} s)",
+        f"({defaults.max_input_chars})", f"{AUDIO_WORKERS} threads",
+        f"{defaults.graceful_shutdown_s} s grace", f"within {SHUTDOWN_ABORT_WINDOW_S} s",
+        f"{defaults.max_ref_audio_bytes // 2**20} MiB",
+    ]
+    for phrase in expected:
+        assert phrase in limits, phrase
+    assert settings.DEFAULT_SEND_TIMEOUT_S == defaults.send_timeout_s

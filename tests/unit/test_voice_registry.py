@@ -185,3 +185,14 @@ def test_concurrent_registrations_of_one_name_give_one_voice_and_conflicts(tmp_p
 def test_names_with_line_breaks_are_refused(name):
     with pytest.raises(InvalidRequestError):
         check_voice_name(name)
+
+
+def test_damaged_files_of_a_listed_voice_are_a_400_or_a_re_encode(tmp_path):
+    registry = VoiceRegistry(tmp_path)
+    voice = registry.add("jo", _wav_bytes())
+    (tmp_path / "jo" / "codes.npy").write_bytes(b"not numpy")
+    assert registry.cached_codes(voice) is None  # unreadable codes: encoded again, no 500
+    (tmp_path / "jo" / "audio.wav").unlink()  # removed behind the server's back
+    with pytest.raises(InvalidRequestError) as caught:
+        registry.load_audio(voice)
+    assert caught.value.param == "voice"

@@ -168,7 +168,13 @@ class VoiceRegistry:
         """The stored reference: [n] float32 mono at `sample_rate_hz`."""
         with self._lock:
             folder = self._folder(voice)
-            audio, _ = sf.read(folder / "audio.wav", dtype="float32")
+            try:
+                audio, _ = sf.read(folder / "audio.wav", dtype="float32")
+            except (sf.LibsndfileError, OSError) as error:  # damaged or removed behind our back
+                logger.warning("voice %s: cannot read %s: %s", folder.name, folder, error)
+                raise InvalidRequestError(
+                    f"voice {folder.name!r} cannot be read from disk; delete it and register it "
+                    "again", param="voice") from error
         return audio
 
     def cached_codes(self, voice: Voice | str) -> np.ndarray | None:
@@ -179,7 +185,10 @@ class VoiceRegistry:
             name = folder.name
             codes = self._codes.get(name)
             if codes is None and (folder / "codes.npy").exists():
-                codes = self._codes[name] = np.load(folder / "codes.npy")
+                try:
+                    codes = self._codes[name] = _load_codes(folder / "codes.npy")
+                except (OSError, ValueError) as error:  # damaged: encode the clip again
+                    logger.warning("voice %s: ignoring unreadable codes.npy: %s", name, error)
         return codes
 
     def store_codes(self, voice: Voice | str, codes: np.ndarray) -> bool:
@@ -230,6 +239,13 @@ def _read_voice(folder: Path) -> Voice | None:
         logger.warning("skipping voice folder %s: not a complete voice (%s)", folder, error)
         return None
     return voice
+
+
+def _load_codes(path: Path) -> np.ndarray:
+    codes = np.load(path, allow_pickle=False)
+    if codes.ndim != 2 or codes.shape[1] != 8 or codes.shape[0] == 0:
+        raise ValueError(f"codes have shape {list(codes.shape)}, expected [T>0, 8]")
+    return codes.astype(np.int64, copy=False)
 
 
 def _wav_bytes(audio: np.ndarray, sample_rate_hz: int) -> bytes:

@@ -200,6 +200,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allowed_local_media_path=args.allowed_local_media_path,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
+        send_timeout_s=args.send_timeout_s,
         **({"voices_dir": Path(args.voices_dir)} if args.voices_dir else {}),
     )
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
@@ -278,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated hosts whose http(s) URLs may be given as ref_audio")
     p.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                    help="directory whose files may be named as reference audio (path or file:// URL)")
+    p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
+                   help="a client that reads nothing for this long loses its response and slot")
     _add_model_options(p)
     p.set_defaults(func=_cmd_serve)
 

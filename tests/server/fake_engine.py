@@ -101,6 +101,9 @@ class FakeEngine:
         try:
             if request.text.startswith("HOLD"):
                 while not self.hold.is_set():
+                    if rid not in self._active:  # aborted while held (queued)
+                        yield AudioChunk(np.zeros(0, np.float32), True, 0, "abort")
+                        return
                     await asyncio.sleep(0.01)
             seed = request.sampling.seed if request.sampling.seed is not None else \
                 secrets.randbits(31)

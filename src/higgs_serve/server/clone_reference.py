@@ -18,6 +18,7 @@ import numpy as np
 
 from higgs_serve.engine.speech import ReferenceAudio
 from higgs_serve.errors import InvalidRequestError
+from higgs_serve.server.errors import ApiError
 from higgs_serve.server.local_media import is_local_reference, read_local_reference
 from higgs_serve.server.ref_audio import ref_audio_bytes
 from higgs_serve.server.schemas import SpeechFields
@@ -49,6 +50,10 @@ async def resolve_reference(body: SpeechFields, state: ServerState) -> Reference
     """The cloning reference the request names, or None for zero-shot."""
     voice = voice_name(body)
     _check_one_reference(body, voice)
+    limit = state.settings.max_input_chars
+    for param, transcript in (("ref_text", body.ref_text), ("reference_text", body.reference_text),
+                              ("references[0].text", body.references[0].text if body.references else None)):
+        check_ref_text_length(transcript, limit, param)
     if body.reference_codes is not None:
         codes = np.asarray(body.reference_codes, dtype=np.int64)  # shape and range: schemas.py
         return reference_audio(codes, body.reference_text)
@@ -63,6 +68,13 @@ async def resolve_reference(body: SpeechFields, state: ServerState) -> Reference
     return await _registered_voice(voice, state)
 
 
+def check_ref_text_length(ref_text: str | None, max_chars: int, param: str = "ref_text") -> None:
+    """413 past the input limit: a transcript is tokenized like `input`, and bounded alike."""
+    if ref_text is not None and len(ref_text) > max_chars:
+        raise ApiError(413, f"{param} is {len(ref_text)} characters; the limit is {max_chars}",
+                       param=param, code="ref_text_too_long")
+
+
 def _check_one_reference(body: SpeechFields, voice: str) -> None:
     given = [name for name, present in (
         ("voice", voice != DEFAULT_VOICE), ("ref_audio", body.ref_audio is not None),
@@ -72,7 +84,7 @@ def _check_one_reference(body: SpeechFields, voice: str) -> None:
         raise InvalidRequestError(
             f"give one reference per request, not both {' and '.join(given)}: either voice "
             "or ref_audio, references or reference_codes", param=given[-1])
-    if body.ref_text is not None and body.ref_audio is None:
+    if body.ref_text and body.ref_audio is None:  # "" (no transcript) is as good as absent
         raise InvalidRequestError("ref_text needs ref_audio (the transcript of that clip)",
                                   param="ref_text")
     if body.reference_text is not None and body.reference_codes is None:
@@ -84,8 +96,8 @@ def _check_one_reference(body: SpeechFields, voice: str) -> None:
 async def _encoded_clip(value: str, param: str, transcript: str | None,
                         state: ServerState) -> ReferenceAudio:
     data = await clip_bytes(value, param, state)
-    audio = await asyncio.to_thread(normalise_reference, data, state.engine.sample_rate_hz, param)
-    codes = await asyncio.to_thread(_encoder(state, param), audio)
+    audio = await state.audio_workers.run(normalise_reference, data, state.engine.sample_rate_hz, param)
+    codes = await state.audio_workers.run(_encoder(state, param), audio)
     return reference_audio(codes, transcript)
 
 
@@ -114,11 +126,13 @@ async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
             f"unknown voice {name!r}.{hint} Use 'default', a voice registered with "
             "POST /v1/audio/voices, or ref_audio + ref_text", param="voice")
     encoder = _encoder(state, "voice")
-    codes = state.voices.cached_codes(name)
+    # by the Voice looked up above, not its name: deleted meanwhile is a 409 (ConflictError), and
+    # codes of a voice replaced while it was encoding are not stored into its successor
+    codes = state.voices.cached_codes(voice)
     if codes is None:
-        audio = state.voices.load_audio(name)
-        codes = await asyncio.to_thread(encoder, audio)
-        state.voices.store_codes(name, codes)
+        audio = state.voices.load_audio(voice)
+        codes = await state.audio_workers.run(encoder, audio)
+        state.voices.store_codes(voice, codes)
     return reference_audio(codes, voice.ref_text)
 
 

@@ -32,6 +32,7 @@ class Generation:
         self._submitted_s: float | None = None
         self.engine_time_s = 0.0  # submit -> final chunk (sglang-omni's X-Engine-Time)
         self._closed = False
+        state.generations.add(self)
 
     async def start(self) -> None:
         """Submit and wait for the first chunk. The caller holds an admission slot; on error the
@@ -43,6 +44,16 @@ class Generation:
         except BaseException:
             self._finish(outcome=None, record=False)  # the router counts rejected vs error
             raise
+
+    @property
+    def aborted_before_audio(self) -> bool:
+        """The engine aborted the request (the server's shutdown) before it produced audio."""
+        first = self._first
+        return first is not None and first.is_final and first.finish_reason == "abort"
+
+    def abort(self) -> None:
+        """Abort the engine request: its stream ends with a final "abort" chunk."""
+        self._state.engine.abort(self.plan.request.request_id)
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         """Every chunk, in order, ending with the final one. Does not close (see `close`)."""
@@ -84,6 +95,7 @@ class Generation:
             return
         self._closed = True
         state = self._state
+        state.generations.discard(self)
         if self.finish_reason is None:
             state.engine.abort(self.plan.request.request_id)
         state.gate.release()

@@ -297,7 +297,8 @@ ERROR_RESPONSES = {
     status: {"model": ErrorBody, "description": description}
     for status, description in [
         (400, "Invalid request"), (401, "Missing or wrong API key"),
-        (413, "Input too long"), (429, "Queue full; retry after Retry-After seconds"),
-        (503, "Engine not ready or dead"),
+        (404, "Unknown model"), (413, "Input or body too long"),
+        (429, "Queue full; retry after Retry-After seconds"), (500, "Unexpected server error"),
+        (503, "Engine not ready or dead, or the server is shutting down"),
     ]
 }

@@ -1,6 +1,6 @@
 """The steps one admitted speech request goes through, shared by /speech and /speech/batch.
 
-admit (bounded in-flight count, 429 past it) -> start (submit, first chunk; outcomes counted) ->
+admit (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk; outcomes counted) ->
 collect -> `render_file` (time stretch, output rate, one int16 conversion, encode) or stream
 chunk by chunk through `PcmChunks`. Headers are built here so every response says the same.
 """
@@ -18,20 +18,31 @@ from higgs_serve.audio import formats
 from higgs_serve.audio.output_rate import StreamResampler, resample
 from higgs_serve.audio.time_stretch import time_stretch
 from higgs_serve.errors import EngineOverloadedError, InvalidRequestError
+from higgs_serve.server.errors import RETRY_AFTER_S, ApiError
 from higgs_serve.server.generation import Generation
-from higgs_serve.server.speech_plan import SpeechPlan
+from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.speech_plan import SpeechPlan, build_plan
 from higgs_serve.server.state import ServerState
 
 CLIENT_GONE = object()  # what `unless_disconnected` returns when the client hung up
 T = TypeVar("T")
 
 
-def admit(state: ServerState, plan: SpeechPlan, arrived_s: float) -> Generation:
-    """Take an admission slot for `plan` or raise EngineOverloadedError (counted "rejected")."""
+async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -> Generation:
+    """Take an admission slot, then plan the request: the slot comes first, so no reference clip
+    is fetched, decoded or encoded for a request the server has no room for (429, counted
+    "rejected"). A plan that fails frees the slot and is counted "invalid"."""
     if not state.gate.try_acquire():
         state.metrics.count("rejected")
         raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
                                     "in flight); retry later")  # 429 + Retry-After (errors.py)
+    try:
+        plan = await build_plan(body, state)
+    except BaseException as error:
+        state.gate.release()
+        if isinstance(error, (ApiError, InvalidRequestError)):
+            state.metrics.count("invalid")
+        raise
     return Generation(state, plan, arrived_s)
 
 
@@ -56,7 +67,17 @@ async def start(generation: Generation, state: ServerState,
     except BaseException:
         state.metrics.count("error")
         raise
+    if generation.aborted_before_audio:  # queued past the shutdown's grace period
+        generation.close()
+        raise shutting_down()
     return True
+
+
+def shutting_down() -> ApiError:
+    """What a request cut by the shutdown's grace period gets (OpenAI's error shape, 503)."""
+    return ApiError(503, "the server is shutting down and aborted this request; retry later",
+                    type="server_error", code="shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> bytes:
@@ -66,7 +87,7 @@ async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -
         signal = resample(signal, state.engine.sample_rate_hz, plan.sample_rate_hz)
         return formats.encode_audio(signal, plan.response_format, plan.sample_rate_hz)
 
-    return await asyncio.to_thread(render)
+    return await state.audio_workers.run(render)
 
 
 class PcmChunks:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from higgs_serve.audio.decode import read_clip
 from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
 from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
@@ -147,7 +148,7 @@ class ReferenceEncoder:
     # ------------------------------------------------------------------ encoding
     def encode_bytes(self, data: bytes, param: str = PARAM) -> np.ndarray:
         """File bytes -> codes [T, 8] int64 (decode, check, encode or cache hit)."""
-        samples, rate = self.decode_audio_bytes(data, param)
+        samples, rate = read_clip(data, param, self.limits.max_seconds)  # bounded decode
         return self.encode(samples, rate, param)
 
     def encode(self, samples: np.ndarray, sample_rate: int, param: str = PARAM) -> np.ndarray:

@@ -1,8 +1,8 @@
 """POST /v1/audio/speech: one encoded file, raw chunked pcm/wav, or SSE events.
 
-Order of work: validate the body's schema, refuse at once if the engine is dead or warming up
-(before any reference clip is fetched, decoded or encoded), build the plan (speech_plan), admit
-(bounded in-flight count, 429 past it), submit and wait for the first chunk (speech_run); only
+Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
+admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
+encoded), build the plan (speech_plan), submit and wait for the first chunk (speech_run); only
 then does a response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
@@ -25,7 +25,7 @@ from higgs_serve.server import speech_run, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
-from higgs_serve.server.speech_plan import build_plan
+from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
 
 logger = logging.getLogger(__name__)
@@ -43,12 +43,8 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
     check_engine(state)
-    try:
-        plan = await build_plan(body, state)
-    except (ApiError, InvalidRequestError):
-        state.metrics.count("invalid")
-        raise
-    generation = speech_run.admit(state, plan, arrived_s)
+    generation = await speech_run.admit(body, state, arrived_s)
+    plan = generation.plan
     if not await speech_run.start(generation, state,
                                   lambda work: speech_run.unless_disconnected(work, request)):
         return Response(status_code=499)
@@ -59,10 +55,10 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     headers = {**speech_run.audio_headers(plan), "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
-        return StreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
+        return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
                                  headers={**headers, "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(generation.close))
-    return StreamingResponse(_raw_audio(generation, state),
+    return ClosingStreamingResponse(_raw_audio(generation, state),
                              media_type=formats.MEDIA_TYPES[plan.response_format],
                              headers=headers, background=BackgroundTask(generation.close))
 
@@ -86,6 +82,9 @@ async def _file_response(generation: Generation, request: Request,
         if audio is speech_run.CLIENT_GONE:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
+        if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            generation.close()
+            raise speech_run.shutting_down()
         data = await speech_run.render_file(audio, plan, state)
     except BaseException:
         generation.close(outcome="error")

@@ -95,12 +95,8 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
 
 async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
                     arrived_s: float) -> BatchItemResult:
-    try:
-        plan = await build_plan(body, state)
-    except (ApiError, InvalidRequestError):
-        state.metrics.count("invalid")
-        raise
-    generation = speech_run.admit(state, plan, arrived_s)
+    generation = await speech_run.admit(body, state, arrived_s)
+    plan = generation.plan
     await speech_run.start(generation, state)
     try:
         audio = await generation.collect()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -15,6 +16,7 @@ from higgs_serve.server.schemas import (
     VoiceList,
     VoiceObject,
 )
+from higgs_serve.server.clone_reference import check_ref_text_length
 from higgs_serve.server.state import server_state
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
 
@@ -56,6 +58,7 @@ async def create_voice(
     if unknown:
         raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
     check_voice_name(name)
+    check_ref_text_length(ref_text, server_state(request).settings.max_input_chars)
     data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
         raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
@@ -65,9 +68,9 @@ async def create_voice(
     if existed and not overwrite:
         raise ApiError(409, f"voice {name!r} already exists; delete it first or send "
                        "overwrite=true", param="name", code="voice_exists")
-    voice = await asyncio.to_thread(voices.add, name, data, ref_text, consent=consent,
-                                    speaker_description=speaker_description,
-                                    overwrite=overwrite)
+    add = partial(voices.add, consent=consent, speaker_description=speaker_description,
+                  overwrite=overwrite)
+    voice = await server_state(request).audio_workers.run(add, name, data, ref_text)
     return VoiceCreated(**_voice_object(voice).model_dump(), replaced=existed)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -108,8 +109,12 @@ def _api_key_checker(api_key: str | None):
 
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
-               reference_encoder: ReferenceEncoder | None = None) -> None:
-    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start."""
+               reference_encoder: ReferenceEncoder | None = None,
+               sockets: list[socket.socket] | None = None) -> None:
+    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start.
+
+    sockets: already bound listening sockets (the CLI binds before loading, so a port in use
+    fails at once); None: uvicorn binds settings.host:settings.port itself."""
     # Every admitted request waits in the engine before it is scheduled, so the engine's own
     # waiting bound must cover the server's whole in-flight capacity; the server gate decides.
     options = replace(options or RuntimeOptions(),
@@ -129,7 +134,7 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                             timeout_graceful_shutdown=settings.graceful_shutdown_s,
                             log_level="info")
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error
     if error is not None:
         raise error

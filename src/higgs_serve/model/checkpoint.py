@@ -108,7 +108,8 @@ def resolve_model_dir(model: str) -> Path:
         raise CheckpointError(
             f"model {model!r} is not in the local Hugging Face cache and this machine cannot download it "
             f"({e.__class__.__name__}). Download it on a machine with internet access "
-            f"(`huggingface-cli download {model}`) and pass the directory, or copy it into the cache."
+            f"(`hf download {model} --local-dir DIR`, huggingface_hub's CLI) and pass DIR, "
+            f"or copy it into the cache."
         ) from e
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as e:
         raise CheckpointError(f"model {model!r} cannot be downloaded from the hub: {e.__class__.__name__}: {e}") from e

@@ -386,8 +386,30 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("the error's traceback", exc_info=True)
         print(f"higgs-serve: error: {error}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise  # a bug: its traceback
+        print(f"higgs-serve: error: {OUT_OF_MEMORY} ({_first_line(error)})", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         _exit_now(EXIT_INTERRUPTED, "higgs-serve: interrupted")
+
+
+OUT_OF_MEMORY = ("out of memory loading or running the model: lower what it needs (--max-num-seqs, "
+                 "--stage-overrides '{\"0\": {\"max_model_len\": 2048}}', --kv-cache-dtype fp8, --dtype bfloat16) "
+                 "or free the device")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """torch's CUDA OutOfMemoryError, its CPU allocator's failure (a RuntimeError), MemoryError."""
+    text = str(error).lower()
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "not enough memory" in text or "can't allocate memory" in text or "out of memory" in text)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def _exit_now(code: int, message: str) -> None:

@@ -7,6 +7,7 @@ test, so a check that ran only after the load would show up as that failure, not
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,18 @@ def test_make_tiny_model_4b_needs_config_only(capsys, tmp_path):
     err = _error(capsys, "make-tiny-model", str(tmp_path / "big"), "--preset", "4b")
     assert "--config-only" in err and "9 GB" in err
     assert not (tmp_path / "big").exists()  # refused before writing anything
+
+
+def test_out_of_memory_is_one_line_with_what_to_lower(capsys, tmp_path):
+    """A real allocation failure: a config whose text embedding needs more bytes than a 64-bit
+    process can address (so no overcommit setting lets it through), built with --load-format dummy."""
+    assert cli.main(["--log-level", "WARNING", "make-tiny-model", str(tmp_path / "m"), "--config-only"]) == 0
+    config_path = tmp_path / "m" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["text_config"].update(num_hidden_layers=1, vocab_size=2**42, hidden_size=1024, head_dim=256)
+    config_path.write_text(json.dumps(config))
+    capsys.readouterr()
+    err = _error(capsys, "synth", str(tmp_path / "m"), "--load-format", "dummy", "--device", "cpu", "--text", "hi",
+                 "--output-dir", str(tmp_path / "out"))
+    assert "out of memory loading or running the model: lower what it needs (--max-num-seqs" in err
+    assert "allocate" in err  # the allocator's own words, first line only

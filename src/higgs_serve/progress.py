@@ -72,10 +72,9 @@ class ProgressReporter:
         bar = self._bar
         if total and bar.total != total:
             bar.total = total
-        bar.update(done - bar.n)
         if detail:
             bar.set_postfix_str(detail, refresh=False)
-        bar.refresh()
+        bar.update(done - bar.n)  # redraws at most every tqdm's mininterval (0.1 s)
 
     def _maybe_log(self, done: int, total: int, label: str, detail: str) -> None:
         now = time.monotonic()

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 from higgs_serve import preflight
@@ -120,30 +119,17 @@ def _log_graph_path(deploy) -> None:
     logger.info("Stage 0 graph path: %s (%s)", path.value, reason)
 
 
-def _read_reference(path: str, flag: str):
-    """A reference clip decoded and duration-checked before any model loads: (samples, rate)."""
-    from higgs_serve.voices.reference_encoder import ReferenceEncoder, ReferenceLimits
-
-    file = preflight.check_input_file(path, flag)
-    samples, rate = ReferenceEncoder.decode_audio_bytes(file.read_bytes(), param=f"{flag} {path}")
-    seconds, limits = len(samples) / rate, ReferenceLimits()
-    if not limits.min_seconds <= seconds <= limits.max_seconds:
-        raise ConfigError(f"{flag} {path} is {seconds:.2f} s long; a reference clip must be "
-                          f"{limits.min_seconds:g} to {limits.max_seconds:g} s")
-    return samples, rate
-
-
 # ---------------------------------------------------------------------------- synth
 def _cmd_synth(args: argparse.Namespace) -> int:
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
     from higgs_serve.sampling_params import SamplingParams
-    from higgs_serve.synth_report import SynthMonitor, write_result
+    from higgs_serve.synth_report import SynthMonitor, stream_check, write_result
 
     preflight.check_texts(args.text)
     if args.ref_text is not None and args.ref_audio is None:
         raise ConfigError("--ref-text is the transcript of --ref-audio: give --ref-audio too")
-    clip = _read_reference(args.ref_audio, "--ref-audio") if args.ref_audio else None
+    clip = preflight.read_reference_clip(args.ref_audio, "--ref-audio") if args.ref_audio else None
     out_dir = preflight.check_output_dir(args.output_dir, "--output-dir")
     ids = [f"{i:04d}" for i in range(len(args.text))]
     for request_id in ids:  # a directory in the way fails now, not after the synthesis
@@ -168,28 +154,12 @@ def _cmd_synth(args: argparse.Namespace) -> int:
             monitor.close()
         for res in results:
             paths = write_result(out_dir, res, sample_rate)
-            note = _stream_check(engine, out_dir, res) if args.stream else ""
+            note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
             print(monitor.line(res, paths, note), flush=True)
         print(monitor.summary(), flush=True)
     finally:
         engine.close()
     return 0
-
-
-def _stream_check(engine, out_dir: Path, res) -> str:
-    """Streamed chunks must concatenate to the final audio; report the seam error against a
-    one-shot decode of all frames (docs/model.md, streaming windows)."""
-    import numpy as np
-
-    streamed = np.fromfile(out_dir / f"{res.request_id}.stream.f32", dtype=np.float32)
-    if not np.array_equal(streamed, res.audio):
-        raise HiggsServeError(f"{res.request_id}: streamed chunks do not concatenate to the final audio")
-    if len(res.frames) == 0:
-        return ", stream ok"
-    oneshot = engine.core.codec.decode_batch(res.frames[None])[0]
-    err = float(np.max(np.abs(oneshot - res.audio))) if len(oneshot) == len(res.audio) else float("inf")
-    peak = float(np.max(np.abs(oneshot))) or 1.0
-    return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"
 
 
 # ---------------------------------------------------------------------------- voice cloning
@@ -208,7 +178,7 @@ def _cmd_encode_voice(args: argparse.Namespace) -> int:
     from higgs_serve.engine.builder import load_model
     from higgs_serve.voices.reference_encoder import ReferenceEncoder
 
-    samples, rate = _read_reference(args.file, "FILE")
+    samples, rate = preflight.read_reference_clip(args.file, "FILE")
     output = preflight.check_output_file(args.output, "--output")
     model_dir, deploy = _model_and_deploy(args, args.load_format)
     loaded = load_model(str(model_dir), _runtime_options(args), deploy)
@@ -415,8 +385,6 @@ def _first_line(error: BaseException) -> str:
 def _exit_now(code: int, message: str) -> None:
     """Exit without waiting for other threads: a model load cannot be interrupted from outside,
     and its memory (GPU included) goes back with the process."""
-    if threading.active_count() > 1:
-        logger.debug("exiting with %d threads still running", threading.active_count() - 1)
     print(message, file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:

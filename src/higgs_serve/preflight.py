@@ -94,6 +94,19 @@ def check_output_file(path: str, flag: str) -> Path:
     return file
 
 
+def read_reference_clip(path: str, flag: str):
+    """A reference clip decoded and duration-checked before any model loads: (samples, rate)."""
+    from higgs_serve.voices.reference_encoder import ReferenceEncoder, ReferenceLimits
+
+    file = check_input_file(path, flag)
+    samples, rate = ReferenceEncoder.decode_audio_bytes(file.read_bytes(), param=f"{flag} {path}")
+    seconds, limits = len(samples) / rate, ReferenceLimits()
+    if not limits.min_seconds <= seconds <= limits.max_seconds:
+        raise ConfigError(f"{flag} {path} is {seconds:.2f} s long; a reference clip must be "
+                          f"{limits.min_seconds:g} to {limits.max_seconds:g} s")
+    return samples, rate
+
+
 def bind_listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), bound before anything loads."""
     try:

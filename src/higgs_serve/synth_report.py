@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from higgs_serve.errors import HiggsServeError
 from higgs_serve.progress import ProgressReporter
 
 
@@ -88,3 +89,17 @@ class SynthMonitor:
         wall = max(self.done_s.values(), default=0.0)
         rtf = f" (RTF {wall / audio_s:.2f})" if audio_s else ""
         return f"{len(self.done_s)} request(s): {audio_s:.2f} s of audio in {wall:.2f} s{rtf}"
+
+
+def stream_check(codec, out_dir: Path, res) -> str:
+    """Streamed chunks must concatenate to the final audio; report the seam error against a
+    one-shot decode of all frames (docs/model.md, streaming windows)."""
+    streamed = np.fromfile(out_dir / f"{res.request_id}.stream.f32", dtype=np.float32)
+    if not np.array_equal(streamed, res.audio):
+        raise HiggsServeError(f"{res.request_id}: streamed chunks do not concatenate to the final audio")
+    if len(res.frames) == 0:
+        return ", stream ok"
+    oneshot = codec.decode_batch(res.frames[None])[0]
+    err = float(np.max(np.abs(oneshot - res.audio))) if len(oneshot) == len(res.audio) else float("inf")
+    peak = float(np.max(np.abs(oneshot))) or 1.0
+    return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"

@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_argument(p)
     p.add_argument("file", metavar="FILE", help="reference audio (wav/flac/ogg/mp3, 0.5-30 s)")
     p.add_argument("-o", "--output", required=True, help="the .npy file to write, exactly this path")
-    add_model_options(p)
+    add_model_options(p, engine=False)
 
     p = _subcommand(sub, "serve", "run the OpenAI-compatible HTTP server", _cmd_serve,
                     "serve MODEL [--host HOST] [--port PORT] [options]")

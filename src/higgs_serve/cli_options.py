@@ -30,7 +30,8 @@ def global_options(default_level: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default_level,
                    help="log verbosity; DEBUG also prints the traceback behind an error"
-                        + ("" if default_level == argparse.SUPPRESS else " (default: %(default)s)"))
+                        + (" (default: the level given before the command, else INFO)"
+                           if default_level == argparse.SUPPRESS else " (default: %(default)s)"))
     return p
 
 
@@ -42,24 +43,28 @@ def add_model_argument(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------- shared options
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """What every model-loading command takes: how to load, where, and the deploy profile."""
+def add_model_options(p: argparse.ArgumentParser, engine: bool = True) -> None:
+    """What every model-loading command takes: how to load, where, and the deploy profile.
+    engine=False (encode-voice: no engine, no KV cache) leaves out the Stage 0 engine flags,
+    which would change nothing there."""
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the checkpoint's weights; dummy: random weights built from config.json alone")
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="talker dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    add_deploy_options(p)
+    add_deploy_options(p, engine)
 
 
-def add_deploy_options(p: argparse.ArgumentParser) -> None:
+def add_deploy_options(p: argparse.ArgumentParser, engine: bool = True) -> None:
     p.add_argument("--deploy-config", default=None,
                    help="a deploy YAML path or the bare name of a shipped profile "
                         "(default: discovered from the model's model_type)")
     p.add_argument("--stage-overrides", default=None,
                    help=f"JSON of per-stage keys over the profile, e.g. '{STAGE_OVERRIDES_EXAMPLE}' "
                         "(default: none)")
+    if not engine:
+        return
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="Stage 0 max_num_seqs; also fits the profile's capture sizes and token budget "
                         "(default: the profile's)")

@@ -93,6 +93,7 @@ def test_docstring_and_help_list_only_real_commands():
 def test_encode_voice_takes_the_shared_load_options():
     flags = {s for a in _parser_for(["encode-voice"])._actions for s in a.option_strings}
     assert {"--load-format", "--device", "--dtype", "--deploy-config", "--stage-overrides"} <= flags
+    assert not {"--max-num-seqs", "--kv-cache-dtype"} & flags  # no engine here: they would change nothing
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from common import command_line, git_commit, markdown_table, now_iso
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.speech import SpeechRequest

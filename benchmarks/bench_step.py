@@ -47,12 +47,12 @@ from common import (command_line, device_description, git_commit, markdown_table
                     percentile, write_json)
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
-from higgs_serve.model import pdl  # noqa: E402
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.kernels import pdl  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype  # noqa: E402
-from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
+from higgs_serve.worker.attention.selector import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 
@@ -62,7 +62,7 @@ PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
 _EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
                   "piecewise": StepMode.PIECEWISE}
 GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
-PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (model/pdl.py)
+PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (kernels/pdl.py)
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 

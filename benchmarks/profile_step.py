@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import profile_listing  # noqa: E402
 
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
 from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
-from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
+from higgs_serve.worker.attention.selector import get_backend  # noqa: E402
 from higgs_serve.worker.cuda_graphs import GraphPolicy  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 

@@ -39,56 +39,21 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` reports when `head` stops re
 
 def deploy_from_args(args: argparse.Namespace, model_dir: Path):
     """The deploy config the command-line flags select (--deploy-config, --stage-overrides,
-    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given)."""
+    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given). The
+    precedence and the --max-num-seqs refit are the loader's (config/loader.py)."""
     import torch
 
-    from higgs_serve.deploy_loader import load_deploy_config
+    from higgs_serve.config.loader import load_for_command_line
     from higgs_serve.model.hf_config import load_model_spec
 
-    spec = load_model_spec(model_dir)
-    cli: dict = {}
     device = getattr(args, "device", None)
-    if device == "cpu" or (device is None and not torch.cuda.is_available()):
-        cli.setdefault("0", {})["devices"] = "cpu"
-        cli.setdefault("1", {})["devices"] = "cpu"
-    kv_cache_dtype = getattr(args, "kv_cache_dtype", None)
-    if kv_cache_dtype is not None:  # validated with the rest of the config, like every key
-        cli.setdefault("0", {})["kv_cache_dtype"] = kv_cache_dtype
-
-    def load(overrides: dict, stage_overrides=args.stage_overrides):
-        return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=stage_overrides,
-                                  cli_overrides=overrides or None, device_count=torch.cuda.device_count())
-
-    max_num_seqs = getattr(args, "max_num_seqs", None)
-    if max_num_seqs is None:
-        return load(cli)
-    # --max-num-seqs also fits what the YAML sized for its own max_num_seqs (capture sizes, token
-    # budget) to the new bound, unless --stage-overrides sets those keys itself.
-    given = _stage0_keys(args.stage_overrides)
-    profile = load(cli, stage_overrides=None).stage0
-    stage0 = cli.setdefault("0", {})
-    stage0["max_num_seqs"] = max_num_seqs
-    if "cudagraph_capture_sizes" not in given.get("compilation_config", {}):
-        compilation = profile.compilation_config
-        sizes = [s for s in compilation.cudagraph_capture_sizes if s < max_num_seqs] + [max_num_seqs]
-        if compilation.cudagraph_mode.piecewise:  # the token counts above the batch sizes stay
-            sizes += [s for s in compilation.cudagraph_capture_sizes if s > max(max_num_seqs, profile.max_num_seqs)]
-        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes}
-    if "max_num_batched_tokens" not in given:
-        stage0["max_num_batched_tokens"] = max(max_num_seqs, profile.max_num_batched_tokens)
-    return load(cli)
-
-
-def _stage0_keys(stage_overrides: str | None) -> dict:
-    """Stage 0's part of --stage-overrides (malformed JSON is reported by the config loader)."""
-    if not stage_overrides:
-        return {}
-    try:
-        parsed = json.loads(stage_overrides)
-    except json.JSONDecodeError:
-        return {}
-    stage0 = parsed.get("0", {}) if isinstance(parsed, dict) else {}
-    return stage0 if isinstance(stage0, dict) else {}
+    return load_for_command_line(
+        args.deploy_config, load_model_spec(model_dir).model_type,
+        stage_overrides=args.stage_overrides,
+        force_cpu=device == "cpu" or (device is None and not torch.cuda.is_available()),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+        max_num_seqs=getattr(args, "max_num_seqs", None),
+        device_count=torch.cuda.device_count())
 
 
 def _runtime_options(args: argparse.Namespace, **extra):
@@ -113,7 +78,7 @@ def _model_and_deploy(args: argparse.Namespace, load_format: str | None):
 def _log_graph_path(deploy) -> None:
     import torch
 
-    from higgs_serve.deploy_config import resolve_graph_path
+    from higgs_serve.config.deploy import resolve_graph_path
 
     path, reason = resolve_graph_path(deploy.stage0, torch.cuda.is_available())
     logger.info("Stage 0 graph path: %s (%s)", path.value, reason)

@@ -93,7 +93,7 @@ class SynthMonitor:
 
 def stream_check(codec, out_dir: Path, res) -> str:
     """Streamed chunks must concatenate to the final audio; report the seam error against a
-    one-shot decode of all frames (docs/model.md, streaming windows)."""
+    one-shot decode of all frames (docs/model.md#streaming-windows)."""
     streamed = np.fromfile(out_dir / f"{res.request_id}.stream.f32", dtype=np.float32)
     if not np.array_equal(streamed, res.audio):
         raise HiggsServeError(f"{res.request_id}: streamed chunks do not concatenate to the final audio")

@@ -1,4 +1,4 @@
-"""Issue 3: frame caps and natural ends (SPEC §1.6, docs/architecture.md "Length caps").
+"""Issue 3: frame caps and natural ends (docs/model.md#length-caps).
 
 The random tiny talker almost never samples EOC (about 1 in 1026 per row), so to exercise
 natural ends this module loads its own copy of the model and points codebook 0's EOC row of the

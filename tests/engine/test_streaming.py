@@ -1,4 +1,4 @@
-"""Issue 3: streamed audio equals the one-shot decode; chunks follow the SPEC §1.9 window rule.
+"""Issue 3: streamed audio equals the one-shot decode; chunks follow the window rule of docs/model.md#streaming-windows.
 
 The tiny checkpoint's codec has random weights, so its decoder's receptive field is what it is:
 we measure it by perturbing one frame. The default window (L = 25, H = 4) holds back fewer
@@ -30,8 +30,8 @@ def _decode(loaded, frames: np.ndarray) -> np.ndarray:
 
 
 def expected_chunk_sizes(num_frames: int, chunk: int, holdback: int, initial: int, doubling: bool = True) -> list[int]:
-    """SPEC §1.9 (with chunk doubling unless told otherwise) for a request whose de-delayed frame
-    count D grows 1, 2, ..., num_frames."""
+    """The window rule (docs/model.md#streaming-windows; chunk doubling unless told otherwise) for
+    a request whose de-delayed frame count D grows 1, 2, ..., num_frames."""
     sizes, emitted = [], 0
     for available in range(1, num_frames + 1):
         target = available - holdback
@@ -134,7 +134,8 @@ def test_default_chunk_schedule(default_engine):
 
 
 def test_plain_rule_chunk_schedule(plain_rule_engine):
-    """`codec_chunk_doubling: false`: SPEC §1.9 as written, C frames right after the first chunk."""
+    """`codec_chunk_doubling: false`: the plain window rule (docs/model.md#chunk-doubling), C frames
+    right after the first chunk."""
     res, windows = _run_recorded(plain_rule_engine, speech("p", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     sizes = [c.num_frames for c in res.chunks]
     assert sizes == expected_chunk_sizes(NUM_FRAMES, 25, 4, 1, doubling=False) == [1, 25, 25, 9]
@@ -186,7 +187,8 @@ def test_default_window_seam_error_confined_near_seams(default_engine, tiny_load
 
 
 def _stream_offline(loaded, frames: np.ndarray, params: WindowParams) -> np.ndarray:
-    """The SPEC §1.9 window rule applied to a fixed frame sequence, each window decoded alone."""
+    """The window rule (docs/model.md#streaming-windows) applied to a fixed frame sequence, each
+    window decoded alone."""
     chunker = StreamChunker(params)
     pieces = []
     for available in [*range(1, len(frames) + 1), len(frames)]:

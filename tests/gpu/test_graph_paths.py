@@ -1,7 +1,7 @@
 """On CUDA: the Stage 0 paths (eager, MLP graphs, full decode graph, piecewise graphs alone and
 under the full decode graph) give identical rows, with the model-dtype KV cache and with an fp8
 one (kv_cache_dtype: fp8: every path writes and reads the same e4m3 cache the same way), and
-with programmatic dependent launch (model/pdl.py; on by default on Hopper) switched off.
+with programmatic dependent launch (kernels/pdl.py; on by default on Hopper) switched off.
 
 Greedy (temperature 0) and seeded sampling, a mixed set of requests of different lengths that
 arrive while others run, so graph steps, padded batches and eager prefill/mixed steps all occur.
@@ -16,15 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest
-from higgs_serve.model import pdl
+from higgs_serve.kernels import pdl
 from higgs_serve.sampling_params import SamplingParams
 from higgs_serve.worker.cuda_graphs import StepMode
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 TEXTS = [
     "Hello there.",

@@ -1,4 +1,4 @@
-"""The table of bad /v1/audio/speech requests (SPEC §2.2 errors), shared by the fake-engine and
+"""The table of bad /v1/audio/speech requests (errors as in docs/api.md), shared by the fake-engine and
 real-server tests: each must get its status and an OpenAI-shaped error naming the field."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig, DefaultSamplingParams, TalkerStageConfig
+from higgs_serve.config.deploy import DeployConfig, DefaultSamplingParams, TalkerStageConfig
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
 

@@ -76,7 +76,7 @@ def _int16(data: bytes) -> np.ndarray:
 @pytest.fixture(scope="module")
 def near_seams(tiny_spec) -> np.ndarray:
     """[FRAMES] bool: frames whose streamed audio may differ from the one-shot decode. Each
-    streamed window (SPEC §1.9, the default profile's chunk schedule) is decoded without the
+    streamed window (docs/model.md#streaming-windows, the default profile's chunk schedule) is decoded without the
     frames past its holdback, which the last (right receptive field - H) frames before its seam
     can see; with the tiny random codec they differ at full scale."""
     params = WindowParams()

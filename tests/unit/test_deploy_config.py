@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from higgs_serve.deploy_config import (
+from higgs_serve.config.deploy import (
     CONNECTOR_NAME,
     SHIPPED_DIR,
     CodecGraphPath,
@@ -17,7 +17,7 @@ from higgs_serve.deploy_config import (
     resolve_codec_graph_path,
     resolve_graph_path,
 )
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"

@@ -1,4 +1,4 @@
-"""Prompt layouts (SPEC §1.3) and special-token lookup by name (SPEC §1.2)."""
+"""Prompt layouts (docs/model.md#prompt-layout) and special-token lookup by name (docs/model.md#special-tokens)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 import pytest
 
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
-from higgs_serve.engine.outputs import StepResult
+from higgs_serve.worker.step_contract import StepResult
 from higgs_serve.engine.request import TAIL_ROWS, Request, RequestStatus
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError, InvalidRequestError

@@ -1,4 +1,4 @@
-"""Codec encoder (voice cloning): 24 kHz mono reference audio -> codes [T, 8] (SPEC §1.8).
+"""Codec encoder (voice cloning): 24 kHz mono reference audio -> codes [T, 8] (docs/model.md#reference-encoder).
 
 Same math as transformers' `HiggsAudioV2TokenizerModel.encode` (the numerical reference):
   semantic: resample 24k -> 16k (windowed sinc), zero-pad 160 samples each side, HuBERT-base with

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
 from higgs_serve.engine.core import EngineCore
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult
@@ -154,8 +154,9 @@ class AsyncEngine:
         return self.core.stats() if self.core is not None else {}
 
 
-class _CollectingSink:
-    """Collects one request's output for the blocking helper."""
+class CollectingSink:
+    """Collects one request's output for the blocking helper. Public: tests step the engine by
+    hand with it (tests/engine/engine_harness.py) instead of a copy of the sink contract."""
 
     def __init__(self, on_chunk: Callable[[str, AudioChunk], None] | None, request_id: str):
         self.request_id = request_id
@@ -201,7 +202,7 @@ class SyncEngine:
         requests: Sequence[SpeechRequest],
         on_chunk: Callable[[str, AudioChunk], None] | None = None,
     ) -> list[SpeechResult]:
-        sinks = [_CollectingSink(on_chunk, r.request_id) for r in requests]
+        sinks = [CollectingSink(on_chunk, r.request_id) for r in requests]
         for request, sink in zip(requests, sinks):
             self.core.submit(request, sink)
         results = []
@@ -212,7 +213,7 @@ class SyncEngine:
             results.append(self._result(request, sink))
         return results
 
-    def _result(self, request: SpeechRequest, sink: _CollectingSink) -> SpeechResult:
+    def _result(self, request: SpeechRequest, sink: CollectingSink) -> SpeechResult:
         audio = np.concatenate([c.audio for c in sink.chunks]) if sink.chunks else np.zeros(0, np.float32)
         return SpeechResult(
             request_id=request.request_id,

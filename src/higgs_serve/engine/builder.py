@@ -18,7 +18,7 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
-from higgs_serve.deploy_config import (
+from higgs_serve.config.deploy import (
     CodecGraphPath,
     DeployConfig,
     GraphPath,
@@ -35,7 +35,7 @@ from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
 from higgs_serve.progress import ProgressCallback
-from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
 from higgs_serve.worker.cuda_graphs import GraphPolicy
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
@@ -119,7 +119,7 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     del talker_tensors
     if codec_device.type == "cuda":
         # cuDNN's TF32 convolutions move the float32 codec output by ~2e-3 of peak (measured on
-        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (SPEC §1.8) wants
+        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (docs/model.md#codec-geometry) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
     codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
@@ -132,7 +132,8 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
 
 
 def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = None) -> CodecEncoder:
-    """The codec encoder for voice cloning (SPEC §1.8), float32 on `device` (default: the model's)."""
+    """The codec encoder for voice cloning (docs/model.md#reference-encoder), float32 on `device`
+    (default: the model's)."""
     encoder = CodecEncoder(loaded.spec.codec).to(device=device or loaded.device, dtype=torch.float32)
     encoder.load_state(loaded.codec_encoder_tensors)
     return encoder.eval()
@@ -140,7 +141,7 @@ def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = No
 
 def _log_window_against_receptive_field(window: WindowParams, field: tuple[int, int]) -> None:
     """Say what the streaming window costs or loses against the decoder's receptive field
-    (SPEC §1.9 asks for the seam error to be reported; this is its cause)."""
+    (docs/model.md#receptive-field-and-seams: the seam error's cause)."""
     left, right = field
     if window.left_context_frames > left:
         logger.info("codec_left_context_frames %d: the decoder sees %d frames back, so %d frames per chunk are "

@@ -30,7 +30,7 @@ from higgs_serve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
-# Minimum-length rule (SPEC §1.6): an utterance spans at least one full delay window.
+# Minimum-length rule (docs/model.md#length-caps): an utterance spans at least one full delay window.
 MIN_FRAMES = 8
 FRAMES_PER_SECOND = 25
 

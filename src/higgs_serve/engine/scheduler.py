@@ -35,7 +35,7 @@ import heapq
 from collections import deque
 
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan, StepResult
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan, StepResult
 from higgs_serve.engine.request import Request, RequestStatus
 from higgs_serve.errors import ConfigError, InvalidRequestError
 

@@ -1,6 +1,6 @@
 """Locate a model (directory or hub id), read (sharded) safetensors, split and check tensors.
 
-SPEC §1.4. Loading is strict and loud: a missing required tensor, a wrong shape or an unknown
+docs/model.md#checkpoint-layout. Loading is strict and loud: a missing required tensor, a wrong shape or an unknown
 name is a `CheckpointError` naming the tensor. Talker tensors are renamed to internal names by
 the declarative table `TALKER_RENAMES`; codec tensors (under `CODEC_PREFIX`) are prefix-stripped,
 weight-norm folded and checked by `codec/weights.load_codec_tensors`.
@@ -185,7 +185,7 @@ def fold_weight_norm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     Both naming styles: `X.weight_g` / `X.weight_v` and
     `X.parametrizations.weight.original0` (g) / `.original1` (v) become `X.weight`. The norm is
     taken over every dim where g has size 1 (torch keeps the norm dim at full size). Folded
-    weights are float32, since the codec runs in float32 (SPEC §1.8).
+    weights are float32, since the codec runs in float32 (docs/model.md#codec-geometry).
     """
     out: dict[str, Tensor] = {}
     pairs: dict[str, dict[str, tuple[str, Tensor]]] = {}  # folded name -> role ("g"/"v") -> (name, tensor)

@@ -1,4 +1,4 @@
-"""The MusicGen delay pattern [0..7] (SPEC §1.6): constants and pure offline transforms.
+"""The MusicGen delay pattern [0..7] (docs/model.md#delay-pattern): constants and pure offline transforms.
 
 Codebook q lags codebook 0 by q rows. A clip of T frames becomes T + 7 delayed rows: codebook q
 holds BOC in rows < q, frame t in row t + q, and EOC in rows >= q + T. The talker emits delayed

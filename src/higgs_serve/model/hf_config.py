@@ -1,7 +1,7 @@
 """config.json -> frozen `ModelSpec` (`TextConfig`, `AudioConfig`, `CodecConfig`).
 
 No tokenizer I/O and no side effects: the spec is parsed and validated once, then frozen.
-Every error is a `ConfigError` that names the key and the file (SPEC §1.1).
+Every error is a `ConfigError` that names the key and the file (docs/model.md#config-keys).
 
 Missing optional Qwen3 keys take the transformers `Qwen3Config` defaults (that is what the
 reference engines do when they build the text config from a partial dict), except `rope_theta`:
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.config.validators import is_int, is_real
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"
@@ -52,7 +53,7 @@ class TextConfig:
 
     @classmethod
     def preset_4b(cls) -> TextConfig:
-        """Higgs-Audio V3 4B (Qwen3-4B geometry, SPEC §1.1).
+        """Higgs-Audio V3 4B (Qwen3-4B geometry, docs/model.md#config-keys).
 
         max_position_embeddings is Qwen3-4B's 40960; the model was trained with 8192-token
         contexts, which is a serving limit (deploy `max_model_len`), not a config value.
@@ -209,7 +210,7 @@ def _rope_theta(t: dict[str, Any], w: str) -> float:
         theta = params.get("rope_theta")
     if theta is None:
         return QWEN3_DEFAULT_ROPE_THETA
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    if not is_real(theta) or theta <= 0:
         raise ConfigError(f"{w}.rope_theta = {theta!r} must be a positive number")
     return float(theta)
 
@@ -257,7 +258,7 @@ def _get(d: dict[str, Any], key: str, typ: type, where: str, default: Any = _MIS
         return default
     v = d[key]
     ok = isinstance(v, typ) and not (typ in (int, float) and isinstance(v, bool))
-    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+    if typ is float and is_int(v):
         ok, v = True, float(v)
     if not ok:
         raise ConfigError(f"{where}.{key} = {v!r} must be of type {typ.__name__}")

@@ -1,4 +1,4 @@
-"""Tokenizer wrapper and prompt building (SPEC §1.2-1.3).
+"""Tokenizer wrapper and prompt building (docs/model.md#special-tokens and #prompt-layout).
 
 No chat template, no system prompt, no BOS. Special tokens are looked up by name in the added
 vocabulary, never by number. `tok(x)` encodes without special tokens and keeps the text verbatim

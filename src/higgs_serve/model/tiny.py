@@ -1,6 +1,6 @@
 """The tiny checkpoint writer (`make-tiny-model`) and the dummy-weight builder (`--load-format dummy`).
 
-A tiny model is a complete, loadable checkpoint directory in exactly the real layout (SPEC §1.4):
+A tiny model is a complete, loadable checkpoint directory in exactly the real layout (docs/model.md#checkpoint-layout):
 config.json, a small real byte-level BPE tokenizer with the Higgs special tokens, and
 model.safetensors (optionally sharded) with random weights under the real tensor names, the full
 codec under `CODEC_PREFIX` and a few training-only codec tensors to exercise the ignore rule.

@@ -20,7 +20,7 @@ from dataclasses import replace
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics

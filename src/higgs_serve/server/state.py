@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.settings import ServerSettings

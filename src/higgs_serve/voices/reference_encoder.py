@@ -1,4 +1,5 @@
-"""Reference clip -> codec codes for voice cloning (SPEC §1.3, §1.8), with a bounded cache.
+"""Reference clip -> codec codes for voice cloning, with a bounded cache (docs/model.md,
+sections Prompt layout and Reference encoder).
 
 The service the server and the CLI call: decode file bytes (soundfile: wav, flac, ogg, mp3),
 check the duration limits, resample to 24 kHz, run the codec encoder on the engine's device in

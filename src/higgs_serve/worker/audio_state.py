@@ -1,4 +1,4 @@
-"""Per-slot delay / ramp / done state on the device, branch-free (SPEC §1.6).
+"""Per-slot delay / ramp / done state on the device, branch-free (docs/model.md#delay-pattern).
 
 Each request owns a persistent slot (a row of preallocated tensors). Every decode step the
 runner calls `step(slots, logits)`: masks from the state -> `sample_codes` -> state update,
@@ -11,7 +11,7 @@ State per slot (row index t = rows sampled so far = index of the row being sampl
 - `row_index`, `last_row` [8] (the previous delayed row: the next step's input).
 - sampling knobs (temperature, top_k, top_p, seed) and the frame limits.
 
-Rules (SPEC §1.6 and the length caps of docs/architecture.md):
+Rules (docs/model.md#delay-pattern and #length-caps):
 - normal mode: q > d forced BOC; q <= d may not emit BOC; q > 0 may not emit EOC; codebook 0
   may not emit EOC while t < min_frames, and is forced to EOC once t >= max_frames (the cap
   wins if the two overlap). After sampling d += 1 (up to 7).
@@ -145,7 +145,7 @@ class AudioState:
         return self.last_row.index_select(0, slots)
 
     def masks(self, slots: torch.Tensor) -> torch.Tensor:
-        """slots: [B] int64 -> allowed: [B, 8, V] bool, the SPEC §1.6 rules for the next row."""
+        """slots: [B] int64 -> allowed: [B, 8, V] bool, the rules of docs/model.md#delay-pattern for the next row."""
         return self._masks(slots)
 
     def _build_masks(self, slots: torch.Tensor) -> torch.Tensor:

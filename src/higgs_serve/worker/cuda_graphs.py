@@ -1,6 +1,6 @@
 """CUDA graph policy for Stage 0: the mode is data (an enum) and one dispatcher picks it per step.
 
-Two mutually exclusive paths (SPEC §2.1, seed/deploy_profiles.md):
+Two mutually exclusive paths (docs/model.md#deploy-profiles):
 - MLP graphs (high throughput): attention runs eagerly; each decoder layer's post-attention
   RMSNorm + SwiGLU MLP replays a graph captured per padded batch size.
 - Full decode graph (low latency): the whole decode step, audio-embedding feedback, backbone,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from higgs_serve.engine.outputs import NewRequestData, StepPlan, StepResult
+from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
 from higgs_serve.model.fused_ops import warm_up_gemms
 from higgs_serve.model.talker import Talker
 from higgs_serve.worker.attention.backend import AttentionBackend

@@ -1,8 +1,8 @@
-"""Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
+"""Deploy profiles: YAML → frozen, validated `DeployConfig` (docs/model.md#deploy-profiles).
 
 Finding the YAML, its `base_config` chain, `--stage-overrides`, CLI flags and their precedence
-live in `deploy_layers`; `deploy_loader.load_deploy_config` reads the merged result (with
-`deploy_reader`) into the typed objects defined here. A key left out of every layer takes the
+live in `config.layers`; `config.loader.load_deploy_config` reads the merged result (with
+`config.reader`) into the typed objects defined here. A key left out of every layer takes the
 dataclass default below.
 
 YAML shape (names follow vllm-omni's deploy YAML):
@@ -12,7 +12,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
     connectors:
       talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
         extra: {codec_chunk_frames, codec_left_context_frames,
-                codec_right_holdback_frames, initial_codec_chunk_frames,   # SPEC §1.9
+                codec_right_holdback_frames, initial_codec_chunk_frames,   # docs/model.md#streaming-windows
                 codec_chunk_doubling}                                      # codec/chunker.py
     stages:
       - stage_id: 0                  # talker: see TalkerStageConfig
@@ -21,7 +21,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
 Every key is read into a typed field below; anything else is an error. A bad key, type, range
 or combination raises `ConfigError` whose message starts with the file (or override) that set
 the value, then the key path, e.g.
-`deploy/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
+`profiles/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
 
 Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
   * MLP_GRAPHS (`enforce_eager: true`, `cudagraph_mode: LOCAL_MLP`, the default for eager):
@@ -52,13 +52,15 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from higgs_serve.deploy_layers import CODEC_STAGE_ID, TALKER_STAGE_ID
+from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID
 # Re-exported: callers and tests import these from here, the config's public module.
-from higgs_serve.deploy_layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
-from higgs_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
+# Re-exported: DefaultSamplingParams is a field of TalkerStageConfig (defined beside the
+# request-side defaults so `sampling_params` and this module never import each other).
+from higgs_serve.config.sampling_defaults import DefaultSamplingParams
 
 CONNECTOR_NAME = "talker_to_codec"
-MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
+MODEL_MAX_LEN = 8192  # the model's training context (docs/model.md)
 # "tf32": float32 weights and activations, convolutions on TF32 tensor cores (measured on the
 # H200: 2x the float32 throughput at 64 windows, max error 2e-3 of peak; bf16: 3e-2 of peak).
 # "bf16x3": float32 weights and activations, the residual units' convolutions as three bf16
@@ -102,19 +104,17 @@ class GraphPath(enum.Enum):
     FULL_DECODE_AND_PIECEWISE = "FULL_DECODE_AND_PIECEWISE"
 
 
-@dataclass(frozen=True)
-class DefaultSamplingParams:
-    """Profile defaults a request's own fields override (sampling_params.from_defaults).
+DEFAULT_MAX_NUM_SEQS = 16  # running requests (decode slots); the capture sizes default from it
+PIECEWISE_TOKEN_SIZES = (96, 128, 192, 256, 384, 512)
 
-    `seed: null` means a random seed per request. A fixed profile seed would make every request
-    without its own seed produce identical audio for the same text (vllm-omni ships one; we don't).
-    """
 
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = DEFAULT_TOP_P
-    top_k: int = DEFAULT_TOP_K
-    max_tokens: int = DEFAULT_MAX_NEW_TOKENS  # frames; also the ceiling for max_new_tokens
-    seed: int | None = None
+def default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...]:
+    """Decode batch sizes up to max_num_seqs; piecewise modes (max_tokens > max_num_seqs) add
+    token counts for prefill and mixed steps."""
+    sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}
+    sizes = {s for s in sizes if s <= max_num_seqs}
+    sizes |= {s for s in PIECEWISE_TOKEN_SIZES if max_num_seqs < s <= max_tokens}
+    return tuple(sorted(sizes))
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class CompilationConfig:
     # the next size; a batch above the largest runs eagerly. Default: 1, 2, 4, 8, then every 8,
     # then max_num_seqs itself. Piecewise modes: token counts (<= max_num_batched_tokens); the
     # default adds 96, 128, 192, 256, 384, 512 above max_num_seqs for prefill and mixed steps.
-    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    cudagraph_capture_sizes: tuple[int, ...] = default_capture_sizes(DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)
     cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture (piecewise: at least 1)
 
 
@@ -132,7 +132,7 @@ class CompilationConfig:
 class TalkerStageConfig:
     """Stage 0 (talker, autoregressive, KV cache)."""
 
-    max_num_seqs: int = 16  # running requests (decode slots)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # running requests (decode slots)
     gpu_memory_utilization: float = 0.8  # fraction of device memory for weights + KV + work
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
@@ -171,7 +171,8 @@ class CodecStageConfig:
     enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
     devices: str = "0"
-    dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
+    # docs/model.md#codec-geometry: float32 unless another precision is measured transparent
+    dtype: str = "float32"  # one of CODEC_DTYPES
 
     @property
     def device(self) -> str:
@@ -180,14 +181,14 @@ class CodecStageConfig:
 
 @dataclass(frozen=True)
 class StreamingWindowConfig:
-    """SPEC §1.9 window rule (`connectors.talker_to_codec.extra`), in frames."""
+    """The streaming window rule (docs/model.md#streaming-windows; `connectors.talker_to_codec.extra`), in frames."""
 
     codec_chunk_frames: int = 25  # C: steady-state chunk size
     codec_left_context_frames: int = 25  # L: frames re-decoded before a chunk, then cut
     codec_right_holdback_frames: int = 4  # H: frames held back until more arrive
     initial_codec_chunk_frames: int = 1  # I: first chunk size (time to first audio)
     # later chunks as long as all audio sent before them, up to C: no stream runs dry at start
-    # (false: SPEC §1.9's plain rule, C after the first chunk; see codec/chunker.py)
+    # (false: the plain window rule (docs/model.md#chunk-doubling), C after the first chunk; see codec/chunker.py)
     codec_chunk_doubling: bool = True
 
 

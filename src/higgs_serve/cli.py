@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="sampling temperature; 0 = greedy (default: the profile's)")
     p.add_argument("--top-p", type=float, help="nucleus sampling mass (default: the profile's)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely codes (default: the profile's)")
-    p.add_argument("--seed", type=int, help="sampling seed; request i uses it as is (default: random)")
+    p.add_argument("--seed", type=int, help="sampling seed, the same for every --text (default: a random one per request)")
     p.add_argument("--max-new-tokens", type=int, help="frame cap per request, 25 frames = 1 s (default: the profile's)")
     p.add_argument("--min-new-tokens", type=int, help="frames before the model may stop, for benchmarks (default: 0)")
     p.add_argument("--stream", action="store_true",

@@ -107,6 +107,7 @@ def _run_serve_example(example: str, workdir: Path) -> None:
             assert time.monotonic() < deadline, "not ready after 120 s"
             time.sleep(0.2)
         _clone_as_the_docs_say(url, workdir)
+        _readme_curl_examples(port, workdir)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -125,6 +126,20 @@ def _clone_as_the_docs_say(url: str, workdir: Path) -> None:
     response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120)
     assert response.status_code == 200, response.text
     assert response.content[:4] == b"RIFF"
+
+
+def _readme_curl_examples(port: int, workdir: Path) -> None:
+    """The README's curl block (one file, a raw PCM stream, SSE events) against the served example."""
+    if shutil.which("curl") is None:
+        return  # the block needs curl; nothing else here does
+    readme = (REPO / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", readme, flags=re.S) if "hello.pcm" in b]
+    proc = subprocess.run(["bash", "-ec", block.replace("localhost:8000", f"127.0.0.1:{port}")], cwd=workdir,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (workdir / "hello.wav").read_bytes()[:4] == b"RIFF"
+    assert (workdir / "hello.pcm").stat().st_size > 0 and (workdir / "hello.pcm").stat().st_size % 2 == 0
+    assert '"type": "speech.audio.done"' in proc.stdout or '"type":"speech.audio.done"' in proc.stdout
 
 
 def test_readme_first_screen_commands_run(tmp_path):

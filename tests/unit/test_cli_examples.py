@@ -108,6 +108,7 @@ def _run_serve_example(example: str, workdir: Path) -> None:
             time.sleep(0.2)
         _clone_as_the_docs_say(url, workdir)
         _readme_curl_examples(port, workdir)
+        _readme_openai_example(port, workdir)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -140,6 +141,16 @@ def _readme_curl_examples(port: int, workdir: Path) -> None:
     assert (workdir / "hello.wav").read_bytes()[:4] == b"RIFF"
     assert (workdir / "hello.pcm").stat().st_size > 0 and (workdir / "hello.pcm").stat().st_size % 2 == 0
     assert '"type": "speech.audio.done"' in proc.stdout or '"type":"speech.audio.done"' in proc.stdout
+
+
+def _readme_openai_example(port: int, workdir: Path) -> None:
+    """The README's `openai` client block, as a script against the served example."""
+    readme = (REPO / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "from openai import OpenAI" in b]
+    script = block.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (workdir / "hello.flac").read_bytes()[:4] == b"fLaC"
 
 
 def test_readme_first_screen_commands_run(tmp_path):

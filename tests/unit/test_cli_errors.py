@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
-from higgs_serve import cli
+from higgs_serve import cli, preflight
+from higgs_serve.errors import ConfigError
 
 
 @pytest.fixture
@@ -218,3 +221,38 @@ def test_out_of_memory_is_one_line_with_what_to_lower(capsys, tmp_path):
                  "--output-dir", str(tmp_path / "out"))
     assert "out of memory loading or running the model: lower what it needs (--max-num-seqs" in err
     assert "allocate" in err  # the allocator's own words, first line only
+
+
+# ------------------------------------------------------------------------------ the README quotes these
+def _troubleshooting_lines() -> list[str]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Troubleshooting", 1)[1]
+    return [line.strip().removesuffix("`.").strip("`") for line in section.splitlines() if line.strip().startswith("higgs-serve: error: ")
+            or line.strip().startswith("`higgs-serve: error: model directory")]
+
+
+def test_readme_troubleshooting_quotes_the_real_messages(capsys, tmp_path):
+    lines = _troubleshooting_lines()
+    assert len(lines) == 5, lines
+    # port in use: the same words for any port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as exc:
+            preflight.bind_listen_socket("127.0.0.1", port)
+    assert f"higgs-serve: error: {exc.value}".replace(str(port), "8000") in lines
+    # config-only directory without --load-format dummy
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as exc:
+        preflight.check_model_dir(tmp_path, "auto")
+    assert f"higgs-serve: error: {exc.value}".replace(str(tmp_path), "DIR") in lines
+    # out of memory: everything before the allocator's own words
+    assert f"higgs-serve: error: {cli.OUT_OF_MEMORY} (<the allocator's message>)" in lines
+    # the hub message is the one test_hub_error_suggests_the_installed_cli gets from a real offline run
+    assert any("`hf download bosonai/higgs-audio-v3-tts-4b --local-dir DIR`" in line for line in lines)
+    # no GPU: exact on a machine like the one the README quotes (a CPU build of torch)
+    if not torch.cuda.is_available() and torch.version.cuda is None:
+        with pytest.raises(ConfigError) as exc:
+            preflight.check_device("cuda")
+        assert f"higgs-serve: error: {exc.value}".replace(torch.__version__, "2.13.0+cpu") in lines

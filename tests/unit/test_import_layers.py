@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "higgs_serve"
 # higher one. `cluster/` (scale-out) and `text/` (segmentation, pure) are listed before they
 # exist so the lanes adding them land in the right place.
 LAYERS = {
-    "cli": 8,
+    "cli": 8, "cli_options": 8, "preflight": 8, "synth_report": 8,  # the command line and its helpers
     "server": 7, "cluster": 7,
     "voices": 6,  # the voice registry and reference encoding: used by the server, uses the engine
     "engine": 5,
@@ -31,6 +31,7 @@ LAYERS = {
     "kernels": 2,
     "sampling_params": 1,  # a request's knobs: validated with config's checks
     "config": 0, "errors": 0, "audio": 0, "text": 0, "metrics": 0,
+    "progress": 0,  # the on_progress callback type and its terminal/log reporter: loaders take callbacks
 }
 
 # Engine modules that must load without torch (ints, ids and NumPy only). builder.py is the one

@@ -105,7 +105,30 @@ class AsyncEngine:
     async def start(self, hooks: EngineHooks | None = None) -> None:
         """Load, warm up and capture, then start the loop; `hooks` (metrics, profiling) are
         called by the loop from then on (engine/core.py)."""
-        await asyncio.to_thread(self._start_blocking, hooks)
+        # Loads on a daemon thread, not the loop's default executor: asyncio.run waits for that
+        # executor's threads when it ends, so a server stopped during the load (Ctrl-C, SIGTERM)
+        # would wait for the whole load. A daemon thread lets the process exit at once.
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not started.done():
+                started.set_exception(error) if error is not None else started.set_result(None)
+
+        def run() -> None:
+            try:
+                self._start_blocking(hooks)
+                error = None
+            except BaseException as e:  # handed to the awaiting task
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, error)
+            except RuntimeError:  # the loop is gone: nobody waits for this engine any more
+                if self.core is not None:
+                    self.core.stop()
+
+        threading.Thread(target=run, name="engine-start", daemon=True).start()
+        await started
 
     def _start_blocking(self, hooks: EngineHooks | None) -> None:
         self.loaded = load_model(self.model, self.options, self.deploy)

@@ -30,6 +30,7 @@ from higgs_serve.model.hf_config import ModelSpec, load_model_spec
 from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
+from higgs_serve.progress import ProgressCallback
 from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
 from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, ProgressCallback
@@ -53,6 +54,9 @@ class RuntimeOptions:
     device: str | None = None  # None: cuda when available
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     max_waiting: int = 256
+    # on_progress(done, total, label) during the weight load and the graph capture
+    # (higgs_serve/progress.py); None: silent
+    on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
     def resolve_device(self, deploy: DeployConfig | None = None) -> torch.device:
         if self.device is None:
@@ -102,9 +106,10 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     spec = load_model_spec(model_dir)
     prompts = PromptBuilder.from_dir(model_dir)
     if options.load_format == "dummy":
-        talker_tensors, codec_tensors = build_dummy_tensors(spec, dtype=dtype, device=device, seed=0)
+        talker_tensors, codec_tensors = build_dummy_tensors(spec, dtype=dtype, device=device, seed=0,
+                                                            on_progress=options.on_progress)
     else:
-        ckpt = load_checkpoint(model_dir, spec)
+        ckpt = load_checkpoint(model_dir, spec, on_progress=options.on_progress)
         talker_tensors, codec_tensors = ckpt.talker, ckpt.codec
     talker = Talker(spec.text, spec.audio, dtype=dtype, device=device)
     talker.load_talker_weights(cast_tensors(talker_tensors, dtype, device))
@@ -185,11 +190,12 @@ def graph_dispatcher(deploy: DeployConfig, device: torch.device) -> CudaGraphDis
 
 
 def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
-                      hooks: EngineHooks | None = None, on_progress: ProgressCallback | None = None) -> EngineCore:
+                      hooks: EngineHooks | None = None) -> EngineCore:
     """A ready `EngineCore` (not started): its parts built, warmed up and captured, with `hooks`
-    (metrics, profiling; engine/core.py says when each is called). `on_progress(done, total,
-    label)` follows Stage 0's graph capture, called after each captured size."""
-    return EngineCore(build_engine_parts(loaded, deploy, on_progress), max_waiting=options.max_waiting, hooks=hooks)
+    (metrics, profiling; engine/core.py says when each is called). `options.on_progress(done,
+    total, label)` follows Stage 0's graph capture too, called after each captured size."""
+    parts = build_engine_parts(loaded, deploy, options.on_progress)
+    return EngineCore(parts, max_waiting=options.max_waiting, hooks=hooks)
 
 
 def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,

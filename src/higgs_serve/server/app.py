@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -116,8 +117,12 @@ def _api_key_checker(api_key: str):
 
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
-               reference_encoder: ReferenceEncoder | None = None) -> None:
-    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start."""
+               reference_encoder: ReferenceEncoder | None = None,
+               sockets: list[socket.socket] | None = None) -> None:
+    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start.
+
+    sockets: already bound listening sockets (the CLI binds before loading, so a port in use
+    fails at once); None: uvicorn binds settings.host:settings.port itself."""
     # Every admitted request waits in the engine before it is scheduled, so the engine's own
     # waiting bound must cover the server's whole in-flight capacity; the server gate decides.
     options = replace(options or RuntimeOptions(),
@@ -134,7 +139,7 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
 
     app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop)
     server = draining_server(app, settings.host, settings.port, log_level="info")
-    server.run()
+    server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error
     if error is not None:
         raise error

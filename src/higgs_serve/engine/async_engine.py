@@ -28,6 +28,7 @@ class _AsyncSink:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self.queue: asyncio.Queue[AudioChunk | BaseException] = asyncio.Queue()
+        self.frames: np.ndarray | None = None  # set by finish(), before the final chunk is queued
 
     def _push(self, item: AudioChunk | BaseException) -> None:
         try:
@@ -42,7 +43,9 @@ class _AsyncSink:
         self._push(error)
 
     def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
-        pass
+        # the core calls finish() before it hands the final window to the codec, so the frames
+        # are in place when the final chunk reaches the queue (long-form chains read them)
+        self.frames = frames
 
 
 class RequestStream(AsyncIterator[AudioChunk]):
@@ -71,6 +74,12 @@ class RequestStream(AsyncIterator[AudioChunk]):
         if item.is_final:
             self._done = True
         return item
+
+    @property
+    def frames(self) -> np.ndarray | None:
+        """[T, 8] int64 de-delayed codes of a finished request (after its final chunk); None if
+        it did not finish (aborted, failed)."""
+        return self._sink.frames
 
     def abort(self) -> None:
         if not self._done:

@@ -29,7 +29,7 @@ from higgs_serve.errors import (
     HiggsServeError,
     InvalidRequestError,
 )
-from higgs_serve.server import sse
+from higgs_serve.server import long_form, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
@@ -57,6 +57,9 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     except (ApiError, InvalidRequestError):
         state.metrics.count("invalid")
         raise
+    segments = long_form.plan_segments(body.input, state.settings)
+    if len(segments) > 1:  # split and spoken as one recording (server/long_form.py)
+        return await long_form.create_long_form(plan, segments, request, state, arrived_s)
     if not state.gate.try_acquire():
         state.metrics.count("rejected")
         raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "

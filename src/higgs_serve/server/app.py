@@ -24,7 +24,7 @@ from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
-from higgs_serve.server.routers import health, speech, voices
+from higgs_serve.server.routers import health, speech, speech_stream, voices
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import VoiceRegistry
@@ -68,6 +68,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     app.include_router(speech.router, dependencies=protected)
     app.include_router(voices.router, dependencies=protected)
     app.include_router(health.router)
+    # WebSocket: checks the API key itself (header or api_key query parameter)
+    app.include_router(speech_stream.router)
     return app
 
 

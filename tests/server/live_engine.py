@@ -20,6 +20,7 @@ from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.server.app import build_app
 from higgs_serve.server.settings import ServerSettings
+from higgs_serve.voices.reference_encoder import ReferenceEncoder
 
 
 class RecordingEngine:
@@ -60,7 +61,7 @@ def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_
     deploy = deploy_from_args(args, model_dir)
     options = RuntimeOptions(device="cpu", max_waiting=max_num_seqs + settings.max_queue)
     engine = RecordingEngine(AsyncEngine(str(model_dir), deploy, options))
-    app = build_app(engine, settings)
+    app = build_app(engine, settings, reference_encoder=ReferenceEncoder.for_engine(engine.inner))
     config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)

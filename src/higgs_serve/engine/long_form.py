@@ -128,13 +128,14 @@ class LongFormSession:
     after their final chunk.
     """
 
-    def __init__(self, engine, base: SpeechRequest, max_audio_samples: int):
+    def __init__(self, engine, base: SpeechRequest, max_audio_samples: int,
+                 ramp_samples: int = SEAM_RAMP_SAMPLES):
         self._engine = engine
         self.base = base
         self.max_audio_samples = max_audio_samples
         self._own_reference = base.reference is not None
         self._reference = base.reference
-        self._ramp = SeamRamp()
+        self._ramp = SeamRamp(ramp_samples)  # 0: plain concatenation (benchmarks compare)
         self.num_segments = 0
         self.num_samples = 0  # of the whole recording so far
         self.num_frames = 0

@@ -128,6 +128,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         reference = _reference_from_file(args.ref_audio, args.ref_text, engine.loaded) if args.ref_audio else None
         requests = [SpeechRequest(f"{i:04d}", text, sampling, stream=args.stream, reference=reference)
                     for i, text in enumerate(args.text)]
+        long_form = [r for r in requests if len(r.text) > args.segment_max_chars]
+        requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
+        _synth_long_form(engine, long_form, args, out_dir)
         stream_files = {r.request_id: open(out_dir / f"{r.request_id}.stream.f32", "wb") for r in requests} if args.stream else {}
 
         def on_chunk(request_id: str, chunk) -> None:
@@ -153,6 +156,36 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _synth_long_form(engine, requests, args: argparse.Namespace, out_dir: Path) -> None:
+    """Texts past --segment-max-chars: split and spoken as one recording each (engine/long_form.py);
+    writes NNNN.wav and NNNN.segments.json (segment timestamps)."""
+    import functools
+
+    import soundfile as sf
+
+    from higgs_serve.engine.async_engine import stream_from_core
+    from higgs_serve.engine.long_form import synthesize_long_form
+    from higgs_serve.text import group_segments
+
+    if args.segment_max_chars < 1 or args.max_audio_s <= 0:
+        raise HiggsServeError("--segment-max-chars and --max-audio-s must be positive")
+    if requests and args.stream:
+        raise HiggsServeError(f"--stream checks one request's chunks; text {requests[0].request_id} is "
+                              f"longer than --segment-max-chars {args.segment_max_chars}: drop --stream")
+    sr = engine.loaded.spec.codec.sample_rate
+    generate = functools.partial(stream_from_core, engine.core)
+    for request in requests:
+        t0 = time.perf_counter()
+        segments = group_segments(request.text, args.segment_max_chars)
+        result = synthesize_long_form(generate, request, segments, int(args.max_audio_s * sr))
+        sf.write(out_dir / f"{request.request_id}.wav", result.audio, sr, subtype="PCM_16")
+        timings = [done.timing(sr) for done in result.segments]
+        (out_dir / f"{request.request_id}.segments.json").write_text(json.dumps(timings, indent=1))
+        print(f"{request.request_id}: long-form, {len(timings)} segments, {result.num_frames} frames, "
+              f"{len(result.audio) / sr:.2f} s audio, finish={result.finish_reason}, "
+              f"wall {time.perf_counter() - t0:.2f} s", flush=True)
 
 
 def _write_result(out_dir: Path, res, sample_rate: int) -> None:
@@ -225,6 +258,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+        segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
+        ws_idle_timeout_s=args.ws_idle_timeout_s,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         **({"voices_dir": Path(args.voices_dir)} if args.voices_dir else {}),
     )
@@ -276,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stream chunks to OUT/NNNN.stream.f32 as they arrive and check them against the final audio")
     p.add_argument("--ref-audio", default=None, help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text")
     p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (optional)")
+    p.add_argument("--segment-max-chars", type=int, default=300,
+                   help="a longer --text is split into segments of at most this many characters and "
+                        "spoken as one recording (NNNN.wav + NNNN.segments.json)")
+    p.add_argument("--max-audio-s", type=float, default=7200.0,
+                   help="longest audio of one long-form --text (seconds)")
     _add_model_options(p)
     p.set_defaults(func=_cmd_synth)
 
@@ -295,7 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=ServerSettings.served_model_name)
     p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
                    help="requests allowed to wait; past it, 429")
-    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars)
+    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars,
+                   help="longest input (characters); inputs past --segment-max-chars are split "
+                        "and spoken as one recording")
+    p.add_argument("--segment-max-chars", type=int, default=ServerSettings.segment_max_chars,
+                   help="long-form: sentences are grouped into engine requests of at most this many characters")
+    p.add_argument("--max-audio-s", type=float, default=ServerSettings.max_audio_s,
+                   help="longest audio of one long-form response or WebSocket session (seconds)")
+    p.add_argument("--ws-idle-timeout-s", type=float, default=ServerSettings.ws_idle_timeout_s,
+                   help="close a WebSocket session idle this long with nothing left to speak")
     p.add_argument("--voices-dir", default=None, help="where registered voices persist")
     p.add_argument("--allowed-ref-audio-domains", default="",
                    help="comma-separated hosts whose http(s) URLs may be given as ref_audio")

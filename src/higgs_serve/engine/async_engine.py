@@ -90,6 +90,13 @@ class RequestStream(AsyncIterator[AudioChunk]):
         self.abort()
 
 
+def stream_from_core(core: EngineCore, request: SpeechRequest) -> RequestStream:
+    """Submit to a running core; the chunks arrive on the calling event loop."""
+    sink = _AsyncSink(asyncio.get_running_loop())
+    core.submit(request, sink)
+    return RequestStream(core, request.request_id, sink)
+
+
 class AsyncEngine:
     """`generate` returns at once with a stream, or raises (overload, bad request, dead engine)."""
 
@@ -128,9 +135,7 @@ class AsyncEngine:
     def generate(self, request: SpeechRequest) -> RequestStream:
         if self.core is None:
             raise EngineDeadError("the engine is not started")
-        sink = _AsyncSink(asyncio.get_running_loop())
-        self.core.submit(request, sink)
-        return RequestStream(self.core, request.request_id, sink)
+        return stream_from_core(self.core, request)
 
     def abort(self, request_id: str) -> None:
         if self.core is not None:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -124,13 +125,13 @@ class SeamRamp:
 class LongFormSession:
     """Speaks segments in order as one recording (one per long-form request or WebSocket session).
 
-    engine: anything with the AsyncEngine `generate()` contract whose streams expose `frames`
-    after their final chunk.
+    generate: the AsyncEngine `generate(request)` contract, returning a stream whose `frames`
+    hold the request's codes after its final chunk.
     """
 
-    def __init__(self, engine, base: SpeechRequest, max_audio_samples: int,
+    def __init__(self, generate: Callable, base: SpeechRequest, max_audio_samples: int,
                  ramp_samples: int = SEAM_RAMP_SAMPLES):
-        self._engine = engine
+        self._generate = generate
         self.base = base
         self.max_audio_samples = max_audio_samples
         self._own_reference = base.reference is not None
@@ -156,7 +157,7 @@ class LongFormSession:
         index = self.num_segments
         self.num_segments += 1
         request = self.request_for(index, segment)
-        stream = self._engine.generate(request)
+        stream = self._generate(request)
         start, frames_before = self.num_samples, self.num_frames
         self._ramp.new_segment()
         reason = "abort"
@@ -202,3 +203,30 @@ class LongFormSession:
         if "abort" in reasons:
             return "abort"
         return "length" if self.length_capped or "length" in reasons else "stop"
+
+
+@dataclass(frozen=True)
+class LongFormAudio:
+    audio: np.ndarray  # [n] float32: the whole recording
+    segments: list[SegmentDone]
+    num_frames: int
+    finish_reason: str
+
+
+def synthesize_long_form(generate: Callable, base: SpeechRequest, segments: Sequence[Segment],
+                         max_audio_samples: int) -> LongFormAudio:
+    """Blocking: speak every segment (offline use, `higgs-serve synth`). generate: an
+    AsyncEngine-style `generate(request)` (e.g. async_engine.stream_from_core bound to a core)."""
+    async def run() -> LongFormAudio:
+        session = LongFormSession(generate, base, max_audio_samples)
+        pieces = []
+        for segment in segments:
+            async for event in session.speak(segment):
+                if isinstance(event, SegmentAudio):
+                    pieces.append(event.audio)
+            if session.length_capped:
+                break
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        return LongFormAudio(audio, session.done, session.num_frames, session.finish_reason)
+
+    return asyncio.run(run())

@@ -58,7 +58,8 @@ class LongFormRun:
         self.plan = plan
         self.segments = segments
         self._arrived_s = arrived_s
-        self.session = LongFormSession(state.engine, plan.request, max_audio_samples(state))
+        self.session = LongFormSession(state.engine.generate, plan.request,
+                                       max_audio_samples(state))
         self._events = self._run()
         self._first: SegmentAudio | SegmentDone | None = None
         self._closed = False

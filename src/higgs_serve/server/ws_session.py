@@ -131,7 +131,7 @@ class SpeechStreamSession:
             await self._error_from(error)
             return False
         self.config = config
-        self.voice = LongFormSession(self.state.engine, config.plan.request,
+        self.voice = LongFormSession(self.state.engine.generate, config.plan.request,
                                      max_audio_samples(self.state))
         if config.options.protocol == "sglang-omni":
             await self._send_json({"type": "session.configured",

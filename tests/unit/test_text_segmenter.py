@@ -139,3 +139,11 @@ def test_incremental_forces_out_text_that_never_ends_a_sentence():
         out += seg.feed("word ")
     assert out and all(len(s.text) <= 20 for s in out)
     assert seg.pending_chars <= 50
+
+
+def test_incremental_does_not_wait_forever_for_a_closing_quote():
+    seg = IncrementalSegmenter(max_chars=20, max_buffer_chars=60)
+    out = seg.feed('He said "wait. ')
+    for _ in range(20):
+        out += seg.feed("More words here. ")
+    assert out and seg.pending_chars <= 60 + 17

@@ -36,11 +36,14 @@ class IncrementalSegmenter:
         spans = spans_of(self._buffer, self.max_chars)
         if not spans:
             return []
-        if len(self._buffer) <= self.max_buffer_chars and (
-                len(spans) <= 1 or _visible(self._buffer[spans[-1][0]:]) < LOOKAHEAD_CHARS):
+        if len(self._buffer) > self.max_buffer_chars:
+            # a producer that never ends its sentence or never closes its quote: out it goes,
+            # all but a last piece that may still grow
+            if len(spans) == 1:
+                return self._release(spans, len(self._buffer))
+            return self._release(spans[:-1], spans[-1][0])
+        if len(spans) == 1 or _visible(self._buffer[spans[-1][0]:]) < LOOKAHEAD_CHARS:
             return []
-        if len(spans) == 1:  # one sentence past the buffer bound: out it goes
-            return self._release(spans, len(self._buffer))
         # the last span may still grow; those before it are final up to the last trusted boundary
         ready = [i for i in range(1, len(spans)) if self._buffer[:spans[i][0]].count('"') % 2 == 0]
         if not ready:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 from live_engine import start_live_engine_server
+from live_server import metric
 
 from higgs_serve.model.delay_pattern import apply_delay
 from higgs_serve.server.settings import ServerSettings
@@ -183,3 +185,19 @@ def test_total_audio_is_capped(tiny_model_dir, tmp_path):
         assert len(server.engine.submitted) == 3  # 0.4 s + 0.4 s + the 0.2 s that fit
     finally:
         server.stop()
+
+
+def test_client_leaving_mid_stream_aborts_the_chain(http, live):
+    core, gate = live.engine.inner.core, live.app.state.server.gate
+    aborts = metric(http, 'higgs_serve_requests_total{outcome="abort"}')
+    live.engine.submitted.clear()
+    with http.stream("POST", "/v1/audio/speech", json={
+            "input": ARTICLE, "response_format": "pcm", "stream": True, "max_new_tokens": 150,
+            "seed": 1}) as r:
+        next(r.iter_bytes())  # audio is flowing
+    deadline = time.monotonic() + 5
+    while core.stats()["num_active"] or gate.in_flight:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert len(live.engine.submitted) == 1  # the chain stopped at the segment being spoken
+    assert metric(http, 'higgs_serve_requests_total{outcome="abort"}') == aborts + 1

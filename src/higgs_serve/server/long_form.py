@@ -63,6 +63,7 @@ class LongFormRun:
         self._events = self._run()
         self._first: SegmentAudio | SegmentDone | None = None
         self._closed = False
+        self.completed = False  # the chain ran to its end (every segment, or the audio cap)
 
     async def _run(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
         for segment in self.segments:
@@ -73,8 +74,11 @@ class LongFormRun:
                         yield event
             finally:
                 await speech.aclose()  # at once, not when collected: aborts the engine request
-            if self.session.length_capped or self.session.finish_reason == "abort":
+            if self.session.finish_reason == "abort":
                 return
+            if self.session.length_capped:
+                break
+        self.completed = True
 
     async def start(self) -> None:
         """Wait for the first audio (errors surface before any response starts)."""
@@ -107,11 +111,11 @@ class LongFormRun:
         if not record:
             return
         session = self.session
-        state.metrics.count(outcome or (session.finish_reason if session.done else "abort"))
+        state.metrics.count(outcome or (session.finish_reason if self.completed else "abort"))
         state.metrics.generated_frames.inc(session.num_frames)
         audio_s = session.num_samples / state.engine.sample_rate_hz
         state.metrics.audio_seconds.inc(audio_s)
-        if session.done and audio_s > 0:
+        if self.completed and audio_s > 0:
             state.metrics.rtf.observe((time.perf_counter() - self._arrived_s) / audio_s)
 
     def timings(self, scale: float = 1.0) -> list[dict]:

@@ -54,8 +54,9 @@ class LiveEngineServer:
 
 def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_seqs: int = 2,
                              max_tokens: int = 200) -> LiveEngineServer:
+    capture = list(range(1, min(max_num_seqs, 2) + 1))
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": max_tokens},
-                                  "compilation_config": {"cudagraph_capture_sizes": list(range(1, min(max_num_seqs, 2) + 1))}}})
+                                  "compilation_config": {"cudagraph_capture_sizes": capture}}})
     args = argparse.Namespace(deploy_config=None, stage_overrides=overrides, device="cpu",
                               max_num_seqs=max_num_seqs)
     deploy = deploy_from_args(args, model_dir)

@@ -201,3 +201,14 @@ def test_client_leaving_mid_stream_aborts_the_chain(http, live):
         time.sleep(0.005)
     assert len(live.engine.submitted) == 1  # the chain stopped at the segment being spoken
     assert metric(http, 'higgs_serve_requests_total{outcome="abort"}') == aborts + 1
+
+
+def test_delivery_tags_reach_every_later_segment(http, live):
+    text = "<|emotion:happy|> " + ARTICLE[:700]
+    live.engine.submitted.clear()
+    r = http.post("/v1/audio/speech", json={"input": text, "response_format": "pcm", **FIXED})
+    assert r.status_code == 200
+    texts = [request.text for request, _ in live.engine.submitted]
+    assert len(texts) >= 3 and all(t.startswith("<|emotion:happy|>") for t in texts)
+    # the chained reference's transcript is the previous segment's words, tags removed
+    assert all("<|" not in request.reference.ref_text for request, _ in live.engine.submitted[1:])

@@ -216,7 +216,7 @@ class SpeechStreamSession:
             state.gate.release()
             record.account(state)
 
-    async def _send_event(self, event, record: "_SegmentRecord", ready_s: float) -> None:
+    async def _send_event(self, event, record: _SegmentRecord, ready_s: float) -> None:
         options, fmt = self.config.options, self.config.plan.response_format
         if isinstance(event, SegmentStarted):
             self.num_sentences += 1
@@ -240,7 +240,7 @@ class SpeechStreamSession:
                                    "total_bytes": record.num_bytes,
                                    **event.timing(self.state.engine.sample_rate_hz)})
 
-    async def _send_audio(self, record: "_SegmentRecord", index: int) -> None:
+    async def _send_audio(self, record: _SegmentRecord, index: int) -> None:
         if not record.pending:
             return
         data, record.pending = b"".join(record.pending), []

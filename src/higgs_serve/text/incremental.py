@@ -5,9 +5,11 @@ period to know it ends a sentence ("Dr. Smith", "3.14"), and an opening quote ri
 sentence reads as a closing one until the quoted words arrive; so the last sentence of the buffer
 waits for more text or for `flush`, and the ones before it wait until the last one holds
 LOOKAHEAD_CHARS visible characters. Straight double quotes pair up only once both have arrived,
-so a boundary with an odd number of `"` before it is not trusted yet. Released sentences are exactly those `segment_text` gives for the
-whole text as long as sentencex decides each boundary from the text up to the next sentence
-(true for its rules), and offsets count from the start of the session's text.
+so a boundary with an odd number of `"` before it is not trusted yet. Released sentences are the
+ones `segment_text` gives for the whole text (tested on real text, fed a character at a time and
+in larger pieces), and offsets count from the start of the session's text. Text past
+`max_buffer_chars` is released whatever it ends with, so a producer that never ends a sentence
+(or never closes a quote) cannot grow the buffer without bound.
 """
 
 from __future__ import annotations

@@ -112,14 +112,20 @@ def test_raw_stream_and_sse_are_one_recording(http):
     assert done["usage"]["output_tokens"] == FRAMES * len(per_segment)
 
 
-def test_each_segment_is_cloned_from_the_one_before(http, live):
+def test_each_segment_is_cloned_from_the_one_before(http, live, monkeypatch):
+    core = live.engine.inner.core
+    scheduled = []  # the engine's own requests, as the scheduler receives them
+    add_request = core.scheduler.add_request
+    monkeypatch.setattr(core.scheduler, "add_request",
+                        lambda request: (scheduled.append(request), add_request(request))[1])
     live.engine.submitted.clear()
     r = http.post("/v1/audio/speech", json={"input": ARTICLE, "response_format": "pcm",
                                             "stream": True, **FIXED})
     assert r.status_code == 200
     submitted = live.engine.submitted
-    core = live.engine.inner.core
+    assert len(scheduled) == len(submitted)
     assert submitted[0][0].reference is None  # zero-shot: the first segment sets the voice
+    assert scheduled[0].num_placeholders == 0
     for k in range(1, len(submitted)):
         request, (previous, previous_stream) = submitted[k][0], submitted[k - 1]
         assert request.sampling.seed == SEED + k
@@ -127,8 +133,9 @@ def test_each_segment_is_cloned_from_the_one_before(http, live):
         assert codes.shape == (FRAMES, 8)
         np.testing.assert_array_equal(request.reference.codes, codes)
         assert request.reference.ref_text == previous.text
-        # the prompt the engine builds: ref_text tokens, then the delayed reference rows
-        prompt = core._build_request(request)[0]
+        # the prompt the engine runs: ref_text tokens, then segment k-1's codes (delayed) at the
+        # reference positions
+        prompt = scheduled[k]
         np.testing.assert_array_equal(np.array(prompt.placeholder_rows),
                                       apply_delay(codes).numpy())
         ref_tokens = core.prompts.tok(previous.text)

@@ -219,3 +219,13 @@ def test_delivery_tags_reach_every_later_segment(http, live):
     assert len(texts) >= 3 and all(t.startswith("<|emotion:happy|>") for t in texts)
     # the chained reference's transcript is the previous segment's words, tags removed
     assert all("<|" not in request.reference.ref_text for request, _ in live.engine.submitted[1:])
+
+
+def test_speed_scales_the_file_timestamps(http):
+    r = http.post("/v1/audio/speech", json={"input": ARTICLE[:900], "response_format": "wav",
+                                            "speed": 2.0, **FIXED})
+    assert r.status_code == 200, r.text
+    audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
+    segments = json.loads(r.headers["x-segments"])
+    assert segments[-1][3] == pytest.approx(len(audio) / rate, abs=1e-4)
+    assert len(audio) < len(segments) * FRAMES * 960 * 0.6  # about half as long

@@ -229,3 +229,12 @@ def test_speed_scales_the_file_timestamps(http):
     segments = json.loads(r.headers["x-segments"])
     assert segments[-1][3] == pytest.approx(len(audio) / rate, abs=1e-4)
     assert len(audio) < len(segments) * FRAMES * 960 * 0.6  # about half as long
+
+
+def test_segment_header_is_bounded():
+    from higgs_serve.server.long_form import MAX_SEGMENTS_HEADER_BYTES, _segments_header
+    timing = {"char_start": 12345, "char_end": 12645, "start_s": 1234.56789, "end_s": 1250.0}
+    few, many = _segments_header([timing] * 10), _segments_header([timing] * 2000)
+    assert json.loads(few["X-Segments"])[0] == [12345, 12645, 1234.56789, 1250.0]
+    assert many == {"X-Segments-Omitted": "2000"}
+    assert len(_segments_header([timing] * 300).get("X-Segments", "")) <= MAX_SEGMENTS_HEADER_BYTES

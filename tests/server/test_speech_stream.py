@@ -219,6 +219,29 @@ def test_disconnect_frees_the_engine_at_once(live):
     assert core.stats()["num_running"] == 0
 
 
+def test_text_waiting_to_be_spoken_is_bounded(live):
+    gate = live.app.state.server.gate
+
+    async def run():
+        ws = await websockets.connect(_ws_url(live))
+        await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+        chunk = "Words to speak later. " * 40  # 880 characters; the limit is 2000
+        for _ in range(3):
+            await ws.send(json.dumps({"type": "input.text", "text": chunk}))
+        while True:
+            message = await ws.recv()
+            if isinstance(message, str) and json.loads(message)["type"] == "error":
+                ws.transport.abort()
+                return json.loads(message)
+
+    error = asyncio.run(run())
+    assert error["code"] == "input_backlog" and error["error"]["param"] == "text"
+    deadline = time.monotonic() + 5
+    while gate.in_flight:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_idle_session_is_closed(live):
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:

@@ -48,7 +48,7 @@ class SpeechStreamSession:
         self.voice: LongFormSession | None = None
         self.segmenter = IncrementalSegmenter(state.settings.segment_max_chars)
         self.queue: asyncio.Queue[Segment | None] = asyncio.Queue()
-        self.queued_chars = 0  # text queued or buffered and not yet spoken
+        self.queued_chars = 0  # text of sentences queued and not yet spoken
         self.speaking = False
         self.num_sentences = 0
 
@@ -97,12 +97,12 @@ class SpeechStreamSession:
         text = message.get("text")
         if text is None:
             await self.send_error("binary messages are not accepted: send JSON text messages",
-                              code="invalid_message")
+                                  code="invalid_message")
             return False
         limit = self.state.settings.max_input_chars
         if len(text) > limit:
             await self.send_error(f"message is {len(text)} characters; the limit is {limit}",
-                              code="message_too_large")
+                                  code="message_too_large")
             return False
         try:
             event = json.loads(text)
@@ -111,12 +111,12 @@ class SpeechStreamSession:
             return False
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self.send_error("message must be a JSON object with a string 'type'",
-                              code="invalid_message", param="type")
+                                  code="invalid_message", param="type")
             return False
         handler = self._HANDLERS.get(event["type"])
         if handler is None:
             await self.send_error(f"unknown message type {event['type']!r}; expected one of "
-                              f"{', '.join(self._HANDLERS)}", code="unknown_type", param="type")
+                                  f"{', '.join(self._HANDLERS)}", code="unknown_type", param="type")
             return False
         return await handler(self, event)
 
@@ -146,15 +146,14 @@ class SpeechStreamSession:
         text = event.get("text")
         if not isinstance(text, str):
             await self.send_error("input.text needs a string 'text'", code="invalid_message",
-                              param="text")
+                                  param="text")
             return False
         limit = self.state.settings.max_input_chars
-        if self.queued_chars + len(text) > limit:
+        if self.segmenter.pending_chars + self.queued_chars + len(text) > limit:
             await self.send_error(f"more than {limit} characters are waiting to be spoken; this "
-                              "text was dropped: send more once audio has caught up",
-                              code="input_backlog", param="text")
+                                  "text was dropped: send more once audio has caught up",
+                                  code="input_backlog", param="text")
             return False
-        self.queued_chars += len(text)
         await self._enqueue(self.segmenter.feed(text))
         return False
 
@@ -177,6 +176,7 @@ class SpeechStreamSession:
 
     async def _enqueue(self, segments: list[Segment]) -> None:
         for segment in segments:
+            self.queued_chars += len(segment.text)
             await self.queue.put(segment)
 
     # ------------------------------------------------------------------ speaking
@@ -187,18 +187,18 @@ class SpeechStreamSession:
                 await self._speak(segment)
             finally:
                 self.speaking = False
-                self.queued_chars = max(0, self.queued_chars - len(segment.text))
+                self.queued_chars -= len(segment.text)
 
     async def _speak(self, segment: Segment) -> None:
         state = self.state
         if self.voice.length_capped:
             await self.send_error("this session reached the audio limit (max_audio_s); the text "
-                              "was not spoken", code="audio_limit")
+                                  "was not spoken", code="audio_limit")
             return
         if not state.gate.try_acquire():
             state.metrics.count("rejected")
             await self.send_error(f"the server is at capacity ({state.gate.capacity} requests in "
-                              "flight); this sentence was not spoken", code="queue_full")
+                                  "flight); this sentence was not spoken", code="queue_full")
             return
         ready_s = time.perf_counter()
         speech = self.voice.speak(segment)

@@ -138,7 +138,7 @@ def test_each_segment_is_cloned_from_the_one_before(http, live, monkeypatch):
         prompt = scheduled[k]
         np.testing.assert_array_equal(np.array(prompt.placeholder_rows),
                                       apply_delay(codes).numpy())
-        ref_tokens = core.prompts.tok(previous.text)
+        ref_tokens = live.engine.inner.prompt_builder.tok(previous.text)
         ids = list(prompt.prompt_token_ids[:prompt.placeholder_start])
         assert ref_tokens and any(ids[i:i + len(ref_tokens)] == ref_tokens for i in range(len(ids)))
 

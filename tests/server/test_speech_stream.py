@@ -206,6 +206,7 @@ def test_disconnect_frees_the_engine_at_once(live):
         while not isinstance(await ws.recv(), bytes):  # audio is flowing: a slot is busy
             pass
         assert core.stats()["num_active"] == 1 and gate.in_flight == 1
+        assert metric(httpx.Client(base_url=live.url), "higgs_serve_ws_sessions") == 1
         ws.transport.abort()  # drop the connection, no close handshake
         steps = core.counters.steps
         deadline = time.monotonic() + 5
@@ -215,6 +216,10 @@ def test_disconnect_frees_the_engine_at_once(live):
         return core.counters.steps - steps
 
     steps_after = asyncio.run(run())
+    deadline = time.monotonic() + 5
+    while metric(httpx.Client(base_url=live.url), "higgs_serve_ws_sessions") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     # counted from the client's side: the server's noticing the closed socket, the step in
     # flight and this loop's 5 ms polling included (seen: 0-2 of the 200 the sentence had left)
     assert steps_after <= 3

@@ -42,7 +42,11 @@ async def speech_stream(ws: WebSocket) -> None:
                              code="engine_dead" if dead else "not_ready", type="server_error")
         await ws.close(CLOSE_TRY_AGAIN)
         return
-    await session.run()
+    state.metrics.ws_sessions.inc()
+    try:
+        await session.run()
+    finally:
+        state.metrics.ws_sessions.dec()
 
 
 def _authorized(ws: WebSocket, api_key: str | None) -> bool:

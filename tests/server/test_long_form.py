@@ -88,7 +88,7 @@ def test_file_response_with_segment_header(http, live):
 def test_raw_stream_and_sse_are_one_recording(http):
     raw = http.post("/v1/audio/speech", json={"input": ARTICLE, "response_format": "pcm",
                                               "stream": True, **FIXED})
-    assert raw.status_code == 200
+    assert raw.status_code == 200 and float(raw.headers["x-time-to-first-audio-ms"]) > 0
     events = []
     with http.stream("POST", "/v1/audio/speech", json={
             "input": ARTICLE, "response_format": "pcm", "stream_format": "sse", **FIXED}) as r:

@@ -145,6 +145,7 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
                "X-Segment-Count": str(len(segments))}
     if plan.mode == "file":
         return await _file(run, request, state, headers)
+    headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
     if plan.mode == "sse":
         return StreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
                                  headers={**headers, "Cache-Control": "no-cache"},

@@ -20,6 +20,8 @@ BINARY=(
   cffi==2.1.1
   soundfile==0.14.0
   soxr==1.1.0
+  sentencex==1.0.32  # text segmentation (long-form, WebSocket)
+  websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client
 )
 # pure-python wheels
 PURE=(

@@ -12,6 +12,8 @@
 #   serving_ht  bench_serving, high-throughput profile, c = 1..64       est. 2-4 min (limit 255 s)
 #   serving_fp  bench_serving, full_and_piecewise profile, c = 1..64    est. 1-2 min (limit 255 s)
 #   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
+#   longform    bench_seam (joins with and without the seam ramp), then  est. 3-5 min
+#               bench_ws_stream against a server (WebSocket TTFA at LLM text speed, c = 1/4/16)
 # A device call is limited to 10 min (keep a margin: <= 9): e.g. `tests step`, then
 # `serving plots` (or `serving_ll` and `serving_ht plots` in separate calls if serving runs long).
 #
@@ -110,6 +112,28 @@ stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_thro
 stage_serving_fp() { serving_profile serving_fp higgs_multimodal_qwen3_full_and_piecewise 255; }
 stage_serving() { stage_serving_ll; stage_serving_ht; stage_serving_fp; }
 
+stage_longform() {
+  run seam 240 python3 benchmarks/bench_seam.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+    --segments 20 --frames 100 --out "$OUT/seam.json"
+  local port pid i rc
+  port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  python3 -m higgs_serve.cli --log-level WARNING serve "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+    --host 127.0.0.1 --port $port >/tmp/server_ws.log 2>&1 &
+  pid=$!
+  for i in $(seq 1 240); do
+    python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:$port/ready').status_code != 200)" \
+      2>/dev/null && break
+    sleep 1
+  done
+  run ws_stream 300 python3 benchmarks/bench_ws_stream.py --url "ws://127.0.0.1:$port" --sessions 6 \
+    --concurrency 1 4 16 --frames 75 --out "$OUT/ws_stream.json"
+  rc=$?
+  kill -INT "$pid"
+  wait "$pid"
+  { echo "--- last lines of the ws server log"; tail -n 20 /tmp/server_ws.log; } >>"$LOG" 2>&1
+  return $rc
+}
+
 stage_plots() {
   local serving=()
   for f in "$OUT"/serving_ll.json "$OUT"/serving_ht.json "$OUT"/serving_fp.json; do [ -f "$f" ] && serving+=("$f"); done
@@ -124,13 +148,14 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|longform|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|serving|serving_ll|serving_ht|serving_fp|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, plots)" >&2; exit 2 ;;
+    tests|step|serving|serving_ll|serving_ht|serving_fp|longform|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, longform, plots)" >&2
+       exit 2 ;;
   esac
 done
 

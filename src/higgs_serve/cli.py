@@ -89,9 +89,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
     from higgs_serve.sampling_params import SamplingParams
-    from higgs_serve.synth_report import SynthMonitor, stream_check, write_result
+    from higgs_serve.synth_report import SynthMonitor, stream_check, synth_long_form, write_result
 
     preflight.check_texts(args.text)
+    if args.segment_max_chars < 1 or args.max_audio_s <= 0:
+        raise ConfigError("--segment-max-chars and --max-audio-s must be positive")
+    long_text = next((i for i, text in enumerate(args.text) if len(text) > args.segment_max_chars), None)
+    if args.stream and long_text is not None:
+        raise ConfigError(f"--stream checks one request's chunks; text {long_text:04d} is longer than "
+                          f"--segment-max-chars {args.segment_max_chars} (spoken as segments): drop --stream")
     if args.ref_text is not None and args.ref_audio is None and args.ref_codes is None:
         raise ConfigError("--ref-text is the transcript of --ref-audio / --ref-codes: give one of them too")
     if args.ref_codes is not None and args.ref_audio is not None:
@@ -118,7 +124,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         requests = [SpeechRequest(rid, text, sampling, stream=args.stream, reference=reference)
                     for rid, text in zip(ids, args.text)]
         sample_rate = engine.loaded.spec.codec.sample_rate
-        monitor = SynthMonitor(out_dir, ids, sample_rate, stream=args.stream, progress=ProgressReporter(unit="req"))
+        long_texts = [r for r in requests if len(r.text) > args.segment_max_chars]  # one recording each
+        requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
+        synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s, out_dir)
+        monitor = SynthMonitor(out_dir, [r.request_id for r in requests], sample_rate, stream=args.stream,
+                               progress=ProgressReporter(unit="req"))
         try:
             results = engine.generate_batch(requests, on_chunk=monitor.on_chunk)
         finally:
@@ -175,6 +185,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         extra_served_model_names=tuple(args.served_model_name[1:]),
         allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+        segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
+        ws_idle_timeout_s=args.ws_idle_timeout_s,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         **voices,
     )
@@ -258,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref-codes", default=None,
                    help="clone from codes [T, 8] saved by encode-voice (.npy) instead of --ref-audio (default: none)")
     add_model_options(p)
+    p.add_argument("--segment-max-chars", type=int, default=300,
+                   help="a longer --text is split into segments of at most this many characters and "
+                        "spoken as one recording (NNNN.wav + NNNN.segments.json)")
+    p.add_argument("--max-audio-s", type=float, default=7200.0, help="longest audio of one long-form --text (seconds)")
 
     p = _subcommand(sub, "encode-voice", "encode a reference clip into codec codes (.npy, [T, 8] int64)",
                     _cmd_encode_voice, "encode-voice MODEL FILE -o OUTPUT [options]")
@@ -277,7 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
                    help="requests allowed to wait beyond the running ones; past it, 429")
     p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars,
-                   help="longest `input` text accepted; longer is a 400")
+                   help="longest input (characters); inputs past --segment-max-chars are split "
+                        "and spoken as one recording; longer is a 413")
+    p.add_argument("--segment-max-chars", type=int, default=ServerSettings.segment_max_chars,
+                   help="long-form: sentences are grouped into engine requests of at most this many characters")
+    p.add_argument("--max-audio-s", type=float, default=ServerSettings.max_audio_s,
+                   help="longest audio of one long-form response or WebSocket session (seconds)")
+    p.add_argument("--ws-idle-timeout-s", type=float, default=ServerSettings.ws_idle_timeout_s,
+                   help="close a WebSocket session idle this long with nothing left to speak")
     p.add_argument("--voices-dir", default=None,
                    help=f"where registered voices persist (default: {ServerSettings().voices_dir})")
     p.add_argument("--allowed-ref-audio-domains", default="",

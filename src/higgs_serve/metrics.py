@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -134,6 +135,9 @@ class ServerMetrics:
         self.stage0_rows = Counter(
             f"{PREFIX}_stage0_rows", "Delayed code rows (one per running request per step) Stage 0 sampled.",
             registry=self.registry)
+        self.ws_sessions = Gauge(
+            f"{PREFIX}_ws_sessions", "Open WebSocket speech sessions (/v1/audio/speech/stream); "
+            "each of their sentences also counts as a request.", registry=self.registry)
         self.registry.register(_EngineStats(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))

@@ -103,3 +103,30 @@ def stream_check(codec, out_dir: Path, res) -> str:
     err = float(np.max(np.abs(oneshot - res.audio))) if len(oneshot) == len(res.audio) else float("inf")
     peak = float(np.max(np.abs(oneshot))) or 1.0
     return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"
+
+
+def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float, out_dir: Path) -> None:
+    """Texts past `segment_max_chars`: split and spoken as one recording each
+    (engine/long_form.py); writes OUT/<id>.wav and OUT/<id>.segments.json (segment timestamps)."""
+    import functools
+    import json
+
+    import soundfile as sf
+
+    from higgs_serve.engine.async_engine import stream_from_core
+    from higgs_serve.engine.long_form import synthesize_long_form
+    from higgs_serve.text import group_segments
+
+    sample_rate = engine.loaded.spec.codec.sample_rate
+    generate = functools.partial(stream_from_core, engine.core)
+    for request in requests:
+        t0 = time.perf_counter()
+        segments = group_segments(request.text, segment_max_chars)
+        result = synthesize_long_form(generate, request, segments, int(max_audio_s * sample_rate))
+        wav, timings_path = out_dir / f"{request.request_id}.wav", out_dir / f"{request.request_id}.segments.json"
+        sf.write(wav, result.audio, sample_rate, subtype="PCM_16")
+        timings = [done.timing(sample_rate) for done in result.segments]
+        timings_path.write_text(json.dumps(timings, indent=1))
+        print(f"{request.request_id}: long-form, {len(timings)} segments, {result.num_frames} frames, "
+              f"{len(result.audio) / sample_rate:.2f} s audio, finish={result.finish_reason}, "
+              f"{time.perf_counter() - t0:.2f} s -> {wav}, {timings_path}", flush=True)

@@ -94,7 +94,7 @@ class FakeEngine:
             raise EngineOverloadedError("fake queue full")
         self.requests.append(request)
         self._active.add(request.request_id)
-        return self._run(request)
+        return _FakeStream(self._run(request))
 
     async def _run(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]:
         rid = request.request_id
@@ -139,3 +139,26 @@ class FakeEngine:
         running = min(len(self._active), self.deploy.stage0.max_num_seqs)
         return {"num_running": running, "num_waiting": len(self._active) - running,
                 "free_kv_blocks": 100 - 10 * running, "total_kv_blocks": 100}
+
+
+class _FakeStream:
+    """The contract's request stream: chunks, then `frames` (fake [T, 8] codes, as many as the
+    chunks covered) once the final chunk arrived, so long-form chains run on the fake too."""
+
+    def __init__(self, chunks: AsyncIterator[AudioChunk]):
+        self._chunks = chunks
+        self._num_frames = 0
+        self.frames: np.ndarray | None = None
+
+    def __aiter__(self) -> "_FakeStream":
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        chunk = await self._chunks.__anext__()
+        self._num_frames += chunk.num_frames
+        if chunk.is_final and chunk.finish_reason != "abort":
+            self.frames = np.arange(self._num_frames * 8, dtype=np.int64).reshape(-1, 8) % 1024
+        return chunk
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()

@@ -29,6 +29,7 @@ class _AsyncSink:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self.queue: asyncio.Queue[AudioChunk | BaseException] = asyncio.Queue()
+        self.frames: np.ndarray | None = None  # set by finish(), before the final chunk is queued
 
     def _push(self, item: AudioChunk | BaseException) -> None:
         try:
@@ -43,7 +44,9 @@ class _AsyncSink:
         self._push(error)
 
     def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
-        pass
+        # the core calls finish() before it hands the final window to the codec, so the frames
+        # are in place when the final chunk reaches the queue (long-form chains read them)
+        self.frames = frames
 
 
 class RequestStream(AsyncIterator[AudioChunk]):
@@ -73,6 +76,12 @@ class RequestStream(AsyncIterator[AudioChunk]):
             self._done = True
         return item
 
+    @property
+    def frames(self) -> np.ndarray | None:
+        """[T, 8] int64 de-delayed codes of a finished request (after its final chunk); None if
+        it did not finish (aborted, failed)."""
+        return self._sink.frames
+
     def abort(self) -> None:
         if not self._done:
             self._done = True
@@ -80,6 +89,13 @@ class RequestStream(AsyncIterator[AudioChunk]):
 
     async def aclose(self) -> None:
         self.abort()
+
+
+def stream_from_core(core: EngineCore, request: SpeechRequest) -> RequestStream:
+    """Submit to a running core; the chunks arrive on the calling event loop."""
+    sink = _AsyncSink(asyncio.get_running_loop())
+    core.submit(request, sink)
+    return RequestStream(core, request.request_id, sink)
 
 
 class AsyncEngine:
@@ -148,9 +164,7 @@ class AsyncEngine:
     def generate(self, request: SpeechRequest) -> RequestStream:
         if self.core is None:
             raise EngineDeadError("the engine is not started")
-        sink = _AsyncSink(asyncio.get_running_loop())
-        self.core.submit(request, sink)
-        return RequestStream(self.core, request.request_id, sink)
+        return stream_from_core(self.core, request)
 
     def abort(self, request_id: str) -> None:
         if self.core is not None:

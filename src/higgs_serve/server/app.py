@@ -28,7 +28,7 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.body_limit import BodyLimitMiddleware
-from higgs_serve.server.routers import health, speech, speech_batch, voices
+from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices
 from higgs_serve.server.schemas import ERROR_RESPONSES
 from higgs_serve.server.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
@@ -81,6 +81,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     for router in (speech.router, speech_batch.router, voices.router, health.models_router):
         app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
+    # WebSocket: checks the API key itself (header or api_key query parameter)
+    app.include_router(speech_stream.router)
     return app
 
 

@@ -7,7 +7,11 @@ from pathlib import Path
 
 from higgs_serve.errors import ConfigError
 
-DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
+# Long inputs are split into segments and spoken as one recording (server/long_form.py).
+DEFAULT_MAX_INPUT_CHARS = 100_000
+DEFAULT_SEGMENT_MAX_CHARS = 300  # about 20 s of speech: a sentence group per engine request
+DEFAULT_MAX_AUDIO_S = 7200.0  # a long-form response or WebSocket session stops here
+DEFAULT_WS_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
 # Request bodies, counted while they arrive (server/body_limit.py): JSON room for a base64
@@ -32,6 +36,11 @@ class ServerSettings:
     # Requests allowed to wait beyond the engine's running slots (max_num_seqs); past it, 429.
     max_queue: int = 64
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    # Long-form and WebSocket text: segment size, total audio per response/session, and how
+    # long a WebSocket session may sit with no message and nothing to speak before it is closed.
+    segment_max_chars: int = DEFAULT_SEGMENT_MAX_CHARS
+    max_audio_s: float = DEFAULT_MAX_AUDIO_S
+    ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
     voices_dir: Path = field(default_factory=lambda: DEFAULT_VOICES_DIR)
     # Hosts whose http(s) URLs may be fetched for `ref_audio`; empty = URLs are refused.
     allowed_ref_audio_domains: tuple[str, ...] = ()
@@ -52,7 +61,9 @@ class ServerSettings:
     def __post_init__(self) -> None:
         positive = {"port": self.port, "max_input_chars": self.max_input_chars,
                     "max_ref_audio_bytes": self.max_ref_audio_bytes,
-                    "send_timeout_s": self.send_timeout_s}
+                    "send_timeout_s": self.send_timeout_s,
+                    "segment_max_chars": self.segment_max_chars, "max_audio_s": self.max_audio_s,
+                    "ws_idle_timeout_s": self.ws_idle_timeout_s}
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"server setting {name} must be positive, got {value}")

@@ -28,22 +28,27 @@ CLIENT_GONE = object()  # what `unless_disconnected` returns when the client hun
 T = TypeVar("T")
 
 
-async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -> Generation:
+async def admit_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
     """Take an admission slot, then plan the request: the slot comes first, so no reference clip
     is fetched, decoded or encoded for a request the server has no room for (429, counted
-    "rejected"). A plan that fails frees the slot and is counted "invalid"."""
+    "rejected"). A plan that fails frees the slot and is counted "invalid"; the caller owns the
+    slot of a plan returned."""
     if not state.gate.try_acquire():
         state.metrics.count("rejected")
         raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
                                     "in flight); retry later")  # 429 + Retry-After (errors.py)
     try:
-        plan = await build_plan(body, state)
+        return await build_plan(body, state)
     except BaseException as error:
         state.gate.release()
         if isinstance(error, (ApiError, InvalidRequestError)):
             state.metrics.count("invalid")
         raise
-    return Generation(state, plan, arrived_s)
+
+
+async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -> Generation:
+    """admit_plan, as one engine request (its Generation frees the slot when closed)."""
+    return Generation(state, await admit_plan(body, state), arrived_s)
 
 
 async def start(generation: Generation, state: ServerState,

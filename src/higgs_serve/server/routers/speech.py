@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.errors import EngineDeadError, HiggsServeError, InvalidRequestError
-from higgs_serve.server import speech_run, sse
+from higgs_serve.server import long_form, speech_run, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
@@ -43,6 +43,9 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
     check_engine(state)
+    segments = long_form.plan_segments(body.input, state.settings)
+    if len(segments) > 1:  # split and spoken as one recording (server/long_form.py)
+        return await long_form.create_long_form(body, segments, request, state, arrived_s)
     generation = await speech_run.admit(body, state, arrived_s)
     plan = generation.plan
     if not await speech_run.start(generation, state,

@@ -1,0 +1,246 @@
+"""Long-form POST /v1/audio/speech: an input longer than one segment budget is split
+(text.group_segments) and spoken segment by segment (engine/long_form.py) as ONE response.
+
+- file: the whole recording, encoded once; `X-Segments` holds the segment timestamps as compact
+  JSON `[[char_start, char_end, start_s, end_s], ...]` (omitted past MAX_SEGMENTS_HEADER_BYTES,
+  with `X-Segments-Omitted: <count>`; SSE carries them at any length).
+- raw stream (pcm/wav): the samples only (headers are gone before the first segment ends).
+- sse: `speech.audio.delta` as usual, a `speech.segment.done` event per segment as it finishes,
+  and `speech.audio.done` with usage, finish_reason and every segment.
+
+One admission slot covers the whole request (segments run one after another). The first
+segment's first audio is awaited before the response starts, as for any request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.background import BackgroundTask
+
+from higgs_serve.audio import formats
+from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
+from higgs_serve.errors import EngineOverloadedError, HiggsServeError
+from higgs_serve.server import speech_run, sse
+from higgs_serve.server.errors import error_object, to_api_error
+from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.send_timeout import ClosingStreamingResponse
+from higgs_serve.server.settings import ServerSettings
+from higgs_serve.server.speech_plan import SpeechPlan
+from higgs_serve.server.state import ServerState
+from higgs_serve.text import Segment, group_segments
+
+MAX_SEGMENTS_HEADER_BYTES = 16384
+
+
+def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
+    """The request's segments; one segment means an ordinary single request."""
+    if len(text) <= settings.segment_max_chars:
+        return [Segment(0, len(text), text, text)]
+    return group_segments(text, settings.segment_max_chars)
+
+
+def max_audio_samples(state: ServerState) -> int:
+    return int(state.settings.max_audio_s * state.engine.sample_rate_hz)
+
+
+class LongFormRun:
+    """One admitted long-form request: its segment chain and its bookkeeping, done once."""
+
+    def __init__(self, state: ServerState, plan: SpeechPlan, segments: list[Segment],
+                 arrived_s: float):
+        self._state = state
+        self.plan = plan
+        self.segments = segments
+        self._arrived_s = arrived_s
+        self.session = LongFormSession(state.engine.generate, plan.request,
+                                       max_audio_samples(state))
+        self._events = self._run()
+        self._first: SegmentAudio | SegmentDone | None = None
+        self._closed = False
+        self.started_s = time.perf_counter()  # the chain's engine time runs from here
+        self._aborted = False
+        state.generations.add(self)  # the shutdown's grace period aborts it (abort_in_flight)
+        self.completed = False  # the chain ran to its end (every segment, or the audio cap)
+
+    async def _run(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
+        for segment in self.segments:
+            if self._aborted:
+                return
+            speech = self.session.speak(segment)
+            try:
+                async for event in speech:
+                    if isinstance(event, (SegmentAudio, SegmentDone)):
+                        yield event
+            finally:
+                await speech.aclose()  # at once, not when collected: aborts the engine request
+            if self.session.finish_reason == "abort":
+                return
+            if self.session.length_capped:
+                break
+        self.completed = True
+
+    async def start(self) -> None:
+        """Wait for the first audio (errors surface before any response starts)."""
+        try:
+            self._first = await anext(self._events)
+        except BaseException:
+            await self.close(outcome=None, record=False)
+            raise
+        self._state.metrics.ttfa_seconds.observe(time.perf_counter() - self._arrived_s)
+
+    async def events(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
+        first, self._first = self._first, None
+        if first is not None:
+            yield first
+        async for event in self._events:
+            yield event
+
+    async def collect(self) -> np.ndarray:
+        pieces = [e.audio async for e in self.events() if isinstance(e, SegmentAudio)]
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+    def abort(self) -> None:
+        """Stop the chain: the segment being spoken is aborted in the engine, no other starts."""
+        self._aborted = True
+        if self.session.current_request_id is not None:
+            self._state.engine.abort(self.session.current_request_id)
+
+    async def close(self, outcome: str | None = None, record: bool = True) -> None:
+        """Abort what is unfinished, free the admission slot, record the outcome once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._events.aclose()  # closes the running segment: its engine request aborts
+        state = self._state
+        state.generations.discard(self)
+        state.gate.release()
+        if not record:
+            return
+        session = self.session
+        state.metrics.count(outcome or (session.finish_reason if self.completed else "abort"))
+        state.metrics.generated_frames.inc(session.num_frames)
+        audio_s = session.num_samples / state.engine.sample_rate_hz
+        state.metrics.audio_seconds.inc(audio_s)
+        if self.completed and audio_s > 0:
+            state.metrics.rtf.observe((time.perf_counter() - self._arrived_s) / audio_s)
+
+    def timings(self, scale: float = 1.0) -> list[dict]:
+        rate = self._state.engine.sample_rate_hz / scale
+        return [done.timing(rate) for done in self.session.done]
+
+
+async def create_long_form(body: SpeechRequestBody, segments: list[Segment], request: Request,
+                           state: ServerState, arrived_s: float) -> Response:
+    """Admit (one slot for the whole chain, before any reference work), plan, start and answer
+    (see module doc)."""
+    plan = await speech_run.admit_plan(body, state)
+    run = LongFormRun(state, plan, segments, arrived_s)
+    try:
+        await run.start()
+    except EngineOverloadedError:
+        state.metrics.count("rejected")
+        raise
+    except BaseException:
+        state.metrics.count("error")
+        raise
+    headers = {**speech_run.audio_headers(plan), "X-Segment-Count": str(len(segments))}
+    if plan.mode == "file":
+        return await _file(run, request, state, headers)
+    headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
+    if plan.mode == "sse":
+        return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
+                                 headers={**headers, "Cache-Control": "no-cache"},
+                                 background=BackgroundTask(run.close))
+    return ClosingStreamingResponse(_raw(run, state), media_type=formats.MEDIA_TYPES[plan.response_format],
+                             headers={**headers, "Cache-Control": "no-cache"},
+                             background=BackgroundTask(run.close))
+
+
+async def _file(run: LongFormRun, request: Request, state: ServerState,
+                headers: dict[str, str]) -> Response:
+    plan = run.plan
+    try:
+        audio = await speech_run.unless_disconnected(run.collect(), request)
+        if audio is speech_run.CLIENT_GONE:
+            await run.close()  # the client left: unfinished, counted as "abort"
+            return Response(status_code=499)
+        if run.session.finish_reason == "abort":  # cut by the shutdown's grace period
+            await run.close()
+            raise speech_run.shutting_down()
+        data = await speech_run.render_file(audio, plan, state)  # stretch, output rate, encode
+    except BaseException:
+        await run.close(outcome="error")
+        raise
+    await run.close()
+    # speed != 1 shortens the recording by 1/speed: the timestamps scale alike (exact at speed 1)
+    frames = run.session.num_frames
+    headers = {**headers, **_segments_header(run.timings(1.0 / plan.speed)),
+               "X-Finish-Reason": run.session.finish_reason,
+               "X-Usage-Input-Tokens": str(plan.input_tokens), "X-Usage-Output-Tokens": str(frames),
+               "X-Prompt-Tokens": str(plan.input_tokens), "X-Completion-Tokens": str(frames),
+               "X-Engine-Time": f"{time.perf_counter() - run.started_s:.4f}"}
+    return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
+
+
+def _segments_header(timings: list[dict]) -> dict[str, str]:
+    compact = [[t["char_start"], t["char_end"], t["start_s"], t["end_s"]] for t in timings]
+    value = json.dumps(compact, separators=(",", ":"))
+    if len(value) > MAX_SEGMENTS_HEADER_BYTES:
+        return {"X-Segments-Omitted": str(len(timings))}
+    return {"X-Segments": value}
+
+
+async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
+    try:
+        pcm = speech_run.PcmChunks(run.plan, state)  # the request's output rate
+        if run.plan.response_format == "wav":
+            yield formats.streaming_wav_header(run.plan.sample_rate_hz)
+        async for event in run.events():
+            if isinstance(event, SegmentAudio):
+                yield pcm.convert(event.audio, is_final=False)
+        yield pcm.convert(np.zeros(0, np.float32), is_final=True)
+        if run.session.finish_reason == "abort":
+            raise HiggsServeError("the request was aborted by the server before it finished")
+    except HiggsServeError:
+        await run.close(outcome="error")
+        raise
+    finally:
+        await run.close()
+
+
+async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
+    plan, rate = run.plan, state.engine.sample_rate_hz  # rate: of the engine's samples (timings)
+    pcm = speech_run.PcmChunks(plan, state)  # the request's output rate
+    sent_audio = False
+    try:
+        if plan.response_format == "wav":
+            yield sse.audio_delta(formats.streaming_wav_header(plan.sample_rate_hz))
+        async for event in run.events():
+            if isinstance(event, SegmentAudio):
+                yield sse.audio_delta(pcm.convert(event.audio, is_final=False))
+                sent_audio = True
+            else:
+                yield sse.encode_event("speech.segment.done", event.timing(rate))
+        tail = pcm.convert(np.zeros(0, np.float32), is_final=True)
+        if tail:
+            yield sse.audio_delta(tail)
+        session = run.session
+        if session.finish_reason == "abort":
+            raise HiggsServeError("the request was aborted by the server before it finished")
+        usage = {"input_tokens": plan.input_tokens, "output_tokens": session.num_frames,
+                 "total_tokens": plan.input_tokens + session.num_frames}
+        yield sse.encode_event("speech.audio.done", {
+            "usage": usage, "finish_reason": session.finish_reason, "segments": run.timings()})
+    except HiggsServeError as error:
+        await run.close(outcome="error")
+        api_error = to_api_error(error)
+        yield sse.audio_error(error_object(api_error.message, api_error.type, api_error.param,
+                                           api_error.code), partial_audio=sent_audio)
+    finally:
+        await run.close()

@@ -1,0 +1,59 @@
+"""WS /v1/audio/speech/stream: streamed text in, speech out, sentence by sentence.
+
+The protocol (vllm-omni's "Streaming Text Input", with sglang-omni's variant behind
+`protocol`; docs/api.md, "WebSocket streaming"):
+
+    client: session.config {REST fields + stream_audio, audio_transport, protocol}
+            input.text {text}   input.done   session.close
+    server: [session.configured]  audio.start  <binary audio> | audio.chunk  audio.done
+            session.done  error
+
+Auth: with --api-key, `Authorization: Bearer <key>` or the `api_key` query parameter; a wrong or
+missing key gets an `error` event and close code 1008. A server still warming up (or whose engine
+died) answers `error` and close code 1013.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import APIRouter, WebSocket
+
+from higgs_serve.server.state import ServerState
+from higgs_serve.server.ws_session import CLOSE_POLICY, CLOSE_TRY_AGAIN, SpeechStreamSession
+
+router = APIRouter(tags=["audio"])
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream(ws: WebSocket) -> None:
+    state: ServerState = ws.app.state.server
+    await ws.accept()
+    session = SpeechStreamSession(ws, state)
+    if not _authorized(ws, state.settings.api_key):
+        await session.send_error("missing or invalid API key: send 'Authorization: Bearer <key>' "
+                             "or the api_key query parameter", code="invalid_api_key")
+        await ws.close(CLOSE_POLICY)
+        return
+    if not state.engine_ready():
+        dead = state.engine_dead()
+        await session.send_error("the engine has stopped; the server must be restarted" if dead
+                             else "the engine is still warming up; retry shortly",
+                             code="engine_dead" if dead else "not_ready", type="server_error")
+        await ws.close(CLOSE_TRY_AGAIN)
+        return
+    state.metrics.ws_sessions.inc()
+    try:
+        await session.run()
+    finally:
+        state.metrics.ws_sessions.dec()
+
+
+def _authorized(ws: WebSocket, api_key: str | None) -> bool:
+    if api_key is None:
+        return True
+    scheme, _, token = ws.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        return True
+    query = ws.query_params.get("api_key", "")
+    return bool(query) and secrets.compare_digest(query.encode(), api_key.encode())

@@ -1,0 +1,68 @@
+"""`session.config` of WS /v1/audio/speech/stream -> a validated plan, with the REST rules.
+
+The REST fields (voice, response_format, seed, sampling, ref_audio, ...) are validated by the same
+schema (SpeechRequestBody) and the same plan builder (speech_plan.build_plan) as
+POST /v1/audio/speech, as a streaming request, so every limit and error message is the REST one.
+The WebSocket-only fields are checked here:
+
+    stream_audio     true (default): send each sentence's audio as it is generated;
+                     false: one binary message per sentence, when it is complete
+    audio_transport  "binary" (default): audio in binary WebSocket messages;
+                     "base64": audio.chunk JSON events carrying base64 audio
+    protocol         "vllm-omni" (default): input.done flushes, the session stays open;
+                     "sglang-omni": a session.configured reply, and input.done ends the session
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from higgs_serve.errors import InvalidRequestError
+from higgs_serve.server.errors import describe_validation_errors
+from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.speech_plan import SpeechPlan, build_plan
+from higgs_serve.server.state import ServerState
+
+# REST fields that describe one request's text or response shape, not a session
+NOT_IN_SESSIONS = ("input", "stream", "stream_format")
+PLACEHOLDER_INPUT = "session"  # build_plan validates a request; segments replace its text
+
+
+class SessionOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    stream_audio: bool = True
+    audio_transport: Literal["binary", "base64"] = "binary"
+    protocol: Literal["vllm-omni", "sglang-omni"] = "vllm-omni"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    plan: SpeechPlan  # request = the session's base request (voice, sampling, format)
+    options: SessionOptions
+
+
+async def parse_session_config(message: dict, state: ServerState) -> SessionConfig:
+    """Raises InvalidRequestError / ApiError naming the field, exactly as REST would."""
+    fields = {k: v for k, v in message.items() if k != "type"}
+    for name in NOT_IN_SESSIONS:
+        if name in fields:
+            raise InvalidRequestError(
+                f"{name} is not a session field: send text with input.text messages; audio "
+                "always streams", param=name)
+    own = {k: fields.pop(k) for k in list(fields) if k in SessionOptions.model_fields}
+    options = _validated(SessionOptions, own)
+    body = _validated(SpeechRequestBody, {**fields, "input": PLACEHOLDER_INPUT, "stream": True})
+    plan = await build_plan(body, state)
+    return SessionConfig(plan=plan, options=options)
+
+
+def _validated(model: type[BaseModel], fields: dict):
+    try:
+        return model.model_validate(fields)
+    except ValidationError as error:
+        message, param = describe_validation_errors(list(error.errors()))
+        raise InvalidRequestError(message, param=param) from None

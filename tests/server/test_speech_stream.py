@@ -1,0 +1,306 @@
+"""WS /v1/audio/speech/stream against the real engine (tiny checkpoint) behind real uvicorn,
+driven by a real `websockets` client.
+
+Covered: an LLM-like token stream (4 characters every 20 ms) gets audio before its text is
+complete, one audio.done per sentence, and the same audio as the same text over HTTP; the
+session options (stream_audio, audio_transport, protocol); malformed messages answered with
+`error` while the session goes on; a disconnect frees the engine at once; the idle timeout;
+auth (header and api_key query) and the admission gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+import httpx
+import pytest
+import websockets
+from live_engine import start_live_engine_server
+from live_server import metric
+
+from higgs_serve.server.settings import ServerSettings
+
+FRAMES = 6
+SEED = 21
+SENTENCES = [f"Sentence number {i} is here." for i in range(5)]  # 26 chars: one segment each
+TEXT = " ".join(SENTENCES)
+CONFIG = {"type": "session.config", "response_format": "pcm", "max_new_tokens": FRAMES,
+          "seed": SEED}
+IDLE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir, tmp_path_factory):
+    settings = ServerSettings(served_model_name="higgs-tiny", segment_max_chars=40,
+                              voices_dir=tmp_path_factory.mktemp("voices"), max_queue=2,
+                              max_input_chars=2000, ws_idle_timeout_s=IDLE_S)
+    server = start_live_engine_server(tiny_model_dir, settings)
+    yield server
+    server.stop()
+
+
+def _ws_url(live, query: str = "") -> str:
+    return live.url.replace("http://", "ws://") + "/v1/audio/speech/stream" + query
+
+
+async def _receive_all(ws) -> tuple[list[dict], bytes, list[float]]:
+    """Every event until the server closes: (json events, binary audio, arrival times)."""
+    events, audio, times = [], b"", []
+    while True:
+        try:
+            message = await ws.recv()
+        except websockets.ConnectionClosed:  # any close code: the caller checks ws.close_code
+            break
+        times.append(time.perf_counter())
+        if isinstance(message, bytes):
+            audio += message
+            events.append({"type": "<binary>", "bytes": len(message), "t": times[-1]})
+        else:
+            events.append({**json.loads(message), "t": times[-1]})
+    return events, audio, times
+
+
+async def _llm_session(url: str, config: dict, text: str, end: str = "session.close"):
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps(config))
+
+        async def feed() -> float:
+            for i in range(0, len(text), 4):
+                await ws.send(json.dumps({"type": "input.text", "text": text[i:i + 4]}))
+                await asyncio.sleep(0.02)
+            done_at = time.perf_counter()
+            await ws.send(json.dumps({"type": end}))
+            return done_at
+
+        feeder = asyncio.create_task(feed())
+        events, audio, _ = await _receive_all(ws)
+        return events, audio, await feeder
+
+
+def test_llm_stream_speaks_each_sentence_as_it_completes(live):
+    before = metric(httpx.Client(base_url=live.url), 'higgs_serve_requests_total{outcome="length"}')
+    events, audio, text_done_at = asyncio.run(_llm_session(_ws_url(live), CONFIG, TEXT))
+    kinds = [e["type"] for e in events]
+    first_audio = next(e["t"] for e in events if e["type"] == "<binary>")
+    assert first_audio < text_done_at  # audio began while the text was still arriving
+    starts = [e for e in events if e["type"] == "audio.start"]
+    dones = [e for e in events if e["type"] == "audio.done"]
+    assert [e["sentence_text"] for e in starts] == SENTENCES
+    assert [e["sentence_index"] for e in dones] == list(range(len(SENTENCES)))
+    assert kinds[-1] == "session.done" and events[-1]["total_sentences"] == len(SENTENCES)
+    assert sum(e["total_bytes"] for e in dones) == len(audio) == len(SENTENCES) * FRAMES * 1920
+    for a, b in zip(dones, dones[1:]):
+        assert a["end_s"] == b["start_s"] and a["char_end"] < b["char_start"]
+    # the same text over HTTP (long-form: one segment per sentence, seed + k) is the same audio
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        r = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm",
+                                                "stream": True, "max_new_tokens": FRAMES,
+                                                "seed": SEED})
+        assert r.status_code == 200 and r.content == audio
+        after = metric(http, 'higgs_serve_requests_total{outcome="length"}')
+    # a session counts each sentence (each is admitted on its own); the long-form POST counts once
+    assert after - before == len(SENTENCES) + 1
+
+
+def test_session_options(live):
+    async def run():
+        url = _ws_url(live)
+        # stream_audio false + base64: one audio.chunk per sentence, no binary messages
+        config = {**CONFIG, "stream_audio": False, "audio_transport": "base64",
+                  "max_new_tokens": 30}
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps(config))
+            await ws.send(json.dumps({"type": "input.text", "text": "One sentence only."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, audio, _ = await _receive_all(ws)
+        chunks = [e for e in events if e["type"] == "audio.chunk"]
+        assert audio == b"" and len(chunks) == 1
+        assert len(base64.b64decode(chunks[0]["audio"])) == 30 * 1920
+        # streamed (the default): the same sentence in several binary messages
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({**CONFIG, "max_new_tokens": 30}))
+            await ws.send(json.dumps({"type": "input.text", "text": "One sentence only."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, audio, _ = await _receive_all(ws)
+        assert sum(e["type"] == "<binary>" for e in events) > 1 and len(audio) == 30 * 1920
+        # sglang-omni: session.configured, and input.done ends the session
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({**CONFIG, "protocol": "sglang-omni"}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Hi there. Bye"}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            events, _, _ = await _receive_all(ws)
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "session.configured" and kinds[-1] == "session.done"
+        assert kinds.count("audio.done") == 2
+        # vllm-omni: input.done flushes and the session stays open for more
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps(CONFIG))
+            await ws.send(json.dumps({"type": "input.text", "text": "No period here"}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Second turn."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, _, _ = await _receive_all(ws)
+        assert [e["sentence_text"] for e in events if e["type"] == "audio.start"] == [
+            "No period here", "Second turn."]
+        # wav: each sentence is its own streaming WAV (header first)
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({**CONFIG, "response_format": "wav"}))
+            await ws.send(json.dumps({"type": "input.text", "text": "First one. Second one."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, audio, _ = await _receive_all(ws)
+        assert audio.count(b"RIFF") == 2 and audio.startswith(b"RIFF")
+
+    asyncio.run(run())
+
+
+def test_malformed_messages_get_errors_and_the_session_goes_on(live):
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            bad = [
+                "{not json",
+                json.dumps([1, 2]),
+                json.dumps({"type": "input.bogus"}),
+                json.dumps({"type": "input.text", "text": "before config."}),
+                json.dumps({"type": "session.config", "temperature": "hot"}),
+                json.dumps({"type": "session.config", "input": "no"}),
+                json.dumps({"type": "session.config", "stream_audio": "yes"}),
+                json.dumps({"type": "session.config", "voice": "alloy"}),
+                json.dumps({"type": "input.text", "text": "x" * 2001}),
+            ]
+            for message in bad:
+                await ws.send(message)
+            await ws.send(b"\x00\x01")
+            await ws.send(json.dumps(CONFIG))
+            await ws.send(json.dumps(CONFIG))  # twice
+            await ws.send(json.dumps({"type": "input.text", "text": 5}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Still alive."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, audio, _ = await _receive_all(ws)
+        errors = [e for e in events if e["type"] == "error"]
+        codes = [e["code"] for e in errors]
+        assert codes == ["invalid_json", "invalid_message", "unknown_type", "not_configured",
+                         *["invalid_request_error"] * 4, "message_too_large",
+                         "invalid_message", "already_configured", "invalid_message"], codes
+        params = [e["error"]["param"] for e in errors]
+        # a bad session.config names its field, with the REST message
+        assert params[4:8] == ["temperature", "input", "stream_audio", "voice"]
+        assert "alloy" in errors[7]["message"] and params[-1] == "text"
+        assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 1
+        assert len(audio) == FRAMES * 1920
+        assert httpx.get(f"{live.url}/health").status_code == 200
+
+    asyncio.run(run())
+
+
+def test_disconnect_frees_the_engine_at_once(live):
+    core = live.engine.inner.core
+    gate = live.app.state.server.gate
+
+    async def run():
+        ws = await websockets.connect(_ws_url(live))
+        await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+        await ws.send(json.dumps({"type": "input.text", "text": "A long one. And more"}))
+        while not isinstance(await ws.recv(), bytes):  # audio is flowing: a slot is busy
+            pass
+        assert core.stats()["num_active"] == 1 and gate.in_flight == 1
+        assert metric(httpx.Client(base_url=live.url), "higgs_serve_ws_sessions") == 1
+        ws.transport.abort()  # drop the connection, no close handshake
+        steps = core.counters.steps
+        deadline = time.monotonic() + 5
+        while core.stats()["num_active"] or gate.in_flight:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        return core.counters.steps - steps
+
+    steps_after = asyncio.run(run())
+    deadline = time.monotonic() + 5
+    while metric(httpx.Client(base_url=live.url), "higgs_serve_ws_sessions") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # counted from the client's side: the server's noticing the closed socket, the step in
+    # flight and this loop's 5 ms polling included (seen: 0-2 of the 200 the sentence had left)
+    assert steps_after <= 3
+    assert core.stats()["num_running"] == 0
+
+
+def test_text_waiting_to_be_spoken_is_bounded(live):
+    gate = live.app.state.server.gate
+
+    async def run():
+        ws = await websockets.connect(_ws_url(live))
+        await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+        chunk = "Words to speak later. " * 40  # 880 characters; the limit is 2000
+        for _ in range(3):
+            await ws.send(json.dumps({"type": "input.text", "text": chunk}))
+        while True:
+            message = await ws.recv()
+            if isinstance(message, str) and json.loads(message)["type"] == "error":
+                ws.transport.abort()
+                return json.loads(message)
+
+    error = asyncio.run(run())
+    assert error["code"] == "input_backlog" and error["error"]["param"] == "text"
+    deadline = time.monotonic() + 5
+    while gate.in_flight:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_idle_session_is_closed(live):
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps(CONFIG))
+            await ws.send(json.dumps({"type": "input.text", "text": "Unfinished"}))
+            started = time.perf_counter()
+            events, _, _ = await _receive_all(ws)
+            return events, time.perf_counter() - started
+
+    events, waited = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    assert "idle_timeout" in [e.get("code") for e in events]
+    assert kinds[-1] == "session.done" and kinds.count("audio.done") == 1  # buffer spoken
+    assert IDLE_S <= waited < IDLE_S + 10
+
+
+def test_auth_and_admission_gate(tiny_model_dir, tmp_path):
+    settings = ServerSettings(served_model_name="t", api_key="sekret", voices_dir=tmp_path,
+                              max_queue=0, segment_max_chars=40)
+    server = start_live_engine_server(tiny_model_dir, settings, max_num_seqs=1)
+
+    async def session(url, headers=None):
+        async with websockets.connect(url, additional_headers=headers) as ws:
+            try:
+                await ws.send(json.dumps(CONFIG))
+                await ws.send(json.dumps({"type": "input.text", "text": "Hello."}))
+                await ws.send(json.dumps({"type": "session.close"}))
+            except websockets.ConnectionClosed:
+                pass  # refused: the server closed before we were done sending
+            return (await _receive_all(ws))[0], ws.close_code
+
+    async def run():
+        url = _ws_url(server)
+        events, code = await session(url)
+        assert events[0]["code"] == "invalid_api_key" and code == 1008
+        events, code = await session(url + "?api_key=wrong")
+        assert events[0]["code"] == "invalid_api_key" and code == 1008
+        events, _ = await session(url, {"Authorization": "Bearer sekret"})
+        assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 1
+        events, _ = await session(url + "?api_key=sekret")
+        assert events[-1]["total_sentences"] == 1
+        # one slot in all (1 running + 0 queued): a second session's sentence is refused
+        async with websockets.connect(url + "?api_key=sekret") as busy:
+            await busy.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+            await busy.send(json.dumps({"type": "input.text", "text": "Long. And more"}))
+            while not isinstance(await busy.recv(), bytes):
+                pass
+            events, _ = await session(url + "?api_key=sekret")
+        assert [e.get("code") for e in events if e["type"] == "error"] == ["queue_full"]
+        assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.stop()

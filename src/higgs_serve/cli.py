@@ -221,6 +221,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     model_dir = resolve_model_dir(args.model)
     deploy = deploy_from_args(args, model_dir)
+    if args.data_parallel_size is not None or args.devices:
+        return _serve_data_parallel(args, model_dir, deploy)
     _log_graph_path(deploy)
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
@@ -230,6 +232,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
     run_server(str(model_dir), settings, deploy, _runtime_options(args))
+    return 0
+
+
+def _serve_data_parallel(args: argparse.Namespace, model_dir: Path, deploy) -> int:
+    """One engine process per device behind one front end (higgs_serve.cluster)."""
+    import torch
+
+    from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
+    from higgs_serve.model.hf_config import load_model_spec
+    from higgs_serve.server.settings import DEFAULT_VOICES_DIR
+
+    devices = plan_devices(args.data_parallel_size, args.devices, args.device,
+                           torch.cuda.device_count())
+    plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
+                       routing=args.routing)
+    # every single-server flag except where it listens, its key and its voices directory
+    # (the front end owns those); the device comes from the plan
+    passed = {"--served-model-name": args.served_model_name, "--max-queue": args.max_queue,
+              "--max-input-chars": args.max_input_chars,
+              "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
+              "--load-format": args.load_format, "--dtype": args.dtype,
+              "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
+              "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype}
+    serve_args = [str(x) for flag, value in passed.items() if value not in (None, "")
+                  for x in (flag, value)]
+    run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
+                voices_dir=Path(args.voices_dir) if args.voices_dir else DEFAULT_VOICES_DIR,
+                sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
+                api_key=args.api_key, log_level=args.log_level)
     return 0
 
 
@@ -299,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voices-dir", default=None, help="where registered voices persist")
     p.add_argument("--allowed-ref-audio-domains", default="",
                    help="comma-separated hosts whose http(s) URLs may be given as ref_audio")
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
+                        "behind one front end on --host/--port")
+    p.add_argument("--devices", default=None,
+                   help="GPU indices of the replicas, e.g. 0,1,2,3 (a repeated index shares a GPU)")
+    p.add_argument("--routing", choices=["affinity", "least-loaded"], default="affinity",
+                   help="with several replicas: route a voice to the replica that has it cached "
+                        "(affinity) or every request to the less loaded of two (least-loaded)")
     _add_model_options(p)
     p.set_defaults(func=_cmd_serve)
 

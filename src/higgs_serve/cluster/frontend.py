@@ -1,0 +1,325 @@
+"""The public API process in front of N engine replicas on one host.
+
+Speech requests are routed by cluster/routing.py and relayed byte for byte: the upstream body is
+passed on as it arrives (raw audio, SSE, files), so streaming keeps its latency. A client that
+hangs up closes the upstream connection, which the replica's server turns into an engine abort.
+A request is tried on another replica only before its first byte (refused connection, 429, 503);
+once every replica is full the client gets 429 with Retry-After. The WebSocket endpoint is relayed
+frame by frame, one replica per session. Voices go through the canonical registry
+(cluster/voice_sync.py). /metrics is every replica's metrics with a `replica` label, plus the
+router's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+import httpx
+from fastapi import Depends, FastAPI, File, Form, Request, UploadFile, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from higgs_serve.cluster import metrics_merge, ws_relay
+from higgs_serve.cluster.replicas import Replica, Supervisor
+from higgs_serve.cluster.routing import Router, routing_key
+from higgs_serve.cluster.voice_sync import fan_out, push_voice, reconcile, remove_voice
+from higgs_serve.metrics import CONTENT_TYPE
+from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
+from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, VoiceRegistry, check_voice_name
+
+logger = logging.getLogger(__name__)
+# Not passed on either way: they describe one hop, not the message.
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host",
+                          "content-length", "date", "server", "te", "trailer",
+                          "proxy-authorization", "proxy-authenticate", "authorization"})
+_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    api_key: str | None = None
+    graceful_shutdown_s: int = 30
+
+
+class Frontend:
+    """Router + replicas + canonical voices: what the endpoints share."""
+
+    def __init__(self, replicas: dict[str, Replica], router: Router, voices: VoiceRegistry,
+                 settings: FrontendSettings, poll_interval_s: float = 0.5):
+        self.replicas = replicas
+        self.router = router
+        self.voices = voices
+        self.settings = settings
+        self.poll_interval_s = poll_interval_s
+        self.client: httpx.AsyncClient | None = None
+        self.supervisor: Supervisor | None = None
+
+    async def sync_voices(self, replica: Replica) -> None:
+        await reconcile(self.client, replica.url, self.voices)
+
+    def ready_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.ready]
+
+
+def build_frontend(frontend: Frontend) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        frontend.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                            limits=httpx.Limits(max_connections=None,
+                                                                max_keepalive_connections=64))
+        frontend.supervisor = Supervisor(frontend.replicas, frontend.router, frontend.client,
+                                         frontend.sync_voices, frontend.poll_interval_s)
+        frontend.supervisor.start_all()  # all at once: the replicas warm up in parallel
+        supervising = asyncio.create_task(frontend.supervisor.run())
+        try:
+            yield
+        finally:
+            supervising.cancel()
+            await asyncio.to_thread(frontend.supervisor.stop_all)
+            await frontend.client.aclose()
+
+    app = FastAPI(title="higgs-serve (data parallel)", version="0.1.0", lifespan=lifespan)
+    app.state.frontend = frontend
+    install_error_handlers(app)
+    protected = [Depends(_api_key_checker(frontend.settings.api_key))]
+    _add_speech(app, frontend, protected)
+    _add_voices(app, frontend, protected)
+    _add_health(app, frontend, protected)
+    ws_relay.add_websocket(app, frontend)
+    return app
+
+
+# ----------------------------------------------------------------------------- speech
+def _add_speech(app: FastAPI, frontend: Frontend, protected: list) -> None:
+    @app.post("/v1/audio/speech", dependencies=protected)
+    async def speech(request: Request) -> Response:
+        body = await request.body()
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None  # the replica answers the 400 in its own words
+        key = routing_key(parsed) if isinstance(parsed, dict) else None
+        headers = _forward_headers(request.headers)
+        upstream = await _unless_disconnected(_send(frontend, key, body, headers), request)
+        if upstream is _CLIENT_GONE:
+            return Response(status_code=499)
+        response, replica_id = upstream
+        out_headers = _response_headers(response.headers)
+        if response.status_code != 200:  # an error: small, read whole
+            content = await response.aread()
+            await response.aclose()
+            frontend.router.finished(replica_id)
+            return Response(content, status_code=response.status_code, headers=out_headers)
+        return StreamingResponse(_relay(frontend, response, replica_id), status_code=200,
+                                 headers=out_headers)
+
+
+async def _send(frontend: Frontend, key: str | None, body: bytes,
+                headers: dict[str, str]) -> tuple[httpx.Response, str]:
+    """Send to the routed replica; before any byte came back, try another on a refused
+    connection, 429 or 503. Returns the response (headers read, body not) and its replica."""
+    tried: list[str] = []
+    last: httpx.Response | None = None
+    while True:
+        decision = frontend.router.choose(key, exclude=tried)
+        if decision is None:
+            if last is not None:  # every replica said 429/503: pass the last answer on
+                return last, tried[-1]
+            raise _no_replica(frontend)
+        replica = frontend.replicas[decision.replica]
+        frontend.router.dispatched(replica.id)
+        request = frontend.client.build_request("POST", f"{replica.url}/v1/audio/speech",
+                                                content=body, headers=headers)
+        try:
+            response = await frontend.client.send(request, stream=True)
+        except httpx.TransportError:
+            frontend.router.finished(replica.id)
+            frontend.supervisor.mark_down(replica)
+            status = None
+        except BaseException:
+            frontend.router.finished(replica.id)
+            raise
+        else:
+            status = response.status_code
+            if not frontend.router.may_retry(first_byte_sent=False, status=status):
+                return response, replica.id
+            if last is not None:
+                await last.aclose()
+            await response.aread()
+            last = response
+            frontend.router.finished(replica.id)
+        tried.append(replica.id)
+        frontend.router.count_retry()
+
+
+def _no_replica(frontend: Frontend) -> ApiError:
+    if not frontend.ready_replicas():
+        return ApiError(503, "no engine replica is ready yet; retry shortly", type="server_error",
+                        code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(429, "every engine replica is at capacity; retry later",
+                    type="overloaded_error", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+async def _relay(frontend: Frontend, response: httpx.Response, replica_id: str):
+    """The upstream body as it arrives. Cancelled when the client leaves: closing the upstream
+    response then closes its connection, and the replica aborts the engine request."""
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    finally:
+        await response.aclose()
+        frontend.router.finished(replica_id)
+
+
+_CLIENT_GONE = object()
+
+
+async def _unless_disconnected(awaitable, request: Request):
+    """The awaitable's result, or _CLIENT_GONE after cancelling it when the client hangs up
+    first (a file request that is still generating: the upstream connection is closed)."""
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return _CLIENT_GONE
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _forward_headers(headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+
+
+def _response_headers(headers: httpx.Headers) -> dict[str, str]:
+    kept = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+    if "content-length" in headers:  # the body is relayed unchanged, so its length holds
+        kept["content-length"] = headers["content-length"]
+    return kept
+
+
+# ----------------------------------------------------------------------------- voices
+def _voice_json(voice: Voice) -> dict:
+    return {"object": "voice", "name": voice.name, "ref_text": voice.ref_text,
+            "created_at": voice.created_at, "duration_s": voice.duration_s,
+            "sample_rate_hz": voice.sample_rate_hz}
+
+
+def _add_voices(app: FastAPI, frontend: Frontend, protected: list) -> None:
+    @app.get("/v1/audio/voices", dependencies=protected)
+    async def list_voices() -> JSONResponse:
+        return JSONResponse({"object": "list",
+                             "data": [_voice_json(v) for v in frontend.voices.list()]})
+
+    @app.post("/v1/audio/voices", dependencies=protected)
+    async def create_voice(request: Request,
+                           audio_sample: Annotated[UploadFile, File()],
+                           name: Annotated[str, Form()],
+                           ref_text: Annotated[str | None, Form()] = None) -> JSONResponse:
+        unknown = sorted(set((await request.form()).keys()) - set(_UPLOAD_FIELDS))
+        if unknown:
+            raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
+        check_voice_name(name)
+        data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
+                           param="audio_sample", code="file_too_large")
+        if frontend.voices.get(name) is not None:
+            raise ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
+                           code="voice_exists")
+        voice = await asyncio.to_thread(frontend.voices.add, name, data, ref_text)
+        await _fan_out(frontend, lambda r: push_voice(frontend.client, r.url, frontend.voices, voice))
+        return JSONResponse(_voice_json(voice))
+
+    @app.delete("/v1/audio/voices/{name}", dependencies=protected)
+    async def delete_voice(name: str) -> JSONResponse:
+        if not await asyncio.to_thread(frontend.voices.delete, name):
+            raise ApiError(404, f"voice {name!r} does not exist", param="name",
+                           code="voice_not_found")
+        await _fan_out(frontend, lambda r: remove_voice(frontend.client, r.url, name))
+        return JSONResponse({"object": "voice.deleted", "name": name, "deleted": True})
+
+
+async def _fan_out(frontend: Frontend, call) -> None:
+    """Apply a voice change on every ready replica; one that misses it (down, or the call failed)
+    is reconciled by the supervisor before it serves again."""
+    ready = frontend.ready_replicas()
+    for replica in frontend.replicas.values():
+        if replica not in ready:
+            replica.voices_synced = False
+    failed = await fan_out({r.id: call(r) for r in ready})
+    for replica_id in failed:
+        replica = frontend.replicas[replica_id]
+        replica.voices_synced = False
+        frontend.supervisor.mark_down(replica)
+
+
+# ----------------------------------------------------------------------------- health, metrics
+def _add_health(app: FastAPI, frontend: Frontend, protected: list) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """200 while the front end runs; lists each replica (ready, restarts, pid, in flight)."""
+        replicas = [{"id": r.id, "url": r.url, "ready": r.ready, "restarts": r.restarts,
+                     "pid": r.process.pid if r.process is not None else None,
+                     "in_flight": frontend.router.replicas[r.id].in_flight}
+                    for r in frontend.replicas.values()]
+        return JSONResponse({"status": "ok", "replicas_ready": len(frontend.ready_replicas()),
+                             "replicas_total": len(frontend.replicas), "replicas": replicas})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        count = len(frontend.ready_replicas())
+        body = {"status": "ready" if count else "starting", "replicas_ready": count,
+                "replicas_total": len(frontend.replicas)}
+        return JSONResponse(body, status_code=200 if count else 503)
+
+    @app.get("/v1/models", dependencies=protected)
+    async def models() -> Response:
+        replicas = frontend.ready_replicas()
+        if not replicas:
+            return error_response(_no_replica(frontend))
+        upstream = await frontend.client.get(f"{replicas[0].url}/v1/models")
+        return Response(upstream.content, status_code=upstream.status_code,
+                        media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        texts = await asyncio.gather(*(_scrape(frontend, r) for r in frontend.replicas.values()))
+        scraped = {r.id: text for r, text in zip(frontend.replicas.values(), texts) if text}
+        return Response(metrics_merge.render(scraped, frontend), media_type=CONTENT_TYPE)
+
+
+async def _scrape(frontend: Frontend, replica: Replica) -> str | None:
+    if not replica.url:
+        return None
+    try:
+        response = await frontend.client.get(f"{replica.url}/metrics", timeout=2.0)
+        return response.text if response.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def _api_key_checker(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+            raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+    return check

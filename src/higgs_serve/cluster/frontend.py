@@ -27,17 +27,26 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import Replica, Supervisor
 from higgs_serve.cluster.routing import Router, routing_key
-from higgs_serve.cluster.voice_sync import fan_out, push_voice, reconcile, remove_voice
+from higgs_serve.cluster.voice_sync import (
+    fan_out,
+    push_voice,
+    read_upload,
+    reconcile,
+    remove_voice,
+    stored_audio,
+    voice_exists,
+    voice_json,
+    voice_missing,
+)
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
-from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, VoiceRegistry, check_voice_name
+from higgs_serve.voices.registry import VoiceRegistry
 
 logger = logging.getLogger(__name__)
 # Not passed on either way: they describe one hop, not the message.
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host",
                           "content-length", "date", "server", "te", "trailer",
                           "proxy-authorization", "proxy-authenticate", "authorization"})
-_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,10 @@ class Frontend:
         self.supervisor: Supervisor | None = None
 
     async def sync_voices(self, replica: Replica) -> None:
-        await reconcile(self.client, replica.url, self.voices)
+        async def audio(name: str) -> bytes:
+            return stored_audio(self.voices, name)
+
+        await reconcile(self.client, replica.url, {v.name: v for v in self.voices.list()}, audio)
 
     def ready_replicas(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.ready]
@@ -104,12 +116,12 @@ def _add_speech(app: FastAPI, frontend: Frontend, protected: list) -> None:
         except ValueError:
             parsed = None  # the replica answers the 400 in its own words
         key = routing_key(parsed) if isinstance(parsed, dict) else None
-        headers = _forward_headers(request.headers)
+        headers = forward_headers(request.headers)
         upstream = await _unless_disconnected(_send(frontend, key, body, headers), request)
         if upstream is _CLIENT_GONE:
             return Response(status_code=499)
         response, replica_id = upstream
-        out_headers = _response_headers(response.headers)
+        out_headers = response_headers(response.headers)
         if response.status_code != 200:  # an error: small, read whole
             content = await response.aread()
             await response.aclose()
@@ -202,11 +214,11 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _forward_headers(headers) -> dict[str, str]:
+def forward_headers(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
 
 
-def _response_headers(headers: httpx.Headers) -> dict[str, str]:
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
     kept = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
     if "content-length" in headers:  # the body is relayed unchanged, so its length holds
         kept["content-length"] = headers["content-length"]
@@ -214,43 +226,29 @@ def _response_headers(headers: httpx.Headers) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- voices
-def _voice_json(voice: Voice) -> dict:
-    return {"object": "voice", "name": voice.name, "ref_text": voice.ref_text,
-            "created_at": voice.created_at, "duration_s": voice.duration_s,
-            "sample_rate_hz": voice.sample_rate_hz}
-
-
 def _add_voices(app: FastAPI, frontend: Frontend, protected: list) -> None:
     @app.get("/v1/audio/voices", dependencies=protected)
     async def list_voices() -> JSONResponse:
         return JSONResponse({"object": "list",
-                             "data": [_voice_json(v) for v in frontend.voices.list()]})
+                             "data": [voice_json(v) for v in frontend.voices.list()]})
 
     @app.post("/v1/audio/voices", dependencies=protected)
     async def create_voice(request: Request,
                            audio_sample: Annotated[UploadFile, File()],
                            name: Annotated[str, Form()],
                            ref_text: Annotated[str | None, Form()] = None) -> JSONResponse:
-        unknown = sorted(set((await request.form()).keys()) - set(_UPLOAD_FIELDS))
-        if unknown:
-            raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
-        check_voice_name(name)
-        data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
-                           param="audio_sample", code="file_too_large")
+        data = await read_upload((await request.form()).keys(), name, audio_sample)
         if frontend.voices.get(name) is not None:
-            raise ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
-                           code="voice_exists")
+            raise voice_exists(name)
         voice = await asyncio.to_thread(frontend.voices.add, name, data, ref_text)
-        await _fan_out(frontend, lambda r: push_voice(frontend.client, r.url, frontend.voices, voice))
-        return JSONResponse(_voice_json(voice))
+        audio = stored_audio(frontend.voices, name)
+        await _fan_out(frontend, lambda r: push_voice(frontend.client, r.url, voice, audio))
+        return JSONResponse(voice_json(voice))
 
     @app.delete("/v1/audio/voices/{name}", dependencies=protected)
     async def delete_voice(name: str) -> JSONResponse:
         if not await asyncio.to_thread(frontend.voices.delete, name):
-            raise ApiError(404, f"voice {name!r} does not exist", param="name",
-                           code="voice_not_found")
+            raise voice_missing(name)
         await _fan_out(frontend, lambda r: remove_voice(frontend.client, r.url, name))
         return JSONResponse({"object": "voice.deleted", "name": name, "deleted": True})
 

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 
-from higgs_serve.voices.registry import Voice, VoiceRegistry
+from higgs_serve.server.errors import ApiError
+from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, VoiceRegistry, check_voice_name
 
 logger = logging.getLogger(__name__)
+UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
 
 
-async def push_voice(client: httpx.AsyncClient, url: str, registry: VoiceRegistry,
-                     voice: Voice) -> None:
-    audio = (registry.directory / voice.name / "audio.wav").read_bytes()
+async def push_voice(client: httpx.AsyncClient, url: str, voice: Voice, audio: bytes) -> None:
+    """Register `voice` (its normalised clip `audio`, wav bytes) on the replica at `url`."""
     data = {"name": voice.name}
     if voice.ref_text:
         data["ref_text"] = voice.ref_text
@@ -33,22 +35,57 @@ async def push_voice(client: httpx.AsyncClient, url: str, registry: VoiceRegistr
     response.raise_for_status()
 
 
+def stored_audio(registry: VoiceRegistry, name: str) -> bytes:
+    """The canonical normalised clip of a registered voice (wav bytes)."""
+    return (registry.directory / name / "audio.wav").read_bytes()
+
+
 async def remove_voice(client: httpx.AsyncClient, url: str, name: str) -> None:
     response = await client.delete(f"{url}/v1/audio/voices/{name}")
     if response.status_code != 404:
         response.raise_for_status()
 
 
-async def reconcile(client: httpx.AsyncClient, url: str, registry: VoiceRegistry) -> None:
-    """Make the replica at `url` hold exactly the canonical voices."""
+async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Voice],
+                    audio: Callable[[str], Awaitable[bytes]]) -> None:
+    """Make the replica at `url` hold exactly the voices `wanted` (name -> Voice); `audio(name)`
+    fetches a clip it lacks."""
     listed = await client.get(f"{url}/v1/audio/voices")
     listed.raise_for_status()
     present = {item["name"] for item in listed.json()["data"]}
-    wanted = {voice.name: voice for voice in registry.list()}
     for name in sorted(present - wanted.keys()):
         await remove_voice(client, url, name)
     for name in sorted(wanted.keys() - present):
-        await push_voice(client, url, registry, wanted[name])
+        await push_voice(client, url, wanted[name], await audio(name))
+
+
+async def read_upload(form_keys, name: str, audio_sample) -> bytes:
+    """The checks of the single server's upload endpoint, before anything is stored: unknown
+    fields, the name, the size. Returns the clip's bytes."""
+    unknown = sorted(set(form_keys) - set(UPLOAD_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
+    check_voice_name(name)
+    data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
+                       param="audio_sample", code="file_too_large")
+    return data
+
+
+def voice_exists(name: str) -> ApiError:
+    return ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
+                    code="voice_exists")
+
+
+def voice_missing(name: str) -> ApiError:
+    return ApiError(404, f"voice {name!r} does not exist", param="name", code="voice_not_found")
+
+
+def voice_json(voice: Voice) -> dict:
+    return {"object": "voice", "name": voice.name, "ref_text": voice.ref_text,
+            "created_at": voice.created_at, "duration_s": voice.duration_s,
+            "sample_rate_hz": voice.sample_rate_hz}
 
 
 async def fan_out(calls: dict[str, asyncio.Future]) -> list[str]:

@@ -83,7 +83,8 @@ def routing_key(body: Mapping) -> str | None:
     return None
 
 
-def _rank(key: str, replica: str) -> int:
+def affinity_rank(key: str, replica: str) -> int:
+    """Rendezvous-hash score of `replica` for `key`: the highest-scoring replica is the home."""
     digest = hashlib.blake2b(f"{key}\x00{replica}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
@@ -149,7 +150,7 @@ class Router:
     def _by_affinity(self, key: str, open_: list[str]) -> RouteDecision:
         homes = self.homes.get(key)
         if homes is None:  # first sight of the key: its rendezvous-hash home among all replicas
-            homes = self.homes[key] = [max(self.replicas, key=lambda r: _rank(key, r))]
+            homes = self.homes[key] = [max(self.replicas, key=lambda r: affinity_rank(key, r))]
         bound = self.load_bound * self._mean_load() + 1.0
         usable = [r for r in homes if r in open_ and self.replicas[r].load <= bound]
         if usable:

@@ -141,3 +141,19 @@ def test_unknown_app_arguments_are_refused():
         RayAppArgs.parse({"model": "m", "num_gpu": 1})
     with pytest.raises(ValueError, match="device"):
         RayAppArgs.parse({"model": "m", "device": "tpu"})
+
+
+def test_the_example_config_is_a_valid_serve_config():
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "ray_serve.yaml"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    app = config.applications[0]
+    assert app.import_path == "higgs_serve.cluster.ray_app:build_app"
+    RayAppArgs.parse(app.args)
+    engine = next(d for d in app.deployments if d.name == "HiggsEngine")
+    assert engine.ray_actor_options.num_gpus == 1
+    assert engine.graceful_shutdown_timeout_s == 300

@@ -34,6 +34,7 @@ import httpx
 from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -286,6 +287,10 @@ class HiggsIngress:
                 meta = await stream.__anext__()
             except (HiggsServeError, ApiError):
                 raise
+            except BackPressureError:  # every replica's queue (max_queued_requests) is full
+                raise ApiError(429, "every engine replica is at capacity; retry later",
+                               type="overloaded_error", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
             except Exception:  # the replica died or was removed before answering
                 if attempt + 1 == _ATTEMPTS:
                     raise ApiError(503, "no engine replica answered; retry shortly",

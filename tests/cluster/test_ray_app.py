@@ -122,7 +122,7 @@ def test_voice_affinity_holds(ray_serve):
     with ThreadPoolExecutor(4) as pool:  # the replica ids, as the router knows them
         ids = {r.headers["x-higgs-replica"]
                for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))}
-    assert len(ids) == 2
+    assert len(ids) == 2, serve.status().applications["higgs"].deployments["HiggsEngine"]
     home = max(ids, key=lambda rid: affinity_rank("voice:narrator", rid))  # its rendezvous-hash home
     replicas = set()
     for _ in range(5):
@@ -157,3 +157,58 @@ def test_the_example_config_is_a_valid_serve_config():
     engine = next(d for d in app.deployments if d.name == "HiggsEngine")
     assert engine.ray_actor_options.num_gpus == 1
     assert engine.graceful_shutdown_timeout_s == 300
+
+
+def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir, tmp_path_factory):
+    """Scale 2 -> 1 while each replica streams a long request: both streams end complete.
+    (Last in the module: it leaves one replica.)"""
+    import base64
+
+    http = ray_serve
+    with ThreadPoolExecutor(4) as pool:
+        ids = sorted({r.headers["x-higgs-replica"]
+                      for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))})
+    # two reference clips whose homes are different replicas: one long stream on each
+    clips, homes = [], set()
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        buffer = io.BytesIO()
+        sf.write(buffer, (0.2 * rng.standard_normal(24000)).astype(np.float32), 24000,
+                 format="WAV", subtype="PCM_16")
+        ref = base64.b64encode(buffer.getvalue()).decode()
+        home = max(ids, key=lambda rid: affinity_rank(_key(ref), rid))
+        if home not in homes:
+            homes.add(home)
+            clips.append(ref)
+        if len(clips) == 2:
+            break
+    frames = 150
+    body = {"input": "A long one.", "max_new_tokens": frames, "min_new_tokens": frames,
+            "response_format": "pcm", "stream": True}
+
+    def stream(ref: str) -> tuple[str, int]:
+        with http.stream("POST", "/v1/audio/speech", json={**body, "ref_audio": ref}) as response:
+            assert response.status_code == 200
+            return response.headers["x-higgs-replica"], sum(map(len, response.iter_raw()))
+
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(stream, ref) for ref in clips]
+        time.sleep(1.0)  # both streams under way
+        serve.run(build_app({"model": str(tiny_model_dir), "device": "cpu",
+                             "serve_args": ["--max-queue", "16"],
+                             "engine_options": {"num_replicas": 1},
+                             "voices_dir": str(tmp_path_factory.mktemp("ray-voices-2"))}),
+                  name="higgs", route_prefix="/", blocking=False)
+        results = [future.result(timeout=120) for future in running]
+    assert {replica for replica, _ in results} == set(ids)
+    assert all(size == frames * 960 * 2 for _, size in results), results
+    deadline = time.monotonic() + 60
+    while serve.status().applications["higgs"].deployments["HiggsEngine"].replica_states != {"RUNNING": 1}:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+
+def _key(ref: str) -> str:
+    from higgs_serve.cluster.routing import routing_key
+
+    return routing_key({"ref_audio": ref})

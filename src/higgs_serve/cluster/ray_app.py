@@ -62,9 +62,9 @@ class VoiceAffinityRouter(FIFOMixin, RequestRouter):
     """Ray Serve request router running cluster/routing.py's policy.
 
     The key is the request's multiplexed model id (set by the ingress); the load of a replica is
-    what this router has in flight there (counted when a request is routed, released when it
-    completes), raised to Ray's probed queue length and the replica's reported in-flight count,
-    plus its KV usage. Kwargs (request_router_kwargs): policy, load_bound.
+    what this router has in flight there (counted when a request is sent, released when it
+    completes), raised to Ray's probed queue length (all callers), plus the KV usage the replica
+    reports in its routing stats. Kwargs (request_router_kwargs): policy, load_bound.
     """
 
     def initialize_state(self, policy: str = "affinity", load_bound: float = DEFAULT_LOAD_BOUND,
@@ -88,10 +88,12 @@ class VoiceAffinityRouter(FIFOMixin, RequestRouter):
         for rid, replica in by_id.items():
             if rid not in self._policy.replicas:
                 continue
+            # Other callers' requests show in Ray's probed queue length; the replica's own
+            # routing stats arrive too rarely for counts (a stale burst would pin traffic
+            # elsewhere), so only its KV usage is taken from them.
             stats = replica.routing_stats or {}
             queued = self._replica_queue_len_cache.get(replica.replica_id) or 0
-            self._policy.report(rid, in_flight=max(int(stats.get("in_flight", 0)), queued),
-                                kv_usage=float(stats.get("kv_usage", 0.0)))
+            self._policy.report(rid, in_flight=queued, kv_usage=float(stats.get("kv_usage", 0.0)))
         key = None
         if pending_request is not None:
             key = pending_request.metadata.multiplexed_model_id or None
@@ -102,7 +104,9 @@ class VoiceAffinityRouter(FIFOMixin, RequestRouter):
         chosen = by_id[decision.replica]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]
 
-    def on_request_routed(self, pending_request, replica_id, result) -> None:
+    def on_send_request(self, replica_id) -> None:
+        # called for every request sent (on_request_routed is not, without strict rejection)
+        super().on_send_request(replica_id)
         self._policy.dispatched(replica_id.unique_id)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:

@@ -139,3 +139,26 @@ def test_closes_are_passed_on_both_ways(relay):
     while any(state.in_flight for state in frontend.router.replicas.values()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def test_the_api_key_guards_the_front_end(tmp_path):
+    from fastapi.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    replicas = {"A": Replica(id="A", url="http://127.0.0.1:9")}  # never reached
+    frontend = Frontend(replicas, Router({"A": 1}), VoiceRegistry(tmp_path / "voices"),
+                        FrontendSettings(api_key="sekret"))
+    with TestClient(build_frontend(frontend)) as client:
+        assert client.get("/v1/audio/voices").status_code == 401
+        denied = client.post("/v1/audio/speech", json={"input": "x"})
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        ok = client.get("/v1/audio/voices", headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200 and ok.json()["data"] == []
+        assert client.get("/health").status_code == 200  # open, like the single server
+        unready = client.post("/v1/audio/speech", json={"input": "x"},
+                              headers={"Authorization": "Bearer sekret"})
+        assert unready.status_code == 503 and unready.json()["error"]["code"] == "not_ready"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            with client.websocket_connect("/v1/audio/speech/stream") as ws:
+                ws.receive_text()
+        assert closed.value.code == 1008

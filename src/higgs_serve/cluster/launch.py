@@ -72,7 +72,8 @@ def make_replicas(plan: ClusterPlan, model: str, serve_args: list[str], log_leve
                     *serve_args]
 
         env = {} if device == "cpu" else {"CUDA_VISIBLE_DEVICES": device}
-        replicas[str(index)] = Replica(id=str(index), command=command, env=env)
+        replicas[str(index)] = Replica(id=str(index), command=command, env=env,
+                                       stop_with_parent=True)
     return replicas
 
 

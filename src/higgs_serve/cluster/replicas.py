@@ -10,8 +10,10 @@ with the registered voices before it takes traffic.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +29,14 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)  # after 1st, 2nd, ... consecutive crash
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM it if the front end dies without stopping it (Linux;
+    elsewhere a killed front end leaves its replicas running)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -45,6 +55,9 @@ class Replica:
     command: Callable[[int], list[str]] | None = None  # port -> argv
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    # SIGTERM the server if the thread that started it dies (only where that thread lives as
+    # long as the process: the front end's event loop, not a Ray actor's worker threads)
+    stop_with_parent: bool = False
     process: subprocess.Popen | None = None
     ready: bool = False
     voices_synced: bool = False
@@ -60,7 +73,8 @@ class Replica:
         try:
             self.process = subprocess.Popen(self.command(port), env=env, stdout=log,
                                             stderr=subprocess.STDOUT if log else None,
-                                            start_new_session=True)
+                                            start_new_session=True,
+                                            preexec_fn=_stop_with_parent if self.stop_with_parent else None)
         finally:
             if log is not None:
                 log.close()

@@ -149,12 +149,21 @@ def test_a_voice_registered_once_is_used_on_every_replica(cluster):
         assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
         assert _speech(direct, voice="narrator", response_format="pcm").status_code == 200
     before = _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}')
+    hits = _summed(http, "higgs_serve_prefix_cache_hits_total")
     for _ in range(3):  # through the front end: always the same (home) replica
         assert _speech(http, voice="narrator", response_format="pcm").status_code == 200
     assert _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}') == before + 3
+    # the voice's prompt blocks are reused from the prefix cache of its home replica
+    assert _summed(http, "higgs_serve_prefix_cache_hits_total") > hits
     assert _metric(http, "higgs_serve_router_affinity_ratio") == 1.0
     assert http.post("/v1/audio/voices", data={"name": "narrator"},
                      files={"audio_sample": ("c.wav", _clip(), "audio/wav")}).status_code == 409
+
+
+def _summed(http: httpx.Client, name: str) -> float:
+    """A per-replica series summed over the replicas."""
+    return sum(float(line.split()[-1]) for line in http.get("/metrics").text.splitlines()
+               if line.startswith(name + "{"))
 
 
 def _metric(http: httpx.Client, name: str) -> float:

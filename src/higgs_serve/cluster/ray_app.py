@@ -11,7 +11,7 @@ Deployments:
   voice, so a voice registered once is usable on every replica, also one started later.
 - `HiggsIngress`: the FastAPI ingress (speech, voices, models, health). It computes the request's
   affinity key (cluster/routing.py) and passes it as the handle's multiplexed model id, which
-  `VoiceAffinityRouter`, the deployment's request router, reads.
+  `VoiceAffinityRouter` (cluster/ray_router.py), the engines' request router, reads.
 
 Build with `build_app({...})` (also the `import_path` of a `serve run` / `serve deploy` config).
 No `from __future__ import annotations` here: Serve's class ingress re-reads the endpoints'
@@ -36,11 +36,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
 from higgs_serve.cluster.frontend import forward_headers, response_headers
 from higgs_serve.cluster.replicas import Replica, parse_load
-from higgs_serve.cluster.routing import DEFAULT_LOAD_BOUND, RETRYABLE_STATUS, Router, routing_key
+from higgs_serve.cluster.routing import DEFAULT_LOAD_BOUND, RETRYABLE_STATUS, routing_key
 from higgs_serve.cluster.voice_sync import (
     read_upload,
     reconcile,
@@ -55,62 +54,6 @@ from higgs_serve.voices.registry import Voice, VoiceRegistry
 
 logger = logging.getLogger(__name__)
 _ATTEMPTS = 3  # tries of a speech request before its first byte (the router picks each time)
-
-
-# ----------------------------------------------------------------------------- request router
-class VoiceAffinityRouter(FIFOMixin, RequestRouter):
-    """Ray Serve request router running cluster/routing.py's policy.
-
-    The key is the request's multiplexed model id (set by the ingress); the load of a replica is
-    what this router has in flight there (counted when a request is sent, released when it
-    completes), raised to Ray's probed queue length (all callers), plus the KV usage the replica
-    reports in its routing stats. Kwargs (request_router_kwargs): policy, load_bound.
-    """
-
-    def initialize_state(self, policy: str = "affinity", load_bound: float = DEFAULT_LOAD_BOUND,
-                         **unknown: Any) -> None:
-        if unknown:
-            raise ValueError(f"VoiceAffinityRouter: unknown request_router_kwargs {sorted(unknown)}")
-        self._policy = Router({}, policy=policy, load_bound=load_bound)
-
-    def update_replicas(self, replicas: list[RunningReplica]) -> None:
-        super().update_replicas(replicas)
-        self._policy.set_replicas({r.replica_id.unique_id: r.max_ongoing_requests for r in replicas})
-        for replica in replicas:
-            self._policy.set_healthy(replica.replica_id.unique_id, True)
-
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None
-                              ) -> list[list[RunningReplica]]:
-        if not candidate_replicas:
-            return []
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        for rid, replica in by_id.items():
-            if rid not in self._policy.replicas:
-                continue
-            # Other callers' requests show in Ray's probed queue length; the replica's own
-            # routing stats arrive too rarely for counts (a stale burst would pin traffic
-            # elsewhere), so only its KV usage is taken from them.
-            stats = replica.routing_stats or {}
-            queued = self._replica_queue_len_cache.get(replica.replica_id) or 0
-            self._policy.report(rid, in_flight=queued, kv_usage=float(stats.get("kv_usage", 0.0)))
-        key = None
-        if pending_request is not None:
-            key = pending_request.metadata.multiplexed_model_id or None
-        others = [rid for rid in self._policy.replicas if rid not in by_id]
-        decision = self._policy.choose(key, exclude=others)
-        if decision is None:  # all full: let Ray back off and ask again
-            return [candidate_replicas]
-        chosen = by_id[decision.replica]
-        return [[chosen], [r for r in candidate_replicas if r is not chosen]]
-
-    def on_send_request(self, replica_id) -> None:
-        # called for every request sent (on_request_routed is not, without strict rejection)
-        super().on_send_request(replica_id)
-        self._policy.dispatched(replica_id.unique_id)
-
-    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
-        self._policy.finished(replica_id.unique_id)
 
 
 # ----------------------------------------------------------------------------- voices
@@ -385,7 +328,7 @@ def build_app(args: dict):
     config file's `import_path`. Deployment options (replicas, autoscaling, GPUs) come from the
     config file's `deployments:` section, which overrides the defaults set here."""
     parsed = RayAppArgs.parse(dict(args))
-    router_config = {"request_router_class": "higgs_serve.cluster.ray_app:VoiceAffinityRouter",
+    router_config = {"request_router_class": "higgs_serve.cluster.ray_router:VoiceAffinityRouter",
                      "request_router_kwargs": {"policy": parsed.routing,
                                                "load_bound": parsed.load_bound},
                      "request_routing_stats_period_s": 1.0}

@@ -88,23 +88,29 @@ def _common_flags(args: argparse.Namespace) -> list[str]:
 
 # ----------------------------------------------------------------------------- part 1
 def run_scaling(args: argparse.Namespace, work: Path) -> dict:
-    """bench_serving.py against 1 replica, then N replicas; same levels, same requests."""
+    """bench_serving.py against 1 replica (its own server), then against the front end over N
+    replicas (started here, measured once every replica is ready); same levels, same requests."""
     runs = {}
-    for label, extra in (("1 replica", []), (f"{_n_replicas(args)} replicas", _dp_flags(args))):
+    for label in ("1 replica", f"{_n_replicas(args)} replicas"):
         out = work / f"scaling_{len(runs)}.json"
-        command = [sys.executable, str(HERE / "bench_serving.py"), "--model", args.model,
-                   "--label", label, "--frames", str(args.frames), "--out", str(out),
-                   "--concurrency", *map(str, args.concurrency), "--seed", str(args.seed),
-                   "--ready-timeout", str(args.ready_timeout), "--load-format", args.load_format]
-        command += [f"--server-arg={flag}" for flag in extra]
-        if args.device:
-            command += ["--device", args.device]
-        if args.deploy_config:
-            command += ["--deploy-config", args.deploy_config]
+        command = [sys.executable, str(HERE / "bench_serving.py"), "--label", label,
+                   "--frames", str(args.frames), "--out", str(out),
+                   "--concurrency", *map(str, args.concurrency), "--seed", str(args.seed)]
         if args.num_requests:
             command += ["--num-requests", str(args.num_requests)]
+        frontend = None
+        if runs:  # the N-replica run
+            frontend, url = _start_frontend(args, work, "affinity", max(args.concurrency) + 8)
+            command += ["--url", url]
+        else:
+            command += ["--model", args.model, "--ready-timeout", str(args.ready_timeout),
+                        *_common_flags(args)]
         print("+", " ".join(command), flush=True)
-        subprocess.run(command, check=False)
+        try:
+            subprocess.run(command, check=False)
+        finally:
+            if frontend is not None:
+                stop_server(frontend)
         runs[label] = json.loads(out.read_text()) if out.exists() else None
     return {"runs": runs, "ratio": _ratios(runs)}
 
@@ -195,22 +201,36 @@ def run_affinity(args: argparse.Namespace, work: Path) -> dict:
             "policies": results}
 
 
-def _affinity_run(args, work: Path, policy: str, names: list[str], bodies: list[dict]) -> dict:
+def _start_frontend(args, work: Path, policy: str, max_queue: int) -> tuple[subprocess.Popen, str]:
+    """`serve --devices/--data-parallel-size` on a free port; returns once every replica is ready."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = work / f"frontend_{policy}.log"
+    log = work / f"frontend_{policy}_{port}.log"
     command = [sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve", args.model,
                "--host", "127.0.0.1", "--port", str(port), *_dp_flags(args), *_common_flags(args),
-               "--routing", policy, "--voices-dir", str(work / f"voices_{policy}"),
-               "--max-queue", str(args.affinity_concurrency + 8)]
+               "--routing", policy, "--voices-dir", str(work / f"voices_{policy}_{port}"),
+               "--max-queue", str(max_queue)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH"), str(REPO_ROOT / "src")) if p)}
+    print("+", " ".join(command), flush=True)
     with open(log, "ab") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     try:
         wait_ready(process, url, args.ready_timeout, log)
+        deadline = time.monotonic() + args.ready_timeout
         while httpx.get(f"{url}/ready").json()["replicas_ready"] < _n_replicas(args):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit(f"bench_scaleout: not every replica became ready; log {log}")
             time.sleep(1)
+    except BaseException:
+        stop_server(process)
+        raise
+    return process, url
+
+
+def _affinity_run(args, work: Path, policy: str, names: list[str], bodies: list[dict]) -> dict:
+    process, url = _start_frontend(args, work, policy, args.affinity_concurrency + 8)
+    try:
         for index, name in enumerate(names):
             httpx.post(f"{url}/v1/audio/voices", data={"name": name}, timeout=120,
                        files={"audio_sample": ("v.wav", _voice_clip(index), "audio/wav")}

@@ -22,6 +22,7 @@ annotations, and string annotations turn `request: Request` into a query paramet
 import asyncio
 import json
 import logging
+import secrets
 import shutil
 import sys
 import tempfile
@@ -205,7 +206,7 @@ class HiggsIngress:
         if self.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or token.strip() != self.api_key:
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.api_key):
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 

@@ -20,6 +20,7 @@ BINARY=(
   cffi==2.1.1
   soundfile==0.14.0
   soxr==1.1.0
+  websockets==17.4  # the data-parallel front end (cluster/ws_relay.py)
 )
 # pure-python wheels
 PURE=(

@@ -44,7 +44,7 @@ from higgs_serve.model.tiny import build_dummy_tensors  # noqa: E402
 PRECISIONS = ("float32", "bf16x3", "tf32", "bfloat16")
 PATHS = ("torch", "eager", "graph")
 ERR_BATCH = 4  # windows compared against the float64 decode
-CONTEXT_FRAMES = 29  # L + H of the default streaming window (SPEC §1.9)
+CONTEXT_FRAMES = 29  # L + H of the default streaming window (docs/model.md#streaming-windows)
 
 
 def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True) -> CodecDecoder:

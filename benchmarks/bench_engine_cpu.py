@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 import torch
-from common import command_line, git_commit, markdown_table, now_iso
+from common import PhaseTimer, command_line, git_commit, markdown_table, now_iso
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.model.tiny import write_tiny_model
 from higgs_serve.sampling_params import SamplingParams
@@ -46,33 +47,6 @@ COLUMNS = (
 )
 
 
-class SchedulerTimer:
-    """Wraps the engine's scheduler so each schedule() and update() call is timed."""
-
-    def __init__(self, scheduler):
-        self.seconds = 0.0
-        self.calls = 0
-        self._schedule, self._update = scheduler.schedule, scheduler.update
-        scheduler.schedule, scheduler.update = self.schedule, self.update
-
-    def schedule(self):
-        t0 = time.perf_counter()
-        plan = self._schedule()
-        self.seconds += time.perf_counter() - t0
-        if plan is not None:
-            self.calls += 1
-        return plan
-
-    def update(self, plan, result):
-        t0 = time.perf_counter()
-        finished = self._update(plan, result)
-        self.seconds += time.perf_counter() - t0
-        return finished
-
-    def reset(self):
-        self.seconds, self.calls = 0.0, 0
-
-
 def fixed_length_requests(count: int, frames: int, tag: str) -> list[SpeechRequest]:
     """`count` streamed requests of exactly `frames` frames each (min = max), seeds 0..count-1."""
     return [SpeechRequest(f"{tag}-{i}", TEXT, SamplingParams(temperature=0.8, seed=i, max_new_tokens=frames,
@@ -80,7 +54,7 @@ def fixed_length_requests(count: int, frames: int, tag: str) -> list[SpeechReque
             for i in range(count)]
 
 
-def run_once(engine: SyncEngine, timer: SchedulerTimer, concurrency: int, frames: int, tag: str) -> dict:
+def run_once(engine: SyncEngine, timer: PhaseTimer, concurrency: int, frames: int, tag: str) -> dict:
     requests = fixed_length_requests(concurrency, frames, tag)
     first_chunk: dict[str, float] = {}
 
@@ -104,7 +78,7 @@ def run_once(engine: SyncEngine, timer: SchedulerTimer, concurrency: int, frames
         "audio_s_per_s": total_frames / FRAMES_PER_SECOND / wall,
         "steps": steps,
         "step_ms": 1e3 * wall / steps,
-        "sched_us": 1e6 * timer.seconds / max(timer.calls, 1),
+        "sched_us": 1e6 * timer.seconds / max(steps, 1),
         "ttfa_ms": 1e3 * sum(first_chunk[r.request_id] - t0 for r in requests) / concurrency,
     }
 
@@ -129,8 +103,9 @@ def main() -> None:
                   "compilation_config": {"cudagraph_capture_sizes": [max_c]}},
             "1": {"devices": "cpu"},
         })
-        engine = SyncEngine.from_model(model, deploy, RuntimeOptions(device="cpu"))
-        timer = SchedulerTimer(engine.core.scheduler)
+        # the scheduler's share of a step: its schedule() and update() calls, through the engine's hook
+        timer = PhaseTimer(timed=("schedule", "update"))
+        engine = SyncEngine.from_model(model, deploy, RuntimeOptions(device="cpu"), EngineHooks(profile=timer))
         try:
             run_once(engine, timer, 2, 20, "warmup")
             rows = []

@@ -1,5 +1,5 @@
 """Host cost per call of the eager decode path's pieces on CUDA (4B widths, one row): a plain
-Triton launch, the same launch through model/launcher.py's cache, our op wrappers around it
+Triton launch, the same launch through kernels/launcher.py's cache, our op wrappers around it
 (allocation, shape handling, launch), torch ops, and a launch through the kernel's compiled handle
 (the floor the cached launcher approaches). The loop is host-bound (each kernel's GPU time is a few microseconds), so time per
 call is host time; "incl. drain" adds the final synchronize.
@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from higgs_serve.model import pdl
+from higgs_serve.kernels import pdl
 from higgs_serve.model.fused_ops import TritonOps, _rms_norm_kernel
-from higgs_serve.model.launcher import Launcher
+from higgs_serve.kernels.launcher import Launcher
 
 
 def bench(name, fn, n=3000):

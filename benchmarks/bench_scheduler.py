@@ -10,7 +10,7 @@ import argparse
 import time
 
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
-from higgs_serve.engine.outputs import StepResult
+from higgs_serve.worker.step_contract import StepResult
 from higgs_serve.engine.request import Request
 from higgs_serve.engine.scheduler import Scheduler
 

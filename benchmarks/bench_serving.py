@@ -10,7 +10,7 @@ as its last one finished). Every request streams raw 16-bit PCM over chunked HTT
 Production-like mixes: `--frames-spread s` draws each request's N from frames·(1 ± s), and
 `--file-every k` makes every k-th request a whole-file one (`stream: false`).
 
-Metrics (SPEC §2.3, the references' definitions):
+Metrics (docs/model.md#metrics, the usual definitions):
 - TTFA: client time from sending the request to the first non-empty audio bytes; beside it the
   server's own mean TTFA over the level (its /metrics histogram: arrival to first chunk).
 - RTF: end-to-end latency / audio duration (PCM bytes / (2 * sample rate)).

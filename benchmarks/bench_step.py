@@ -47,22 +47,23 @@ from common import (command_line, device_description, git_commit, markdown_table
                     percentile, write_json)
 
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
-from higgs_serve.model import pdl  # noqa: E402
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.kernels import pdl  # noqa: E402
 from higgs_serve.model.fused_ops import CublasOps, TritonOps  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype  # noqa: E402
-from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
-from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode  # noqa: E402
+from higgs_serve.worker.attention.selector import get_backend  # noqa: E402
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, CudaGraphMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 
 logger = logging.getLogger("bench_step")
 
 PATHS = ("eager", "mlp_graphs", "full_graph", "piecewise")
-_EXPECTED_MODE = {"eager": StepMode.EAGER, "mlp_graphs": StepMode.MLP_GRAPHS, "full_graph": StepMode.FULL_GRAPH,
-                  "piecewise": StepMode.PIECEWISE}
+_EXPECTED_MODE = {"eager": CudaGraphMode.NONE, "mlp_graphs": CudaGraphMode.LOCAL_MLP, "full_graph": CudaGraphMode.FULL,
+                  "piecewise": CudaGraphMode.PIECEWISE}
+_PATH_OF_MODE = {mode: path for path, mode in _EXPECTED_MODE.items()}  # the results' names of the step modes
 GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
-PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (model/pdl.py)
+PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (kernels/pdl.py)
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -128,22 +129,22 @@ class BenchShape:
         return -(-(max(self.contexts[-1] + 1, self.mixed_tokens)) // self.block_size)
 
 
-def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device, max_tokens: int) -> GraphPolicy:
+def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device, max_tokens: int) -> CudaGraphDispatcher:
     if path == "eager":
-        return GraphPolicy.eager()
+        return CudaGraphDispatcher()
     if device.type != "cuda":
         raise SystemExit(f"bench_step: --paths {path} needs CUDA (graphs are captured on a GPU); use --paths eager on CPU")
     if path == "mlp_graphs":
-        return GraphPolicy(full_decode=False, mlp=True, capture_sizes=batches)
+        return CudaGraphDispatcher(CudaGraphMode.LOCAL_MLP, decode_sizes=batches)
     if path == "full_graph":
-        return GraphPolicy(full_decode=True, mlp=False, capture_sizes=batches)
+        return CudaGraphDispatcher(CudaGraphMode.FULL_DECODE_ONLY, decode_sizes=batches)
     if path == "piecewise":
         tokens = tuple(t for t in PIECEWISE_TOKENS if batches[-1] < t <= max_tokens)
-        return GraphPolicy(full_decode=False, mlp=False, capture_sizes=(), piecewise_sizes=batches + tokens)
+        return CudaGraphDispatcher(CudaGraphMode.PIECEWISE, piecewise_sizes=batches + tokens)
     raise SystemExit(f"bench_step: unknown path {path!r}; expected one of {PATHS}")
 
 
-def build_runner(loaded: LoadedModel, policy: GraphPolicy, shape: BenchShape) -> ModelRunner:
+def build_runner(loaded: LoadedModel, policy: CudaGraphDispatcher, shape: BenchShape) -> ModelRunner:
     """A runner whose KV pool holds max batch × (max context + 1) tokens."""
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
     kv = KVCacheSpec(num_blocks=shape.num_slots * shape.blocks_per_request(), block_size=shape.block_size,
@@ -280,7 +281,7 @@ def time_one(runner: ModelRunner, path: str, kind: str, make_plan, batch: int, c
     """One row: `kind` steps ("decode": B decodes; "mixed": B decodes + one prefill chunk)."""
     modes_before = dict(runner.step_modes)
     times = time_steps(runner, make_plan, batch, context, args.iters, args.warmup)
-    used = {m.value for m in StepMode if runner.step_modes[m] > modes_before[m]}
+    used = {_PATH_OF_MODE[m] for m in runner.step_modes if runner.step_modes[m] > modes_before[m]}
     gpu_s = time_graph_replay(runner, batch, args.iters) if path == "full_graph" and kind == "decode" else None
     med = percentile(times, 50)
     floor = floor_of(batch, context)
@@ -310,7 +311,7 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: Be
     runner = build_runner(loaded, policy, shape)
     capture = runner.capture_graphs()
     info = {"path": path, "gemm": gemm, "pdl": pdl_mode, "pdl_active": pdl.enabled(loaded.device),
-            "capture_sizes": list(policy.capture_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
+            "capture_sizes": list(policy.decode_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
             "capture": capture, "kv_blocks": runner.kv.num_blocks, "kv_cache_dtype": str(runner.kv_cache_dtype),
             "kv_cache_bytes": sum(c.numel() * c.element_size() for pair in runner.kv_caches for c in pair)}
     logger.info("%s: runner built and graphs captured in %.1f s", path, info["build_and_capture_s"])
@@ -331,7 +332,7 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: Be
                 rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of),
                              "gemm": gemm, "pdl": pdl_mode})
     info["prefill_s"] = prefill_s
-    info["step_modes"] = {m.value: n for m, n in runner.step_modes.items()}
+    info["step_modes"] = {_PATH_OF_MODE[m]: n for m, n in runner.step_modes.items()}
     info["max_memory_allocated_bytes"] = (torch.cuda.max_memory_allocated(loaded.device)
                                           if loaded.device.type == "cuda" else None)
     del runner, plans

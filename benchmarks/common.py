@@ -132,3 +132,45 @@ def profile_listing(prof: cProfile.Profile, top: int, cumulative: bool = True) -
     if cumulative:
         stats.sort_stats("cumulative").print_stats(top)
     return out.getvalue()
+
+
+class PhaseTimer:
+    """A profiling hook for the engine loop (`EngineHooks.profile`, engine/core.py): the seconds
+    spent in the `timed` phases, the (start, end) of every "step", and, while `profiler` is set,
+    that cProfile enabled around each step. Other phases cost one dict lookup."""
+
+    def __init__(self, timed: Sequence[str] = ()):
+        self.seconds = 0.0  # in the timed phases since the last reset
+        self.spans: list[tuple[float, float]] = []  # every step's (start, end), perf_counter
+        self.profiler: cProfile.Profile | None = None
+        self._spans = {phase: _PhaseSpan(self, timed=True) for phase in timed}
+        self._spans["step"] = _PhaseSpan(self, timed="step" in timed, step=True)
+        self._untimed = _PhaseSpan(self, timed=False)
+
+    def __call__(self, phase: str) -> "_PhaseSpan":
+        return self._spans.get(phase, self._untimed)
+
+    def reset(self) -> None:
+        self.seconds, self.spans = 0.0, []
+
+
+class _PhaseSpan:
+    """One phase's context manager; a phase never nests in itself, so one object serves all calls."""
+
+    def __init__(self, timer: PhaseTimer, timed: bool, step: bool = False):
+        self.timer, self.timed, self.step = timer, timed, step
+        self.t0 = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        if self.step and self.timer.profiler is not None:
+            self.timer.profiler.enable()
+
+    def __exit__(self, *exc) -> None:
+        t1 = time.perf_counter()
+        if self.step:
+            if self.timer.profiler is not None:
+                self.timer.profiler.disable()
+            self.timer.spans.append((self.t0, t1))
+        if self.timed:
+            self.timer.seconds += t1 - self.t0

@@ -23,20 +23,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import FRAMES_PER_SECOND, fixed_length_requests  # noqa: E402
-from common import (command_line, device_description, git_commit, markdown_table, now_iso,  # noqa: E402
-                    profile_listing, write_json)
+from common import (PhaseTimer, command_line, device_description, git_commit, markdown_table,  # noqa: E402
+                    now_iso, profile_listing, write_json)
 from gpu_timeline import summarize_file  # noqa: E402
 
 from higgs_serve.cli import deploy_from_args  # noqa: E402
 from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
+from higgs_serve.engine.core import EngineHooks  # noqa: E402
 
 
 def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
@@ -45,26 +45,6 @@ def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
         frames = len(job.frames) - job.trim_front_frames - job.trim_back_frames
         job.deliver(job, np.zeros(frames * samples_per_frame, np.float32))
     engine.core.codec.submit = submit
-
-
-def timed_steps(engine: SyncEngine) -> tuple[list[tuple[float, float]], Callable[[], None]]:
-    """Record (start, end) of every engine step from now on; returns the spans and the undo."""
-    spans: list[tuple[float, float]] = []
-    step = engine.core.step
-
-    def timed_step() -> bool:
-        t0 = time.perf_counter()
-        try:
-            return step()
-        finally:
-            spans.append((t0, time.perf_counter()))
-
-    engine.core.step = timed_step
-
-    def undo() -> None:
-        engine.core.step = step
-
-    return spans, undo
 
 
 def first_audio(spans: list[tuple[float, float]], t_submit: float, t_first: float) -> dict:
@@ -79,7 +59,7 @@ def first_audio(spans: list[tuple[float, float]], t_submit: float, t_first: floa
             "step_p50_ms": float(np.median(later)) if later else None}
 
 
-def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
+def run(engine: SyncEngine, timer: PhaseTimer, batch: int, frames: int, tag: str) -> dict:
     requests = fixed_length_requests(batch, frames, tag)
     first: list[float] = []
 
@@ -88,13 +68,11 @@ def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
             first.append(time.perf_counter())
 
     steps0 = engine.core.counters.steps
-    spans, undo = timed_steps(engine)
-    try:
-        t0 = time.perf_counter()
-        results = engine.generate_batch(requests, on_chunk)
-        wall = time.perf_counter() - t0
-    finally:
-        undo()
+    timer.reset()
+    t0 = time.perf_counter()
+    results = engine.generate_batch(requests, on_chunk)
+    wall = time.perf_counter() - t0
+    spans = list(timer.spans)
     steps = engine.core.counters.steps - steps0
     rows = sum(len(r.rows) for r in results)
     return {"run": tag, "batch": batch, "wall_s": wall, "steps": steps, "step_ms": 1e3 * wall / steps,
@@ -102,30 +80,21 @@ def run(engine: SyncEngine, batch: int, frames: int, tag: str) -> dict:
             **first_audio(spans, t0, first[0])}
 
 
-def profiled(engine: SyncEngine, batch: int, frames: int, tag: str, top: int) -> tuple[dict, str]:
-    """One run with cProfile on the engine thread (the loop restarts on the next submit)."""
-    prof = cProfile.Profile()
-    step = engine.core.step
-
-    def profiled_step() -> bool:
-        prof.enable()
-        try:
-            return step()
-        finally:
-            prof.disable()
-
-    engine.core.step = profiled_step
+def profiled(engine: SyncEngine, timer: PhaseTimer, batch: int, frames: int, tag: str,
+             top: int) -> tuple[dict, str]:
+    """One run with cProfile on the engine thread, around each step (the engine's profiling hook)."""
+    timer.profiler = prof = cProfile.Profile()
     try:
-        row = run(engine, batch, frames, tag)
+        row = run(engine, timer, batch, frames, tag)
     finally:
-        engine.core.step = step
+        timer.profiler = None
     return row, profile_listing(prof, top)
 
 
-def gpu_traced(engine: SyncEngine, batch: int, frames: int, tag: str) -> tuple[dict, dict]:
+def gpu_traced(engine: SyncEngine, timer: PhaseTimer, batch: int, frames: int, tag: str) -> tuple[dict, dict]:
     """One run under torch.profiler (device activity only), and the summary of its timeline."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        row = run(engine, batch, frames, tag)
+        row = run(engine, timer, batch, frames, tag)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         return row, summarize_file(f.name)
@@ -157,20 +126,21 @@ def main() -> None:
                                                  max_num_seqs=args.batch, device=args.device), loaded.model_dir)
     rows, profiles, timelines = [], {}, {}
     for codec in args.codec:
-        engine = SyncEngine(loaded, deploy, options)
+        timer = PhaseTimer()  # every step's span, cProfile around steps when asked
+        engine = SyncEngine(loaded, deploy, options, EngineHooks(profile=timer))
         try:
             if codec == "stubbed":
                 stub_codec(engine, loaded.spec.codec.hop_length)
-            run(engine, min(args.batch, 4), 20, f"warm-{codec}")
-            rows.append({"codec": codec, **run(engine, args.batch, args.frames, f"{codec}")})
+            run(engine, timer, min(args.batch, 4), 20, f"warm-{codec}")
+            rows.append({"codec": codec, **run(engine, timer, args.batch, args.frames, f"{codec}")})
             print(rows[-1], flush=True)
             if args.profile:
-                row, text = profiled(engine, args.batch, args.frames, f"{codec}-profiled", args.top)
+                row, text = profiled(engine, timer, args.batch, args.frames, f"{codec}-profiled", args.top)
                 rows.append({"codec": codec, **row})
                 profiles[codec] = text
                 print(text, flush=True)
             if args.gpu_trace:
-                row, timelines[codec] = gpu_traced(engine, args.batch, args.frames, f"{codec}-gpu-traced")
+                row, timelines[codec] = gpu_traced(engine, timer, args.batch, args.frames, f"{codec}-gpu-traced")
                 rows.append({"codec": codec, **row})
                 print(timelines[codec], flush=True)
         finally:

@@ -25,16 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import profile_listing  # noqa: E402
 
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan  # noqa: E402
 from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
-from higgs_serve.worker.attention.backend import get_backend  # noqa: E402
-from higgs_serve.worker.cuda_graphs import GraphPolicy  # noqa: E402
+from higgs_serve.worker.attention.selector import get_backend  # noqa: E402
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, CudaGraphMode  # noqa: E402
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E402
 
 BLOCK = 16
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-POLICIES = {"eager": GraphPolicy.eager(), "mlp": GraphPolicy(False, True, SIZES), "full": GraphPolicy(True, False, SIZES)}
+POLICIES = {"eager": CudaGraphDispatcher(), "mlp": CudaGraphDispatcher(CudaGraphMode.LOCAL_MLP, decode_sizes=SIZES),
+            "full": CudaGraphDispatcher(CudaGraphMode.FULL_DECODE_ONLY, decode_sizes=SIZES)}
 
 
 def _decode(chunks, pos: int, step_id: int) -> StepPlan:
@@ -88,7 +89,7 @@ def time_prefills(runner: ModelRunner, device: torch.device, batch: int, count: 
         print(profile_listing(prof, host_top, cumulative=False), flush=True)
 
 
-def run(loaded, policy: GraphPolicy, batch: int, steps: int, profile: bool, ctx: int = 128,
+def run(loaded, policy: CudaGraphDispatcher, batch: int, steps: int, profile: bool, ctx: int = 128,
         host_top: int = 0, prefills: int = 0, prefill_tokens: int = 64) -> float:
     blocks_per = (ctx + steps + 64) // BLOCK + 1
     spare = prefill_tokens // BLOCK + 1

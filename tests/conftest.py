@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support.hf_reference import torchaudio_is_real  # noqa: E402
+from support.hf_reference import torchaudio_is_real
 
-from higgs_serve.model.hf_config import ModelSpec, load_model_spec  # noqa: E402
-from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
+from higgs_serve.model.hf_config import ModelSpec, load_model_spec
+from higgs_serve.model.tiny import write_tiny_model
 
 # transformers decides once, when first imported, whether torchaudio is available; the Higgs codec
 # reference needs it. Put the real library or the test stand-in in place before any test module

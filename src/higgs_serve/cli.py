@@ -1,201 +1,144 @@
-"""`higgs-serve` command line: synth, serve, bench, config show, make-tiny-model, encode-voice."""
+"""`higgs-serve` command line: synth, serve, encode-voice, config show, make-tiny-model.
+
+One convention for every command: the model comes first (MODEL: a directory or a hub id;
+`--model MODEL` is the same argument, kept for older scripts), global flags (`--log-level`) go
+before or after the command, every flag's help shows its default. Each command checks its
+flags before it loads anything (`preflight.py`); a user error ends in one `higgs-serve: error:`
+line and exit status 2, never a traceback (`--log-level DEBUG` adds it). Ctrl-C exits at once,
+also during a model load.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
-import time
 from pathlib import Path
 
-from higgs_serve.errors import HiggsServeError
+from higgs_serve import preflight
+from higgs_serve.cli_options import (
+    STAGE_OVERRIDES_EXAMPLE,
+    HelpFormatter,
+    add_deploy_options,
+    add_model_argument,
+    add_model_options,
+    global_options,
+    port_number,
+)
+from higgs_serve.errors import ConfigError, HiggsServeError
+from higgs_serve.progress import ProgressReporter
 
 logger = logging.getLogger("higgs_serve")
 
-
-# ---------------------------------------------------------------------------- shared options
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                   help="dummy: build the model from config.json alone with random weights")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="talker dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    _add_deploy_options(p)
-
-
-def _add_deploy_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--deploy-config", default=None,
-                   help="a deploy YAML path or the bare name of a shipped profile "
-                        "(default: discovered from the model's model_type)")
-    p.add_argument("--stage-overrides", default=None, help='JSON, e.g. \'{"0": {"max_num_seqs": 4}}\'')
-    p.add_argument("--max-num-seqs", type=int, default=None, help="Stage 0 max_num_seqs (overrides the YAML)")
-    p.add_argument("--kv-cache-dtype", default=None,
-                   help="Stage 0 kv_cache_dtype: auto (the model dtype) or fp8 (alias fp8_e4m3); overrides the YAML")
+EXIT_USER_ERROR = 2  # argparse's status for a bad command line; ours for every user error
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` reports when `head` stops reading
 
 
 def deploy_from_args(args: argparse.Namespace, model_dir: Path):
     """The deploy config the command-line flags select (--deploy-config, --stage-overrides,
-    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given)."""
+    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given). The
+    precedence and the --max-num-seqs refit are the loader's (config/loader.py)."""
     import torch
 
-    from higgs_serve.deploy_loader import load_deploy_config
+    from higgs_serve.config.loader import load_for_command_line
     from higgs_serve.model.hf_config import load_model_spec
 
-    spec = load_model_spec(model_dir)
-    cli: dict = {}
     device = getattr(args, "device", None)
-    if device == "cpu" or (device is None and not torch.cuda.is_available()):
-        cli.setdefault("0", {})["devices"] = "cpu"
-        cli.setdefault("1", {})["devices"] = "cpu"
-    kv_cache_dtype = getattr(args, "kv_cache_dtype", None)
-    if kv_cache_dtype is not None:  # validated with the rest of the config, like every key
-        cli.setdefault("0", {})["kv_cache_dtype"] = kv_cache_dtype
-
-    def load(overrides: dict, stage_overrides=args.stage_overrides):
-        return load_deploy_config(args.deploy_config, spec.model_type, stage_overrides=stage_overrides,
-                                  cli_overrides=overrides or None, device_count=torch.cuda.device_count())
-
-    max_num_seqs = getattr(args, "max_num_seqs", None)
-    if max_num_seqs is None:
-        return load(cli)
-    # --max-num-seqs also fits what the YAML sized for its own max_num_seqs (capture sizes, token
-    # budget) to the new bound, unless --stage-overrides sets those keys itself.
-    given = _stage0_keys(args.stage_overrides)
-    profile = load(cli, stage_overrides=None).stage0
-    stage0 = cli.setdefault("0", {})
-    stage0["max_num_seqs"] = max_num_seqs
-    if "cudagraph_capture_sizes" not in given.get("compilation_config", {}):
-        compilation = profile.compilation_config
-        sizes = [s for s in compilation.cudagraph_capture_sizes if s < max_num_seqs] + [max_num_seqs]
-        if compilation.cudagraph_mode.piecewise:  # the token counts above the batch sizes stay
-            sizes += [s for s in compilation.cudagraph_capture_sizes if s > max(max_num_seqs, profile.max_num_seqs)]
-        stage0["compilation_config"] = {"cudagraph_capture_sizes": sizes}
-    if "max_num_batched_tokens" not in given:
-        stage0["max_num_batched_tokens"] = max(max_num_seqs, profile.max_num_batched_tokens)
-    return load(cli)
-
-
-def _stage0_keys(stage_overrides: str | None) -> dict:
-    """Stage 0's part of --stage-overrides (malformed JSON is reported by the config loader)."""
-    if not stage_overrides:
-        return {}
-    try:
-        parsed = json.loads(stage_overrides)
-    except json.JSONDecodeError:
-        return {}
-    stage0 = parsed.get("0", {}) if isinstance(parsed, dict) else {}
-    return stage0 if isinstance(stage0, dict) else {}
+    return load_for_command_line(
+        args.deploy_config, load_model_spec(model_dir).model_type,
+        stage_overrides=args.stage_overrides,
+        force_cpu=device == "cpu" or (device is None and not torch.cuda.is_available()),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+        max_num_seqs=getattr(args, "max_num_seqs", None),
+        device_count=torch.cuda.device_count())
 
 
 def _runtime_options(args: argparse.Namespace, **extra):
     from higgs_serve.engine.builder import RuntimeOptions
 
-    return RuntimeOptions(load_format=args.load_format, device=args.device, dtype=args.dtype, **extra)
+    return RuntimeOptions(load_format=args.load_format, device=args.device, dtype=args.dtype,
+                          on_progress=ProgressReporter(unit="tensor"), **extra)
+
+
+def _model_and_deploy(args: argparse.Namespace, load_format: str | None):
+    """The model directory and the deploy config, checked (load_format None: no weights needed)."""
+    from higgs_serve.model.checkpoint import resolve_model_dir
+
+    preflight.check_device(getattr(args, "device", None))
+    model_dir = resolve_model_dir(args.model)
+    if load_format is not None:
+        preflight.check_model_dir(model_dir, load_format)
+    deploy = deploy_from_args(args, model_dir)
+    return model_dir, deploy
 
 
 def _log_graph_path(deploy) -> None:
     import torch
 
-    from higgs_serve.deploy_config import resolve_graph_path
+    from higgs_serve.config.deploy import resolve_graph_mode
 
-    path, reason = resolve_graph_path(deploy.stage0, torch.cuda.is_available())
-    logger.info("Stage 0 graph path: %s (%s)", path.value, reason)
+    mode, reason = resolve_graph_mode(deploy.stage0, torch.cuda.is_available())
+    logger.info("Stage 0 graph mode: %s (%s)", mode.value, reason)
 
 
 # ---------------------------------------------------------------------------- synth
 def _cmd_synth(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
-    from higgs_serve.model.checkpoint import resolve_model_dir
     from higgs_serve.sampling_params import SamplingParams
+    from higgs_serve.synth_report import SynthMonitor, stream_check, write_result
 
-    model_dir = resolve_model_dir(args.model)
-    deploy = deploy_from_args(args, model_dir)
+    preflight.check_texts(args.text)
+    if args.ref_text is not None and args.ref_audio is None and args.ref_codes is None:
+        raise ConfigError("--ref-text is the transcript of --ref-audio / --ref-codes: give one of them too")
+    if args.ref_codes is not None and args.ref_audio is not None:
+        raise ConfigError("give --ref-audio or --ref-codes, not both")
+    clip = preflight.read_reference_clip(args.ref_audio, "--ref-audio") if args.ref_audio else None
+    coded = None
+    if args.ref_codes is not None:  # checked before the model loads
+        from higgs_serve.voices.codes_file import reference_from_codes_file
+        coded = reference_from_codes_file(args.ref_codes, args.ref_text)
+    out_dir = preflight.check_output_dir(args.output_dir, "--output-dir")
+    ids = [f"{i:04d}" for i in range(len(args.text))]
+    for request_id in ids:  # a directory in the way fails now, not after the synthesis
+        for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()):
+            preflight.check_output_file(str(out_dir / f"{request_id}{suffix}"), "--output-dir")
+    model_dir, deploy = _model_and_deploy(args, args.load_format)
     _log_graph_path(deploy)
     overrides = {k: v for k, v in dict(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens).items() if v is not None}
     sampling = SamplingParams.from_defaults(deploy.stage0.default_sampling_params, **overrides)
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if args.ref_text is not None and args.ref_audio is None:
-        raise HiggsServeError("--ref-text is the transcript of --ref-audio: give --ref-audio too")
     engine = SyncEngine.from_model(str(model_dir), deploy, _runtime_options(args))
     try:
-        reference = _reference_from_file(args.ref_audio, args.ref_text, engine.loaded) if args.ref_audio else None
-        requests = [SpeechRequest(f"{i:04d}", text, sampling, stream=args.stream, reference=reference)
-                    for i, text in enumerate(args.text)]
-        stream_files = {r.request_id: open(out_dir / f"{r.request_id}.stream.f32", "wb") for r in requests} if args.stream else {}
-
-        def on_chunk(request_id: str, chunk) -> None:
-            if request_id in stream_files:
-                stream_files[request_id].write(chunk.audio.astype(np.float32).tobytes())
-                stream_files[request_id].flush()
-
-        t0 = time.perf_counter()
-        results = engine.generate_batch(requests, on_chunk=on_chunk)
-        wall = time.perf_counter() - t0
-        for f in stream_files.values():
-            f.close()
-        spf = engine.loaded.spec.codec.hop_length
-        sr = engine.loaded.spec.codec.sample_rate
+        reference = _encode_reference(clip, args.ref_audio, args.ref_text, engine.loaded) if clip else coded
+        requests = [SpeechRequest(rid, text, sampling, stream=args.stream, reference=reference)
+                    for rid, text in zip(ids, args.text)]
+        sample_rate = engine.loaded.spec.codec.sample_rate
+        monitor = SynthMonitor(out_dir, ids, sample_rate, stream=args.stream, progress=ProgressReporter(unit="req"))
+        try:
+            results = engine.generate_batch(requests, on_chunk=monitor.on_chunk)
+        finally:
+            monitor.close()
         for res in results:
-            _write_result(out_dir, res, sr)
-            seconds = len(res.audio) / sr
-            line = (f"{res.request_id}: {len(res.frames)} frames, {seconds:.2f} s audio, "
-                    f"finish={res.finish_reason}, wall {wall:.2f} s")
-            if args.stream:
-                line += _stream_check(engine, out_dir, res, spf)
-            print(line, flush=True)
+            paths = write_result(out_dir, res, sample_rate)
+            note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
+            print(monitor.line(res, paths, note), flush=True)
+        print(monitor.summary(), flush=True)
     finally:
         engine.close()
     return 0
 
 
-def _write_result(out_dir: Path, res, sample_rate: int) -> None:
-    import numpy as np
-    import soundfile as sf
-
-    sf.write(out_dir / f"{res.request_id}.wav", res.audio, sample_rate, subtype="PCM_16")
-    np.savez(out_dir / f"{res.request_id}.npz", rows=res.rows.astype(np.int64),
-             frames=res.frames.astype(np.int64), audio=res.audio.astype(np.float32))
-
-
-def _stream_check(engine, out_dir: Path, res, samples_per_frame: int) -> str:
-    """Streamed chunks must concatenate to the final audio; report the seam error against a
-    one-shot decode of all frames (SPEC §1.9)."""
-    import numpy as np
-
-    streamed = np.fromfile(out_dir / f"{res.request_id}.stream.f32", dtype=np.float32)
-    if not np.array_equal(streamed, res.audio):
-        raise HiggsServeError(f"{res.request_id}: streamed chunks do not concatenate to the final audio")
-    if len(res.frames) == 0:
-        return ", stream ok"
-    oneshot = engine.core.codec.decode_batch(res.frames[None])[0]
-    err = float(np.max(np.abs(oneshot - res.audio))) if len(oneshot) == len(res.audio) else float("inf")
-    peak = float(np.max(np.abs(oneshot))) or 1.0
-    return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"
-
-
 # ---------------------------------------------------------------------------- voice cloning
-def _encode_file(path: str, loaded):
-    """Reference audio file -> (codes [T, 8] int64, encoder) with the model's codec encoder."""
-    from higgs_serve.voices.reference_encoder import ReferenceEncoder
+def _encode_reference(clip, path: str, ref_text: str | None, loaded):
+    from higgs_serve.voices.reference_encoder import ReferenceEncoder, reference_audio
 
-    file = Path(path)
-    if not file.is_file():
-        raise HiggsServeError(f"reference audio file {path} does not exist")
-    encoder = ReferenceEncoder.from_loaded(loaded)
-    return encoder.encode_bytes(file.read_bytes(), param=str(file)), encoder
-
-
-def _reference_from_file(path: str, ref_text: str | None, loaded):
-    from higgs_serve.voices.reference_encoder import reference_audio
-
-    codes, _ = _encode_file(path, loaded)
+    samples, rate = clip
+    codes = ReferenceEncoder.from_loaded(loaded).encode(samples, rate, param=f"--ref-audio {path}")
     logger.info("reference %s: %d frames", path, len(codes))
     return reference_audio(codes, ref_text)
 
@@ -203,63 +146,80 @@ def _reference_from_file(path: str, ref_text: str | None, loaded):
 def _cmd_encode_voice(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from higgs_serve.engine.builder import RuntimeOptions, load_model
+    from higgs_serve.engine.builder import load_model
+    from higgs_serve.voices.reference_encoder import ReferenceEncoder
 
-    loaded = load_model(args.model, RuntimeOptions(load_format=args.load_format, device=args.device))
-    codes, encoder = _encode_file(args.file, loaded)
-    np.save(args.output, codes)
-    print(f"wrote {args.output}: codes [{len(codes)}, {codes.shape[1]}] int64 "
-          f"({len(codes) / 25:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
+    samples, rate = preflight.read_reference_clip(args.file, "FILE")
+    output = preflight.check_output_file(args.output, "--output")
+    model_dir, deploy = _model_and_deploy(args, args.load_format)
+    loaded = load_model(str(model_dir), _runtime_options(args), deploy)
+    encoder = ReferenceEncoder.from_loaded(loaded)
+    codes = encoder.encode(samples, rate, param=f"FILE {args.file}")
+    with open(output, "wb") as f:  # exactly the path given (np.save on a name would append .npy)
+        np.save(f, codes)
+    print(f"wrote {output}: codes [{len(codes)}, {codes.shape[1]}] int64 "
+          f"({len(codes) / loaded.spec.codec.frame_rate:.2f} s of reference), encoder {encoder.encode_seconds:.2f} s", flush=True)
     return 0
 
 
 # ---------------------------------------------------------------------------- serve
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from higgs_serve.model.checkpoint import resolve_model_dir
-    from higgs_serve.server.app import run_server
     from higgs_serve.server.settings import ServerSettings
 
-    model_dir = resolve_model_dir(args.model)
-    deploy = deploy_from_args(args, model_dir)
+    preflight.check_device(args.device)
     if args.data_parallel_size is not None or args.devices:
-        return _serve_data_parallel(args, model_dir, deploy)
-    _log_graph_path(deploy)
-    settings = ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
+        return _serve_data_parallel(args)
+    voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
+    sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
+    port = sock.getsockname()[1]  # the real one when --port 0
+    settings = ServerSettings(  # its checks (positive sizes, names) run before anything loads
+        host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
+        extra_served_model_names=tuple(args.served_model_name[1:]),
+        allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
-        **({"voices_dir": Path(args.voices_dir)} if args.voices_dir else {}),
+        **voices,
     )
+    model_dir, deploy = _model_and_deploy(args, args.load_format)
+    _log_graph_path(deploy)
+    from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
+
+    logger.info("listening on http://%s:%d; /ready answers 200 once the model is loaded and warm "
+                "(Ctrl-C stops at any time)", args.host, port)
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
-    run_server(str(model_dir), settings, deploy, _runtime_options(args))
+    run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock])
     return 0
 
 
-def _serve_data_parallel(args: argparse.Namespace, model_dir: Path, deploy) -> int:
+def _serve_data_parallel(args: argparse.Namespace) -> int:
     """One engine process per device behind one front end (higgs_serve.cluster)."""
     import torch
 
     from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
     from higgs_serve.model.hf_config import load_model_spec
-    from higgs_serve.server.settings import DEFAULT_VOICES_DIR
+    from higgs_serve.server.settings import ServerSettings
 
     devices = plan_devices(args.data_parallel_size, args.devices, args.device,
                            torch.cuda.device_count())
+    model_dir, deploy = _model_and_deploy(args, args.load_format)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing)
     # every single-server flag except where it listens, its key and its voices directory
     # (the front end owns those); the device comes from the plan
-    passed = {"--served-model-name": args.served_model_name, "--max-queue": args.max_queue,
-              "--max-input-chars": args.max_input_chars,
+    passed = {"--max-queue": args.max_queue, "--max-input-chars": args.max_input_chars,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
+              "--allowed-local-media-path": args.allowed_local_media_path,
+              "--send-timeout-s": args.send_timeout_s,
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype}
-    serve_args = [str(x) for flag, value in passed.items() if value not in (None, "")
-                  for x in (flag, value)]
+    serve_args = ["--served-model-name", *args.served_model_name]
+    serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
+                   for x in (flag, value)]
+    voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir
+                  else ServerSettings().voices_dir)
     run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
-                voices_dir=Path(args.voices_dir) if args.voices_dir else DEFAULT_VOICES_DIR,
-                sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
+                voices_dir=Path(voices_dir), sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
                 api_key=args.api_key, log_level=args.log_level)
     return 0
 
@@ -268,10 +228,8 @@ def _serve_data_parallel(args: argparse.Namespace, model_dir: Path, deploy) -> i
 def _cmd_config_show(args: argparse.Namespace) -> int:
     import torch
 
-    from higgs_serve.model.checkpoint import resolve_model_dir
-
-    deploy = deploy_from_args(args, resolve_model_dir(args.model))
-    print(json.dumps(deploy.to_dict(cuda_available=torch.cuda.is_available()), indent=2))
+    _, deploy = _model_and_deploy(args, None)
+    print(json.dumps(deploy.to_dict(cuda_available=torch.cuda.is_available()), indent=2), flush=True)
     return 0
 
 
@@ -279,93 +237,185 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from higgs_serve.model.tiny import write_tiny_model
 
-    write_tiny_model(Path(args.dir), seed=args.seed, preset=args.preset, config_only=args.config_only)
+    if args.preset == "4b" and not args.config_only:
+        raise ConfigError("--preset 4b without --config-only would write about 9 GB of random weights: "
+                          "add --config-only and load it with --load-format dummy")
+    directory = preflight.check_output_dir(args.dir, "DIR")
+    write_tiny_model(directory, seed=args.seed, preset=args.preset, config_only=args.config_only)
     what = "config.json and tokenizer" if args.config_only else "checkpoint"
     print(f"wrote {args.preset} {what} to {args.dir}")
     return 0
 
 
 # ---------------------------------------------------------------------------- parser
+# Every example runs as written in a directory holding me.wav (tests/unit/test_cli_examples.py
+# runs each one, with the port replaced by a free one).
+EXAMPLES = f"""examples:
+  higgs-serve make-tiny-model ./tiny-model
+  higgs-serve synth ./tiny-model --text "Hello from higgs-serve." --output-dir out
+  higgs-serve config show ./tiny-model --stage-overrides '{STAGE_OVERRIDES_EXAMPLE}'
+  higgs-serve encode-voice ./tiny-model me.wav -o codes.npy
+  higgs-serve serve ./tiny-model --port 8000
+"""
+
+
+def _subcommand(sub, name: str, help_text: str, func, usage: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter,
+                       usage=f"higgs-serve {usage}", parents=[global_options(argparse.SUPPRESS)])
+    p.set_defaults(func=func, command_parser=p)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     from higgs_serve.server.settings import ServerSettings  # its defaults are the flags' defaults
 
-    parser = argparse.ArgumentParser(prog="higgs-serve", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="higgs-serve", description=__doc__.split("\n\n")[0],
+                                     epilog=EXAMPLES, formatter_class=HelpFormatter,
+                                     parents=[global_options("INFO")])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("synth", help="synthesize speech offline into WAV + NPZ files")
-    p.add_argument("--model", required=True, help="model directory or hub id")
-    p.add_argument("--text", action="append", required=True, help="text to speak (repeatable)")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-new-tokens", type=int, help="frame cap per request (25 frames = 1 s)")
-    p.add_argument("--min-new-tokens", type=int, help="frames before the model may stop (benchmarks)")
+    p = _subcommand(sub, "synth", "synthesize speech offline into WAV + NPZ files", _cmd_synth,
+                    "synth MODEL --text TEXT [--text TEXT ...] --output-dir DIR [options]")
+    add_model_argument(p)
+    p.add_argument("--text", action="append", required=True, help="text to speak (repeatable: one request each)")
+    p.add_argument("--output-dir", required=True, help="where OUT/NNNN.wav and OUT/NNNN.npz go (created if missing)")
+    p.add_argument("--temperature", type=float, help="sampling temperature; 0 = greedy (default: the profile's)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass (default: the profile's)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely codes (default: the profile's)")
+    p.add_argument("--seed", type=int, help="sampling seed, the same for every --text (default: a random one per request)")
+    p.add_argument("--max-new-tokens", type=int, help="frame cap per request, 25 frames = 1 s (default: the profile's)")
+    p.add_argument("--min-new-tokens", type=int, help="frames before the model may stop, for benchmarks (default: 0)")
     p.add_argument("--stream", action="store_true",
                    help="stream chunks to OUT/NNNN.stream.f32 as they arrive and check them against the final audio")
-    p.add_argument("--ref-audio", default=None, help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text")
-    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (optional)")
-    _add_model_options(p)
-    p.set_defaults(func=_cmd_synth)
+    p.add_argument("--ref-audio", default=None,
+                   help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text (default: none)")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio / --ref-codes (default: none)")
+    p.add_argument("--ref-codes", default=None,
+                   help="clone from codes [T, 8] saved by encode-voice (.npy) instead of --ref-audio (default: none)")
+    add_model_options(p)
 
-    p = sub.add_parser("encode-voice", help="encode a reference clip into codec codes (.npy, [T, 8] int64)")
-    p.add_argument("file", help="reference audio (wav/flac/ogg/mp3, 0.5-30 s)")
-    p.add_argument("-o", "--output", required=True, help="where to write the codes (.npy)")
-    p.add_argument("--model", required=True, help="model directory or hub id (its bundled codec encodes)")
-    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
-    p.set_defaults(func=_cmd_encode_voice)
+    p = _subcommand(sub, "encode-voice", "encode a reference clip into codec codes (.npy, [T, 8] int64)",
+                    _cmd_encode_voice, "encode-voice MODEL FILE -o OUTPUT [options]")
+    add_model_argument(p)
+    p.add_argument("file", metavar="FILE", help="reference audio (wav/flac/ogg/mp3, 0.5-30 s)")
+    p.add_argument("-o", "--output", required=True, help="the .npy file to write, exactly this path")
+    add_model_options(p, engine=False)
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    p.add_argument("model", help="model directory or hub id")
-    p.add_argument("--host", default=ServerSettings.host)
-    p.add_argument("--port", type=int, default=ServerSettings.port)
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
-    p.add_argument("--served-model-name", default=ServerSettings.served_model_name)
+    p = _subcommand(sub, "serve", "run the OpenAI-compatible HTTP server", _cmd_serve,
+                    "serve MODEL [--host HOST] [--port PORT] [options]")
+    add_model_argument(p)
+    p.add_argument("--host", default=ServerSettings.host, help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=port_number, default=ServerSettings.port, help="TCP port (0: any free port)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: open)")
+    p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
+                   help="one or more names requests may use; /v1/models lists them all")
     p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
-                   help="requests allowed to wait; past it, 429")
-    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars)
-    p.add_argument("--voices-dir", default=None, help="where registered voices persist")
+                   help="requests allowed to wait beyond the running ones; past it, 429")
+    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars,
+                   help="longest `input` text accepted; longer is a 400")
+    p.add_argument("--voices-dir", default=None,
+                   help=f"where registered voices persist (default: {ServerSettings().voices_dir})")
     p.add_argument("--allowed-ref-audio-domains", default="",
-                   help="comma-separated hosts whose http(s) URLs may be given as ref_audio")
+                   help="comma-separated hosts whose http(s) URLs may be given as ref_audio (default: none)")
+    p.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                   help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
+    p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
+                   help="a client that reads nothing for this long loses its response and slot")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
-                        "behind one front end on --host/--port")
+                        "behind one front end on --host/--port (default: one server, no front end)")
     p.add_argument("--devices", default=None,
-                   help="GPU indices of the replicas, e.g. 0,1,2,3 (a repeated index shares a GPU)")
+                   help="GPU indices of the replicas, e.g. 0,1,2,3; a repeated index shares a GPU "
+                        "(default: 0..N-1 with --data-parallel-size N)")
     p.add_argument("--routing", choices=["affinity", "least-loaded"], default="affinity",
                    help="with several replicas: route a voice to the replica that has it cached "
                         "(affinity) or every request to the less loaded of two (least-loaded)")
-    _add_model_options(p)
-    p.set_defaults(func=_cmd_serve)
+    add_model_options(p)
 
-    p = sub.add_parser("config", help="deploy config tools")
-    csub = p.add_subparsers(dest="config_command", required=True)
-    show = csub.add_parser("show", help="print the fully resolved deploy config as JSON")
-    show.add_argument("model", help="model directory or hub id")
-    show.add_argument("--device", default=None)
-    _add_deploy_options(show)
-    show.set_defaults(func=_cmd_config_show)
+    p = sub.add_parser("config", help="deploy config tools", description="deploy config tools",
+                       formatter_class=HelpFormatter, parents=[global_options(argparse.SUPPRESS)])
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    show = _subcommand(csub, "show", "print the fully resolved deploy config as JSON", _cmd_config_show,
+                       "config show MODEL [options]")
+    add_model_argument(show)
+    show.add_argument("--device", default=None,
+                      help="cpu, cuda or cuda:N: resolve the profile for this device (default: cuda when available)")
+    add_deploy_options(show)
 
-    p = sub.add_parser("make-tiny-model", help="write a small random checkpoint in the real layout")
-    p.add_argument("dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--preset", choices=["tiny", "4b"], default="tiny")
-    p.add_argument("--config-only", action="store_true", help="write config.json and tokenizer only (for --load-format dummy)")
-    p.set_defaults(func=_cmd_make_tiny_model)
+    p = _subcommand(sub, "make-tiny-model", "write a small random checkpoint in the real layout",
+                    _cmd_make_tiny_model, "make-tiny-model DIR [--seed N] [--preset {tiny,4b}] [--config-only]")
+    p.add_argument("dir", metavar="DIR", help="directory to write (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--preset", choices=["tiny", "4b"], default="tiny",
+                   help="tiny: milliseconds a step on CPU; 4b: the real geometry (needs --config-only)")
+    p.add_argument("--config-only", action="store_true",
+                   help="write config.json and tokenizer only (load it with --load-format dummy)")
     return parser
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """MODEL and --model are one argument: exactly one of them, or the same value twice."""
+    if not hasattr(args, "model_flag"):
+        return
+    given = {value for value in (args.model, args.model_flag) if value}
+    if not given:
+        args.command_parser.error("the following arguments are required: MODEL")
+    if len(given) > 1:
+        args.command_parser.error(f"MODEL {args.model!r} and --model {args.model_flag!r} differ: give one")
+    (args.model,) = given
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _resolve_model(args)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(args.log_level)  # basicConfig does nothing on a second main() in one process
     try:
         return args.func(args)
-    except HiggsServeError as exc:
-        print(f"higgs-serve: error: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:  # `higgs-serve config show MODEL | head`: the reader left, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except (HiggsServeError, ValueError, OSError) as error:  # a user's mistake: its message, no traceback
+        logger.debug("the error's traceback", exc_info=True)
+        print(f"higgs-serve: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise  # a bug: its traceback
+        print(f"higgs-serve: error: {OUT_OF_MEMORY} ({_first_line(error)})", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        _exit_now(EXIT_INTERRUPTED, "higgs-serve: interrupted")
+
+
+OUT_OF_MEMORY = ("out of memory loading or running the model: lower what it needs (--max-num-seqs, "
+                 "--stage-overrides '{\"0\": {\"max_model_len\": 2048}}', --kv-cache-dtype fp8, --dtype bfloat16) "
+                 "or free the device")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """torch's CUDA OutOfMemoryError, its CPU allocator's failure (a RuntimeError), MemoryError."""
+    text = str(error).lower()
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "not enough memory" in text or "can't allocate memory" in text or "out of memory" in text)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _exit_now(code: int, message: str) -> None:
+    """Exit without waiting for other threads: a model load cannot be interrupted from outside,
+    and its memory (GPU included) goes back with the process."""
+    print(message, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ class InvalidRequestError(HiggsServeError, ValueError):
         self.param = param
 
 
+class ConflictError(InvalidRequestError):
+    """The request collides with another one (a voice registered twice at once, or deleted while
+    this request was using it): 409, the client may retry."""
+
+
+class InputTooLongError(InvalidRequestError):
+    """The prompt (input, plus the reference when cloning) leaves no room to generate: 413."""
+
+
 class EngineOverloadedError(HiggsServeError):
     """The waiting queue is full; the client should retry later."""
 

@@ -1,7 +1,7 @@
 """Every Prometheus metric higgs-serve exports, defined once.
 
 Each server app owns a `ServerMetrics` with its own `CollectorRegistry` (tests build several apps
-in one process). Definitions follow SPEC §2.3: TTFA is measured from the request's arrival to
+in one process). Definitions follow docs/model.md#metrics: TTFA is measured from the request's arrival to
 the first non-empty audio chunk; RTF is end-to-end latency / seconds of audio returned. Engine
 gauges (queue depth, running requests, KV blocks) are read from the engine when scraped, so they
 are never stale, and so are the voice-cloning reference encoder's counters (encodes, cache hits,

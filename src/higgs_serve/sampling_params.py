@@ -1,4 +1,4 @@
-"""Per-request sampling knobs (SPEC §1.7), frozen and validated at construction.
+"""Per-request sampling knobs (docs/model.md#sampling), frozen and validated at construction.
 
 One `SamplingParams` applies to all 8 codebooks of a request: temperature → top-k → top-p →
 multinomial. Temperature 0 or top_k 1 is greedy. `top_k = 0` means "off" (no top-k cut: all
@@ -9,82 +9,29 @@ per request (`with_seed`) before the request reaches the worker.
 Lengths are counted in audio frames (one frame = 40 ms): `max_new_tokens` is the request's frame
 cap, `min_new_tokens` the earliest frame at which codebook 0 may end the utterance.
 
-The `*_problem` checkers are shared with `deploy_loader.py`, so a profile's
-`default_sampling_params` obeys exactly the same limits as a request.
+The `*_problem` checkers live in `config/validators.py`, shared with the deploy loader, so a
+profile's `default_sampling_params` obeys exactly the same limits as a request.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
 
+from higgs_serve.config.sampling_defaults import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    DefaultSamplingParams,
+)
+from higgs_serve.config.validators import (
+    frame_count_problem,
+    seed_problem,
+    temperature_problem,
+    top_k_problem,
+    top_p_problem,
+)
 from higgs_serve.errors import InvalidRequestError
-
-if TYPE_CHECKING:  # deploy_config imports this module; the type is only for annotations
-    from higgs_serve.deploy_config import DefaultSamplingParams
-
-TEMPERATURE_MAX = 2.0
-TOP_K_MAX = 1026  # per-codebook vocabulary: 1024 real codes + BOC + EOC
-SEED_MAX = 2**63 - 1  # seeds feed a signed 64-bit counter-based RNG
-
-DEFAULT_TEMPERATURE = 0.8  # SPEC §1.7: sglang-omni's SeedTTS-EN tuning (lowered WER)
-DEFAULT_TOP_P = 0.8
-DEFAULT_TOP_K = 30
-DEFAULT_MAX_NEW_TOKENS = 2048  # frames: about 82 s of audio
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
-def temperature_problem(value: Any) -> str | None:
-    """Why `value` is not a valid temperature, or None when it is."""
-    if not _is_number(value):
-        return f"expected a finite number, got {type(value).__name__} {value!r}"
-    if not 0.0 <= value <= TEMPERATURE_MAX:
-        return f"{value!r} is outside [0, {TEMPERATURE_MAX:g}] (0 = greedy)"
-    return None
-
-
-def top_p_problem(value: Any) -> str | None:
-    if not _is_number(value):
-        return f"expected a finite number, got {type(value).__name__} {value!r}"
-    if not 0.0 < value <= 1.0:
-        return f"{value!r} is outside (0, 1] (1 = off)"
-    return None
-
-
-def top_k_problem(value: Any) -> str | None:
-    if not _is_int(value):
-        return f"expected an integer, got {type(value).__name__} {value!r}"
-    if not 0 <= value <= TOP_K_MAX:
-        return f"{value!r} is outside [0, {TOP_K_MAX}] (0 = off, 1 = greedy)"
-    return None
-
-
-def seed_problem(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not _is_int(value):
-        return f"expected an integer or null, got {type(value).__name__} {value!r}"
-    if not 0 <= value <= SEED_MAX:
-        return f"{value!r} is outside [0, 2**63 - 1]"
-    return None
-
-
-def frame_count_problem(value: Any, minimum: int) -> str | None:
-    """Frame counts (`max_new_tokens`, `min_new_tokens`, profile `max_tokens`)."""
-    if not _is_int(value):
-        return f"expected an integer, got {type(value).__name__} {value!r}"
-    if value < minimum:
-        return f"{value!r} is below the minimum {minimum}"
-    return None
 
 
 @dataclass(frozen=True)

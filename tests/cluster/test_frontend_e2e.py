@@ -24,6 +24,9 @@ import soundfile as sf
 
 FRAMES = 8
 FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+# long enough that its text-derived frame cap allows the long requests below
+LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
+             "so that the frame cap that follows from its text stays above four hundred frames.")
 PCM_BYTES = FRAMES * 960 * 2
 
 
@@ -201,7 +204,7 @@ def test_deleting_a_voice_removes_it_everywhere(cluster):
 def test_a_client_that_hangs_up_aborts_the_replica_request(cluster):
     url, http, log = cluster
     aborted = sum(_outcomes(http, "abort").values())
-    body = {"input": "A long one.", "max_new_tokens": 400, "min_new_tokens": 400,
+    body = {"input": LONG_TEXT, "max_new_tokens": 400, "min_new_tokens": 400,
             "response_format": "pcm", "stream": True}
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=60) as response:
         assert response.status_code == 200

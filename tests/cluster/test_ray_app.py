@@ -24,6 +24,9 @@ from higgs_serve.cluster.routing import affinity_rank  # noqa: E402
 
 FRAMES = 8
 FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+# long enough that its text-derived frame cap allows the long requests below
+LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
+             "so that the frame cap that follows from its text stays above four hundred frames.")
 PCM_BYTES = FRAMES * 960 * 2
 
 
@@ -183,7 +186,7 @@ def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir,
         if len(clips) == 2:
             break
     frames = 150
-    body = {"input": "A long one.", "max_new_tokens": frames, "min_new_tokens": frames,
+    body = {"input": LONG_TEXT, "max_new_tokens": frames, "min_new_tokens": frames,
             "response_format": "pcm", "stream": True}
 
     def stream(ref: str) -> tuple[str, int]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig
-from higgs_serve.deploy_loader import load_deploy_config
-from higgs_serve.engine.async_engine import _CollectingSink
+from higgs_serve.config.deploy import DeployConfig
+from higgs_serve.config.loader import load_deploy_config
+from higgs_serve.engine.async_engine import CollectingSink
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.core import EngineCore, EngineHooks
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.sampling_params import SamplingParams
 
@@ -43,7 +43,8 @@ def engine_deploy(
     kv_cache_dtype: str = "auto",
     codec_dtype: str = "float32",
 ) -> DeployConfig:
-    """The shipped default profile on CPU, shrunk for tests; `window` overrides SPEC §1.9 keys."""
+    """The shipped default profile on CPU, shrunk for tests; `window` overrides the streaming
+    window keys (docs/model.md#streaming-windows)."""
     stage0 = {
         "devices": "cpu",
         "max_num_seqs": max_num_seqs,
@@ -70,7 +71,7 @@ def speech(request_id: str, text: str, params: SamplingParams, stream: bool = Fa
     return SpeechRequest(request_id, text, params, stream=stream)
 
 
-class Collected(_CollectingSink):
+class Collected(CollectingSink):
     """One request's output as its sink saw it (chunks from the codec thread): the engine's own
     collecting sink (chunks, rows [N, 8] and frames [T, 8] int64, finish_reason, prompt_tokens,
     error, done) plus the audio joined."""
@@ -97,8 +98,8 @@ def assert_same_output(got: Collected, ref: Collected, what: str) -> None:
 class ManualEngine:
     """An `EngineCore` with its codec thread running and its step loop driven by the test."""
 
-    def __init__(self, loaded: LoadedModel, deploy: DeployConfig):
-        self.core: EngineCore = build_engine_core(loaded, deploy, CPU)
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, hooks: EngineHooks | None = None):
+        self.core: EngineCore = build_engine_core(loaded, deploy, CPU, hooks)
         self.core.codec.start()
 
     @property

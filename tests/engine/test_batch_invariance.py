@@ -1,4 +1,4 @@
-"""Issue 3: a request's codes do not depend on what else runs beside it (SPEC §1.7).
+"""Issue 3: a request's codes do not depend on what else runs beside it (docs/model.md#sampling).
 
 Sixteen requests of different prompt lengths and frame caps, half greedy and half sampled with a
 fixed seed at temperature 0.8, arrive in three waves while earlier ones are decoding. A small

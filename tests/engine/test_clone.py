@@ -1,8 +1,9 @@
-"""Issue 5: voice cloning through the engine on the tiny model (SPEC §1.3, §1.5, §1.6, §1.8).
+"""Issue 5: voice cloning through the engine on the tiny model (docs/model.md: Prompt layout,
+Talker, Delay pattern, Codec geometry).
 
 (a) Teacher-forced check: the engine's greedy rows for a clone prompt equal a plain reference loop
     on our Talker with dense causal attention (tests/conftest.py), whose prompt embeddings at the P positions are
-    embed_audio(apply_delay(codes)) and whose rows are the argmax under the SPEC masks. A token
+    embed_audio(apply_delay(codes)) and whose rows are the argmax under the delay-pattern masks. A token
     budget of 8 splits the prefill, with chunk boundaries inside the placeholder span.
 (b) Prefix cache: a voice's reference blocks are reused by its next request, never by another
     voice with token-identical prompts.
@@ -100,9 +101,9 @@ def test_teacher_forced_clone_with_chunk_split_inside_placeholders(tiny_loaded, 
     finally:
         engine.close()
 
-    # the prompt is the SPEC §1.3 clone layout, its P rows the delayed reference codes
+    # the prompt is the clone layout of docs/model.md#prompt-layout, its P rows the delayed reference codes
     prompts = tiny_loaded.prompts
-    ref_rows = apply_delay(codes).numpy()  # [T + 7, 8]
+    ref_rows = apply_delay(codes)  # [T + 7, 8]
     ph_start = 3 + len(prompts.tok(REF_TEXT))
     expected_prompt = ([prompts.tts_id, prompts.ref_text_id, *prompts.tok(REF_TEXT), prompts.ref_audio_id]
                        + [prompts.tts_id] * len(ref_rows)

@@ -72,3 +72,30 @@ def test_synth_with_reference_matches_the_engine(tiny_model_dir, tiny_loaded, cl
         engine.close()
     np.testing.assert_array_equal(result["rows"], expected.rows)
     assert not np.array_equal(result["rows"], zero_shot.rows)  # the reference was really used
+
+
+def test_synth_with_ref_codes_matches_ref_audio(tiny_model_dir, tiny_loaded, in_process_codes, tmp_path):
+    """`synth --ref-codes codes.npy` (encode-voice's output) clones exactly as the engine does with
+    those codes; a malformed codes file is a one-line error before the model loads."""
+    codes_file = tmp_path / "codes.npy"
+    np.save(codes_file, in_process_codes)
+    _cli("synth", "--model", str(tiny_model_dir), "--text", TEXT, "--output-dir", str(tmp_path / "out"),
+         "--ref-codes", str(codes_file), "--ref-text", REF_TEXT, "--temperature", "0", "--seed", "0",
+         "--max-new-tokens", str(FRAMES), "--min-new-tokens", str(FRAMES), "--device", "cpu", "--max-num-seqs", "2")
+    result = np.load(tmp_path / "out" / "0000.npz")
+    engine = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=2))
+    try:
+        request = SpeechRequest("ref", TEXT, sampling(temperature=0.0, seed=0, frames=FRAMES, min_frames=FRAMES),
+                                reference=reference_audio(in_process_codes, REF_TEXT))
+        (expected,) = engine.generate([request])
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(result["rows"], expected.rows)
+
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.full((4, 7), 3, dtype=np.int64))
+    proc = subprocess.run([sys.executable, "-m", "higgs_serve.cli", "synth", "--model", str(tiny_model_dir),
+                           "--text", TEXT, "--output-dir", str(tmp_path / "bad"), "--ref-codes", str(bad),
+                           "--device", "cpu"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "must have shape [T, 8], got [4, 7]" in proc.stderr

@@ -1,4 +1,4 @@
-"""Issue 3: frame caps and natural ends (SPEC §1.6, docs/architecture.md "Length caps").
+"""Issue 3: frame caps and natural ends (docs/model.md#length-caps).
 
 The random tiny talker almost never samples EOC (about 1 in 1026 per row), so to exercise
 natural ends this module loads its own copy of the model and points codebook 0's EOC row of the
@@ -14,6 +14,8 @@ import torch
 from engine_harness import CPU, TEXTS, ManualEngine, engine_deploy, sampling, speech
 
 from higgs_serve.engine.builder import load_model
+from higgs_serve.engine.input_processor import text_frame_cap
+from higgs_serve.errors import InvalidRequestError
 from higgs_serve.model.delay_pattern import rows_to_codec_frames
 
 EOC = 1025
@@ -47,7 +49,7 @@ def test_max_new_tokens_cap_gives_exactly_n_frames(default_engine):
         assert res.frames.shape == (n, 8) and len(res.audio) == n * 960
         # capped: codebook 0 forced to EOC at row n, then the 7-row ramp
         assert res.rows.shape == (n + 8, 8) and res.rows[n, 0] == EOC
-        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True).numpy(), res.frames)
+        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True), res.frames)
 
 
 def test_natural_end_is_stop_with_exactly_r_frames(eoc_engine):
@@ -57,7 +59,7 @@ def test_natural_end_is_stop_with_exactly_r_frames(eoc_engine):
         assert res.finish_reason == "stop"
         assert r == 8  # EOC at the first row the minimum-length rule allows
         assert res.rows.shape == (r + 8, 8) and res.rows[r, 0] == EOC and EOC not in res.rows[:r, 0]
-        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True).numpy(), res.frames)
+        np.testing.assert_array_equal(rows_to_codec_frames(res.rows, finished_naturally=True), res.frames)
         assert len(res.audio) == r * 960 and sum(c.num_frames for c in res.chunks) == r
         assert res.chunks[-1].finish_reason == "stop"
         assert not np.isin(res.frames, (BOC, EOC)).any()
@@ -72,3 +74,16 @@ def test_min_new_tokens_delays_the_end(eoc_engine):
     assert fixed.finish_reason == "length" and fixed.frames.shape == (30, 8)
     assert later.finish_reason == "stop" and later.frames.shape == (20, 8)
     assert later.rows[20, 0] == EOC and EOC not in later.rows[:20, 0]
+
+
+def test_min_new_tokens_above_the_text_cap_is_refused_naming_the_limit(default_engine):
+    """Issue 27 item 6: `min_new_tokens` forbids an earlier end, so a value above the text's
+    frame cap (which would have lowered it silently) is refused, and the cap itself is served."""
+    prompts = default_engine.core.inputs.prompts
+    cap = text_frame_cap(prompts.count_text_tokens("hi"), frame_rate=25)
+    with pytest.raises(InvalidRequestError, match=rf"min_new_tokens=300 .*limit of this text: {cap} frames") as err:
+        default_engine.submit(speech("over", "hi", sampling(frames=300, min_frames=300)))
+    assert err.value.param == "min_new_tokens"
+    assert default_engine.core.stats()["num_waiting"] == 0  # nothing was admitted
+    (res,) = default_engine.generate([speech("at-cap", "hi", sampling(frames=300, min_frames=cap))])
+    assert res.finish_reason == "length" and res.frames.shape == (cap, 8)  # min = cap: exactly the cap

@@ -16,11 +16,13 @@ import pytest
 from higgs_serve.engine import builder
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.voices.reference_encoder import reference_audio
-from higgs_serve.worker.cuda_graphs import GraphPolicy, StepMode
+from higgs_serve.worker.attention.selector import get_backend
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, CudaGraphMode
+from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
 from engine_harness import TEXTS, ManualEngine, engine_deploy, sampling, speech
 
-PIECEWISE = GraphPolicy(full_decode=False, mlp=False, capture_sizes=(), piecewise_sizes=(3, 8, 16, 40))
+PIECEWISE = CudaGraphDispatcher(CudaGraphMode.PIECEWISE, piecewise_sizes=(3, 8, 16, 40))
 
 
 def _requests(prefix: str):
@@ -53,15 +55,33 @@ def eager_rows(tiny_loaded):
 
 
 def test_piecewise_rows_equal_eager_rows(tiny_loaded, eager_rows, monkeypatch):
-    monkeypatch.setattr(builder, "graph_policy", lambda deploy, device: PIECEWISE)
+    monkeypatch.setattr(builder, "graph_dispatcher", lambda deploy, device: PIECEWISE)
     engine = ManualEngine(tiny_loaded, engine_deploy(max_num_seqs=4, max_num_batched_tokens=24))
     try:
         rows = _run(engine, "p")
         modes = engine.core.runner.step_modes
     finally:
         engine.close()
-    assert modes[StepMode.PIECEWISE] > 0 and modes[StepMode.EAGER] == 0, modes
+    assert modes[CudaGraphMode.PIECEWISE] > 0 and modes[CudaGraphMode.NONE] == 0, modes
     assert rows.keys() == eager_rows.keys()
     for rid, expected in eager_rows.items():
         assert len(expected) > 8
         np.testing.assert_array_equal(rows[rid], expected, err_msg=f"request {rid}")
+
+
+@pytest.mark.parametrize("mode, kinds", [
+    (CudaGraphMode.NONE, []),
+    (CudaGraphMode.LOCAL_MLP, ["MLP", "sampling"]),
+    (CudaGraphMode.FULL_DECODE_ONLY, ["full decode", "sampling"]),
+    (CudaGraphMode.PIECEWISE, ["piecewise"]),
+    (CudaGraphMode.FULL_AND_PIECEWISE, ["full decode", "sampling", "piecewise"]),
+])
+def test_capture_table_lists_the_graph_kinds_of_each_mode(tiny_loaded, mode, kinds):
+    """The runner captures from one table of (kind, sizes): which kinds a mode needs, in order
+    (the captures themselves need CUDA: tests/gpu/test_graph_paths.py)."""
+    decode = (1, 2) if mode.decode_mode in (CudaGraphMode.FULL, CudaGraphMode.LOCAL_MLP) else ()
+    graphs = CudaGraphDispatcher(mode, decode, (2, 8) if mode.piecewise else ())
+    runner = ModelRunner(tiny_loaded.talker, get_backend("torch"), KVCacheSpec(8, 16), max_num_seqs=2,
+                         max_num_batched_tokens=8, max_model_len=64, device=tiny_loaded.device,
+                         dtype=tiny_loaded.dtype, graphs=graphs)
+    assert [kind for kind, _, _ in runner._graph_captures()] == kinds

@@ -59,7 +59,7 @@ def test_identical_prompt_reuses_blocks(cached_engine, reference):
 
 def test_shared_prefix_hits_only_common_blocks(cached_engine, reference):
     longer = LONG_TEXT + " Then she sings."
-    prompts = cached_engine.core.prompts
+    prompts = cached_engine.core.inputs.prompts
     a, b = prompts.zero_shot(LONG_TEXT), prompts.zero_shot(longer)
     common = 0
     while common < min(len(a), len(b)) and a[common] == b[common]:

@@ -1,4 +1,4 @@
-"""Issue 3: streamed audio equals the one-shot decode; chunks follow the SPEC §1.9 window rule.
+"""Issue 3: streamed audio equals the one-shot decode; chunks follow the window rule of docs/model.md#streaming-windows.
 
 The tiny checkpoint's codec has random weights, so its decoder's receptive field is what it is:
 we measure it by perturbing one frame. The default window (L = 25, H = 4) holds back fewer
@@ -17,6 +17,7 @@ from engine_harness import SAMPLES_PER_FRAME, ManualEngine, engine_deploy, sampl
 
 from higgs_serve.codec.chunker import StreamChunker, WindowParams, final_window_shape, widen_final
 from higgs_serve.codec.decoder import receptive_field_frames
+from higgs_serve.engine.speech import SpeechRequest
 
 TOLERANCE = 1e-4  # max abs error relative to the one-shot decode's peak
 NUM_FRAMES = 60
@@ -30,8 +31,8 @@ def _decode(loaded, frames: np.ndarray) -> np.ndarray:
 
 
 def expected_chunk_sizes(num_frames: int, chunk: int, holdback: int, initial: int, doubling: bool = True) -> list[int]:
-    """SPEC §1.9 (with chunk doubling unless told otherwise) for a request whose de-delayed frame
-    count D grows 1, 2, ..., num_frames."""
+    """The window rule (docs/model.md#streaming-windows; chunk doubling unless told otherwise) for
+    a request whose de-delayed frame count D grows 1, 2, ..., num_frames."""
     sizes, emitted = [], 0
     for available in range(1, num_frames + 1):
         target = available - holdback
@@ -112,7 +113,7 @@ def _seams(res) -> list[int]:
 
 
 def test_default_chunk_schedule(default_engine):
-    params = default_engine.core.window
+    params = default_engine.core.outputs.window
     assert (params.chunk_frames, params.left_context_frames, params.right_holdback_frames,
             params.initial_chunk_frames, params.chunk_doubling) == (25, 25, 4, 1, True)  # the shipped profile
     res, windows = _run_recorded(default_engine, speech("s", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
@@ -134,7 +135,8 @@ def test_default_chunk_schedule(default_engine):
 
 
 def test_plain_rule_chunk_schedule(plain_rule_engine):
-    """`codec_chunk_doubling: false`: SPEC §1.9 as written, C frames right after the first chunk."""
+    """`codec_chunk_doubling: false`: the plain window rule (docs/model.md#chunk-doubling), C frames
+    right after the first chunk."""
     res, windows = _run_recorded(plain_rule_engine, speech("p", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     sizes = [c.num_frames for c in res.chunks]
     assert sizes == expected_chunk_sizes(NUM_FRAMES, 25, 4, 1, doubling=False) == [1, 25, 25, 9]
@@ -158,7 +160,7 @@ def test_non_streamed_request_is_one_shot_and_same_codes(default_engine, tiny_lo
 
 def test_wide_window_stream_equals_one_shot(wide_engine, tiny_loaded, receptive_field):
     left_rf, right_rf = receptive_field
-    params = wide_engine.core.window
+    params = wide_engine.core.outputs.window
     assert params.left_context_frames >= left_rf and params.right_holdback_frames >= right_rf
     res, _ = _run_recorded(wide_engine, speech("w", TEXT, sampling(0.8, 5, NUM_FRAMES), stream=True))
     assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 16, 1) == [1, 1, 2, 4, 8, 16, 28]
@@ -170,7 +172,7 @@ def test_wide_window_stream_equals_one_shot(wide_engine, tiny_loaded, receptive_
 
 def test_default_window_seam_error_confined_near_seams(default_engine, tiny_loaded, receptive_field):
     _, right_rf = receptive_field
-    holdback = default_engine.core.window.right_holdback_frames
+    holdback = default_engine.core.outputs.window.right_holdback_frames
     res, _ = _run_recorded(default_engine, speech("d", TEXT, sampling(0.0, 0, NUM_FRAMES), stream=True))
     oneshot = _decode(tiny_loaded, res.frames)
     peak = np.abs(oneshot).max()
@@ -186,7 +188,8 @@ def test_default_window_seam_error_confined_near_seams(default_engine, tiny_load
 
 
 def _stream_offline(loaded, frames: np.ndarray, params: WindowParams) -> np.ndarray:
-    """The SPEC §1.9 window rule applied to a fixed frame sequence, each window decoded alone."""
+    """The window rule (docs/model.md#streaming-windows) applied to a fixed frame sequence, each
+    window decoded alone."""
     chunker = StreamChunker(params)
     pieces = []
     for available in [*range(1, len(frames) + 1), len(frames)]:
@@ -249,3 +252,15 @@ def test_a_widened_final_window_decodes_what_the_rules_final_window_decodes(tiny
     want, got = kept(final), kept(widened)
     assert len(got) == len(want) == final.new_frames * SAMPLES_PER_FRAME
     assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max()
+
+
+@pytest.mark.parametrize("initial, sizes", [(10, [10, 10, 20, 20]), (0, [25, 25, 10]), (25, [25, 25, 10])])
+def test_per_request_initial_chunk(default_engine, initial, sizes):
+    """SpeechRequest.initial_chunk_frames (the API's initial_codec_chunk_frames) replaces the
+    profile's first chunk for that request only; the rest of the rule is the profile's."""
+    params = sampling(0.8, 3, NUM_FRAMES, min_frames=NUM_FRAMES)
+    request = SpeechRequest("ic", TEXT, params, stream=True, initial_chunk_frames=initial)
+    res, plain = default_engine.generate([request, speech("plain", TEXT, params, stream=True)])
+    assert [c.num_frames for c in res.chunks] == expected_chunk_sizes(NUM_FRAMES, 25, 4, initial) == sizes
+    assert [c.num_frames for c in plain.chunks][:2] == [1, 1]  # its batch-mate keeps the profile's
+    np.testing.assert_array_equal(res.rows, plain.rows)  # same codes: only the chunking differs

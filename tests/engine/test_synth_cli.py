@@ -52,7 +52,7 @@ def test_outputs_have_the_documented_format(two_runs):
         assert rows.dtype == frames.dtype == np.int64 and audio.dtype == np.float32
         assert rows.ndim == 2 and rows.shape[1] == 8 and frames.shape == (FRAMES, 8)
         assert audio.shape == (FRAMES * 960,) and info.frames == FRAMES * 960
-        np.testing.assert_array_equal(rows_to_codec_frames(rows, finished_naturally=False).numpy(), frames)
+        np.testing.assert_array_equal(rows_to_codec_frames(rows, finished_naturally=False), frames)
         samples, _ = sf.read(wav, dtype="float32")
         # the WAV is the audio quantised to 16 bits (clipped to full scale)
         np.testing.assert_allclose(samples, np.clip(audio, -1.0, 1.0), atol=1.0 / 32767)

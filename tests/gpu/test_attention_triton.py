@@ -19,11 +19,6 @@ from higgs_serve.worker.attention import AttentionMetadata, build_attention_meta
 from higgs_serve.worker.attention.kv_cache_dtype import byte_view
 from higgs_serve.worker.attention.torch_ref import paged_attention, write_kv
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 GEOMETRY_4B = dict(hq=32, hkv=8, dh=128, block_size=16)
 GEOMETRY_TINY = dict(hq=4, hkv=2, dh=16, block_size=32)

@@ -10,16 +10,13 @@ In bfloat16 the same holds only approximately and is not asserted. Skipped witho
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.sampling_params import SamplingParams
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 TEXTS = ["Hello there.", "The cat quickly reads the morning news.", "Short one.",
          "Numbers like twenty five and forty two are spoken too.", "A fifth voice.",

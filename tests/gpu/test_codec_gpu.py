@@ -4,23 +4,17 @@ round trip with timings; our resampler vs real torchaudio (where it loads). Skip
 from __future__ import annotations
 
 import math
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from support.codec_fixtures import random_codec_tensors
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
-
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
-from higgs_serve.codec.encoder import CodecEncoder  # noqa: E402
-from higgs_serve.codec.resample import resample  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.codec.encoder import CodecEncoder
+from higgs_serve.codec.resample import resample
 
 
 @pytest.fixture(scope="module")

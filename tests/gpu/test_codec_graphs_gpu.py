@@ -3,25 +3,18 @@ runner replays its warmed-up shapes without capturing anything new (skipped with
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from support.codec_fixtures import random_codec_tensors
+from support.split_conv_checks import check_conv_split
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
-from split_conv_checks import check_conv_split  # noqa: E402
-
-from higgs_serve.codec.chunker import WindowShape  # noqa: E402
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.codec_graphs import CodecGraphs  # noqa: E402
-from higgs_serve.codec.codec_runner import CodecRunner  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
+from higgs_serve.codec.chunker import WindowShape
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.codec_graphs import CodecGraphs
+from higgs_serve.codec.codec_runner import CodecRunner
+from higgs_serve.codec.decoder import CodecDecoder
 
 HOP = 960
 

@@ -3,22 +3,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from support.codec_fixtures import random_codec_tensors
+from support.snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
-from snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake  # noqa: E402
-
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402
-from higgs_serve.codec.snake import snake, snake_triton  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.codec.snake import snake, snake_triton
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -8,8 +8,6 @@ import torch
 from higgs_serve.model.fused_ops import TorchOps, TritonOps
 from higgs_serve.model.qwen3 import RotaryEmbedding
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
 
 def _close(fast: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     """fp32: tight relative error. bf16: at most two ulps of the operands (fp32 reductions run in another order, so a normalised value can move by one ulp;

@@ -1,7 +1,7 @@
 """On CUDA: the Stage 0 paths (eager, MLP graphs, full decode graph, piecewise graphs alone and
 under the full decode graph) give identical rows, with the model-dtype KV cache and with an fp8
 one (kv_cache_dtype: fp8: every path writes and reads the same e4m3 cache the same way), and
-with programmatic dependent launch (model/pdl.py; on by default on Hopper) switched off.
+with programmatic dependent launch (kernels/pdl.py; on by default on Hopper) switched off.
 
 Greedy (temperature 0) and seeded sampling, a mixed set of requests of different lengths that
 arrive while others run, so graph steps, padded batches and eager prefill/mixed steps all occur.
@@ -16,15 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
-from higgs_serve.engine.builder import RuntimeOptions, load_model
+from higgs_serve.engine.builder import RuntimeOptions, build_engine_parts, load_model
 from higgs_serve.engine.speech import SpeechRequest
-from higgs_serve.model import pdl
+from higgs_serve.kernels import pdl
 from higgs_serve.sampling_params import SamplingParams
-from higgs_serve.worker.cuda_graphs import StepMode
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from higgs_serve.worker.cuda_graphs import CudaGraphMode
 
 TEXTS = [
     "Hello there.",
@@ -49,9 +47,9 @@ PATHS = {
 }
 PATHS["full_and_piecewise_no_pdl"] = PATHS["full_and_piecewise"]
 NO_PDL = {"full_and_piecewise_no_pdl"}  # captured and run with plain launches
-EXPECTED_MODES = {"mlp": [StepMode.MLP_GRAPHS], "full": [StepMode.FULL_GRAPH], "piecewise": [StepMode.PIECEWISE],
-                  "full_and_piecewise": [StepMode.FULL_GRAPH, StepMode.PIECEWISE],
-                  "full_and_piecewise_no_pdl": [StepMode.FULL_GRAPH, StepMode.PIECEWISE]}
+EXPECTED_MODES = {"mlp": [CudaGraphMode.LOCAL_MLP], "full": [CudaGraphMode.FULL], "piecewise": [CudaGraphMode.PIECEWISE],
+                  "full_and_piecewise": [CudaGraphMode.FULL, CudaGraphMode.PIECEWISE],
+                  "full_and_piecewise_no_pdl": [CudaGraphMode.FULL, CudaGraphMode.PIECEWISE]}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +57,15 @@ def loaded(tiny_model_dir):
     return load_model(str(tiny_model_dir), RuntimeOptions(device="cuda", dtype="float32"))
 
 
-def _engine(loaded, path: str, kv_cache_dtype: str = "auto") -> SyncEngine:
+def _deploy(path: str, kv_cache_dtype: str = "auto"):
     stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512,
               "kv_cache_dtype": kv_cache_dtype, **PATHS[path]}
-    deploy = load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
-                                device_count=torch.cuda.device_count())
-    return SyncEngine(loaded, deploy, RuntimeOptions(device="cuda", dtype="float32"))
+    return load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
+                              device_count=torch.cuda.device_count())
+
+
+def _engine(loaded, path: str, kv_cache_dtype: str = "auto") -> SyncEngine:
+    return SyncEngine(loaded, _deploy(path, kv_cache_dtype), RuntimeOptions(device="cuda", dtype="float32"))
 
 
 def _requests(temperature: float) -> list[SpeechRequest]:
@@ -101,15 +102,26 @@ def test_graph_paths_match_eager(loaded, temperature, kv_cache_dtype):
             assert runner.kv_caches[0][0].dtype == expected_kv
             if path != "eager":
                 assert runner.capture_info, "graphs must be captured at start-up"
-                assert runner.step_modes[StepMode.EAGER] == 0  # nothing ran before the first request
+                assert runner.step_modes[CudaGraphMode.NONE] == 0  # nothing ran before the first request
             rows[path] = _run(engine, _requests(temperature))
             for mode in EXPECTED_MODES.get(path, []):
                 assert runner.step_modes[mode] > 0, (path, runner.step_modes)
             if "piecewise" in path:
-                assert runner.step_modes[StepMode.EAGER] == 0, runner.step_modes  # every step had a graph
+                assert runner.step_modes[CudaGraphMode.NONE] == 0, runner.step_modes  # every step had a graph
         finally:
             engine.close()
             pdl.set_enabled(None)
     for path in EXPECTED_MODES:
         for rid, expected in rows["eager"].items():
             np.testing.assert_array_equal(rows[path][rid], expected, err_msg=f"{path} path, request {rid}")
+
+
+def test_capture_reports_progress_after_each_size(loaded):
+    """`on_progress(done, total, label)` passed to the builder follows every captured size."""
+    calls: list[tuple[int, int, str]] = []
+    parts = build_engine_parts(loaded, _deploy("full_and_piecewise"), on_progress=lambda *call: calls.append(call))
+    info = parts.runner.capture_info
+    total = sum(len(kind["sizes"]) for kind in info)
+    assert [kind["kind"] for kind in info] == ["full decode", "sampling", "piecewise"]
+    assert [done for done, _, _ in calls] == list(range(1, total + 1)) and {t for _, t, _ in calls} == {total}
+    assert calls[0][2] == "full decode graph, size 8" and calls[-1][2] == "piecewise graph, size 1"

@@ -1,4 +1,4 @@
-"""On CUDA: launches through the cached launcher (model/launcher.py) give the bits of Triton's own
+"""On CUDA: launches through the cached launcher (kernels/launcher.py) give the bits of Triton's own
 launch, keep a separately compiled kernel for a misaligned pointer, honour PDL and replay inside a
 CUDA graph. Skipped without CUDA."""
 
@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher
+from higgs_serve.kernels import pdl
+from higgs_serve.kernels.launcher import Launcher
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 pytest.importorskip("triton")  # the kernel below exists only where Triton does
 from higgs_serve.model.fused_ops import TorchOps, _rms_norm_kernel  # noqa: E402
 

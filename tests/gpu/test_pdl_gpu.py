@@ -1,4 +1,4 @@
-"""On CUDA (Hopper and later): kernels launched with programmatic dependent launch (model/pdl.py)
+"""On CUDA (Hopper and later): kernels launched with programmatic dependent launch (kernels/pdl.py)
 give exactly the bits of plain launches, eagerly and captured in a CUDA graph.
 
 The chain is every PDL kernel of a decode layer at the 4B width, each reading its predecessor's
@@ -13,12 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_serve.model import pdl
+from higgs_serve.kernels import pdl
 from higgs_serve.model.fused_ops import TritonOps
 from higgs_serve.worker.attention.metadata import build_attention_metadata
 from higgs_serve.worker.attention.triton_paged import DecodeWorkspace, decode_num_splits, paged_decode, write_kv_triton
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 D, I, HQ, HKV, DH, EPS = 2560, 9728, 32, 8, 128, 1e-6
 BATCH, CONTEXT, BLOCK = 4, 100, 16

@@ -9,9 +9,6 @@ from higgs_serve.model.delay_pattern import EOC
 from higgs_serve.worker.audio_state import AudioState
 from higgs_serve.worker.sampler import random_bits, sample_codes, uniforms
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
 V = 1026
 
 

@@ -11,8 +11,6 @@ import torch
 from higgs_serve.model.fused_ops import CublasOps, TritonOps
 from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear, swiglu_config
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
 
 

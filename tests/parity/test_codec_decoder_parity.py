@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from codec_fixtures import tiny_codec_module
+from support.codec_fixtures import tiny_codec_module
 
 from higgs_serve.codec.decoder import CodecDecoder, check_codes, snake
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from codec_fixtures import tiny_codec_module
+from support.codec_fixtures import tiny_codec_module
 
 from higgs_serve.codec.encoder import CodecEncoder, acoustic_output_length, prepare_reference_audio
 from higgs_serve.codec.resample import resample

@@ -1,6 +1,6 @@
 """A checkpoint built WITHOUT our writer loads, and reproduces the transformers models it came from.
 
-Talker: a transformers `Qwen3Model` state_dict renamed to the real Higgs names (SPEC §1.4), plus
+Talker: a transformers `Qwen3Model` state_dict renamed to the real Higgs names (docs/model.md#checkpoint-layout), plus
 a text head (ignored) and a random fused audio table. Codec: a transformers
 `HiggsAudioV2TokenizerModel` with weight norm applied (parametrization names; one conv converted to
 the old `weight_g`/`weight_v` style), with its training-only buffers, under the codec prefix.
@@ -12,7 +12,6 @@ own `to_dict()` (full of keys we ignore). Sharded into 2 files with an index.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,20 +20,19 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import Qwen3Config, Qwen3Model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.hf_reference import (  # noqa: E402
+from support.hf_reference import (
     build_reference,
     import_higgs_tokenizer_model,
     randomize_,
     reference_codec_tensors,
 )
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.weights import CODEC_PREFIX, expected_codec_tensors  # noqa: E402
-from higgs_serve.model.checkpoint import load_checkpoint  # noqa: E402
-from higgs_serve.model.hf_config import load_model_spec  # noqa: E402
-from higgs_serve.model.prompt import PromptBuilder  # noqa: E402
-from higgs_serve.model.talker import Talker  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.weights import CODEC_PREFIX, expected_codec_tensors
+from higgs_serve.model.checkpoint import load_checkpoint
+from higgs_serve.model.hf_config import load_model_spec
+from higgs_serve.model.prompt import PromptBuilder
+from higgs_serve.model.talker import Talker
 
 SPECIALS = ["<|endoftext|>", "<|audio|>", "<|text|>", "<|tts|>", "<|ref_audio|>"]
 

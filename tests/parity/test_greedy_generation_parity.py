@@ -4,7 +4,7 @@ Our engine (CPU, chunked prefill with an 8-token budget, two requests running co
 generates greedily on the tiny checkpoint. The reference is built independently of our model
 code: transformers' `Qwen3Model` in float32 with the checkpoint's talker tensors read straight
 from the safetensors file, the fused audio table W_a as a plain tensor, the prompt ids from the
-`tokenizers` library, and the SPEC §1.6 delay/ramp/min-length/frame-cap masks written out below.
+`tokenizers` library, and the delay/ramp/min-length/frame-cap masks of docs/model.md#delay-pattern written out below.
 
 Teacher forcing: the reference input is the prompt's token embeddings followed, for t ≥ 1, by
 e(row_{t−1}) = Σ_q W_a[q·1026 + row_{t−1,q}] of OUR row t−1; one causal forward gives every
@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.speech import SpeechRequest
@@ -38,9 +38,9 @@ NUM_CODEBOOKS = 8
 VOCAB = 1026  # per codebook: 1024 real codes + BOC + EOC
 BOC, EOC = 1024, 1025
 MAX_DELAY = NUM_CODEBOOKS - 1
-MIN_FRAMES = 8  # SPEC §1.6: codebook 0 may not emit EOC before this row
+MIN_FRAMES = 8  # docs/model.md#length-caps: codebook 0 may not emit EOC before this row
 
-# checkpoint tensor names (SPEC §1.4)
+# checkpoint tensor names (docs/model.md#checkpoint-layout)
 TEXT_EMBEDDING = "tied.embedding.text_embedding.weight"
 AUDIO_TABLE = "tied.embedding.modality_embeddings.0.embedding.weight"
 AUDIO_HEAD = "tied.head.modality_heads.0.weight"
@@ -65,7 +65,7 @@ def _reference(model_dir: Path) -> Reference:
     text_config = {k: v for k, v in config["text_config"].items() if k != "model_type"}
     qwen = Qwen3Model(Qwen3Config(**text_config, attn_implementation="eager")).eval()
     tensors = load_file(str(model_dir / "model.safetensors"))
-    # checkpoint names (SPEC §1.4) -> transformers names, without our rename table
+    # checkpoint names (docs/model.md#checkpoint-layout) -> transformers names, without our rename table
     state = {"embed_tokens.weight": tensors[TEXT_EMBEDDING]}
     state.update({name[len("body."):]: t for name, t in tensors.items() if name.startswith("body.")})
     qwen.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
@@ -76,7 +76,7 @@ def _reference(model_dir: Path) -> Reference:
 
 
 def reference_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """SPEC §1.3 zero-shot: `<|tts|> <|text|> tok(text) <|audio|>`, no BOS, no template."""
+    """Zero-shot prompt (docs/model.md#prompt-layout): `<|tts|> <|text|> tok(text) <|audio|>`, no BOS, no template."""
     special = {name: tokenizer.token_to_id(name) for name in ("<|tts|>", "<|text|>", "<|audio|>")}
     assert None not in special.values(), special
     body = tokenizer.encode(text, add_special_tokens=False).ids
@@ -84,7 +84,7 @@ def reference_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def audio_embedding(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """rows [N, 8] int64 -> [N, D]: Σ_q W_a[q·1026 + row_q] (SPEC §1.5)."""
+    """rows [N, 8] int64 -> [N, D]: Σ_q W_a[q·1026 + row_q] (docs/model.md#talker)."""
     offsets = torch.arange(NUM_CODEBOOKS) * VOCAB
     return table[rows + offsets].sum(dim=1)
 
@@ -107,7 +107,7 @@ def reference_frame_cap(max_new_tokens: int, num_text_tokens: int, prompt_len: i
 
 
 def allowed_codes(row: int, ramp_row: int, max_frames: int, min_frames: int) -> torch.Tensor:
-    """SPEC §1.6 mask of one row: [8, 1026] bool, True = may be chosen.
+    """The mask of one row (docs/model.md#delay-pattern): [8, 1026] bool, True = may be chosen.
 
     `ramp_row` is k = 1..7 in the ramp after codebook 0's EOC, else 0 (normal mode).
     """
@@ -139,7 +139,7 @@ class Replay:
 
 
 def replay(logits: torch.Tensor, max_frames: int, min_frames: int) -> Replay:
-    """Greedy under the masks, step by step, with the delay/ramp state machine of SPEC §1.6."""
+    """Greedy under the masks, step by step, with the delay/ramp state machine of docs/model.md#delay-pattern."""
     expected, margins, eoc_row = [], [], None
     for t in range(logits.shape[0]):
         ramp_row = 0 if eoc_row is None else t - eoc_row

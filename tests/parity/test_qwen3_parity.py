@@ -3,7 +3,7 @@
 The attention is the dense single-sequence reference from conftest (`dense_attention`), so this
 checks the model math only: RMSNorm, q/k-norm, neox RoPE, GQA projections, SwiGLU, final norm.
 Also: incremental decoding with a cache equals the full forward, and the fused audio embedding
-and head are exactly the SPEC §1.5 formulas.
+and head are exactly the formulas of docs/model.md#talker.
 """
 
 from __future__ import annotations

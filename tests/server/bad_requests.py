@@ -1,4 +1,4 @@
-"""The table of bad /v1/audio/speech requests (SPEC §2.2 errors), shared by the fake-engine and
+"""The table of bad /v1/audio/speech requests (errors as in docs/api.md), shared by the fake-engine and
 real-server tests: each must get its status and an OpenAI-shaped error naming the field."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def bad_requests(max_input_chars: int, max_tokens: int) -> list[tuple[str, objec
          400, "ref_audio"),
         ("ref_audio file url", {"input": "hi", "ref_audio": "file:///etc/passwd"}, 400, "ref_audio"),
         ("ref_text without ref_audio", {"input": "hi", "ref_text": "words"}, 400, "ref_text"),
-        ("unknown fields", {"input": "hi", "language": "en", "volume": 2}, 400, "language,volume"),
+        ("unknown fields", {"input": "hi", "emotion": "calm", "volume": 2}, 400, "emotion,volume"),
     ]
 
 

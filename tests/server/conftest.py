@@ -14,3 +14,12 @@ def fake_server(tmp_path_factory):
     live = start_threaded_server(engine, fake_settings(tmp_path_factory.mktemp("srv")))
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="session")
+def peer_server(tiny_model_dir, tmp_path_factory):
+    """The real server of the peer-compatibility tests (peer_server.py), shared by their modules."""
+    from peer_server import start_peer_server
+
+    with start_peer_server(tiny_model_dir, tmp_path_factory.mktemp("peer_server")) as server:
+        yield server

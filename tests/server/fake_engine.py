@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig, DefaultSamplingParams, TalkerStageConfig
+from higgs_serve.config.deploy import DeployConfig, DefaultSamplingParams, TalkerStageConfig
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
 
@@ -61,9 +62,11 @@ class FakeEngine:
         self._active: set[str] = set()
         self._dead = False
         self._prompts: _FakePrompts | None = None
+        self.hooks = EngineHooks()
 
     # --- lifecycle
-    async def start(self) -> None:
+    async def start(self, hooks: EngineHooks | None = None) -> None:
+        self.hooks = hooks or EngineHooks()
         self._prompts = _FakePrompts()
         self.ready = True
 
@@ -98,6 +101,9 @@ class FakeEngine:
         try:
             if request.text.startswith("HOLD"):
                 while not self.hold.is_set():
+                    if rid not in self._active:  # aborted while held (queued)
+                        yield AudioChunk(np.zeros(0, np.float32), True, 0, "abort")
+                        return
                     await asyncio.sleep(0.01)
             seed = request.sampling.seed if request.sampling.seed is not None else \
                 secrets.randbits(31)
@@ -113,6 +119,8 @@ class FakeEngine:
                     yield AudioChunk(np.zeros(0, np.float32), True, 0, "abort")
                     return
                 count = min(step, total - emitted)
+                if self.hooks.on_step is not None:  # one fake step: this chunk's frames
+                    self.hooks.on_step(self.step_delay_s, 1, count)
                 final = emitted + count == total
                 if final:
                     self._active.discard(rid)  # finished: the slot is free before the last chunk

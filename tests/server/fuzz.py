@@ -20,20 +20,23 @@ def clamp_frame_fields(openapi: dict, maximum: int) -> dict:
     return openapi
 
 
-def fuzz_server(url: str, openapi: dict, max_examples: int) -> None:
-    """Schemathesis cases for every operation that takes input (positive and negative): never a
-    5xx, and the engine stays alive (checked after each case)."""
+def fuzz_server(url: str, openapi: dict, max_examples: int, headers: dict | None = None,
+                methods: tuple[str, ...] = ("POST", "DELETE")) -> None:
+    """Schemathesis cases for every operation of `methods` (positive and negative): never a
+    5xx, and the engine stays alive (checked after each case). headers: sent with every case
+    (e.g. the API key); the GET endpoints take no input, so they are left out by default."""
     schema = schemathesis.openapi.from_dict(openapi)
     with httpx.Client(base_url=url, timeout=30) as health, requests.Session() as session:
-        _fuzz_operations(schema, url, max_examples, health, session)
+        _fuzz_operations(schema, url, max_examples, health, session, headers, methods)
 
 
 def _fuzz_operations(schema, url: str, max_examples: int, health: httpx.Client,
-                     session: requests.Session) -> None:
+                     session: requests.Session, headers: dict | None,
+                     methods: tuple[str, ...]) -> None:
     for result in schema.get_all_operations():
         operation = result.ok()
-        if operation.method.upper() not in ("POST", "DELETE"):
-            continue  # the GET endpoints take no input: nothing to fuzz
+        if operation.method.upper() not in methods:
+            continue
         modes = [schemathesis.GenerationMode.POSITIVE]
         if operation.method.upper() == "POST":  # a path-only DELETE has no invalid inputs
             modes.append(schemathesis.GenerationMode.NEGATIVE)
@@ -42,7 +45,7 @@ def _fuzz_operations(schema, url: str, max_examples: int, health: httpx.Client,
             @hypothesis.settings(max_examples=max_examples, deadline=None, derandomize=True,
                                  database=None, suppress_health_check=list(hypothesis.HealthCheck))
             def run(case) -> None:
-                case.call_and_validate(base_url=url, session=session,
+                case.call_and_validate(base_url=url, session=session, headers=headers,
                                        checks=[not_a_server_error], timeout=30)
                 assert health.get("/health").status_code == 200
 

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from higgs_serve.server.app import build_app
+from higgs_serve.server.app import build_app, draining_server
 from higgs_serve.server.settings import ServerSettings
 from fake_engine import FakeEngine
 
@@ -38,12 +38,18 @@ class ThreadedServer:
         self.thread.join(timeout=10)
 
 
-def start_threaded_server(engine: FakeEngine, settings: ServerSettings) -> ThreadedServer:
-    """Serve build_app(engine, settings) on 127.0.0.1 (port chosen by the OS); wait until ready."""
-    app = build_app(engine, settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+def start_threaded_server(engine: FakeEngine, settings: ServerSettings, draining: bool = False,
+                          **app_options) -> ThreadedServer:
+    """Serve build_app(engine, settings, **app_options) on 127.0.0.1 (port chosen by the OS);
+    wait until ready. draining: run_server's uvicorn (settings.graceful_shutdown_s, then abort)
+    instead of a plain one with a 2 s grace period."""
+    app = build_app(engine, settings, **app_options)
+    if draining:
+        server = draining_server(app, "127.0.0.1", 0, log_level="warning")
+    else:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
+                                log_level="warning", timeout_graceful_shutdown=2)
+        server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

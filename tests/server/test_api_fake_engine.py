@@ -194,8 +194,8 @@ def test_voice_registry_endpoints(http, fake_server):
     assert created.json()["name"] == "narrator" and created.json()["duration_s"] == 1.0
     duplicate = http.post("/v1/audio/voices", data={"name": "narrator"}, files=files)
     assert duplicate.status_code == 409
-    extra = http.post("/v1/audio/voices", data={"name": "x1", "consent": "yes"}, files=files)
-    assert extra.status_code == 400 and extra.json()["error"]["param"] == "consent"
+    extra = http.post("/v1/audio/voices", data={"name": "x1", "mood": "yes"}, files=files)
+    assert extra.status_code == 400 and extra.json()["error"]["param"] == "mood"
     bad = http.post("/v1/audio/voices", data={"name": "x2"},
                     files={"audio_sample": ("v.wav", b"garbage", "audio/wav")})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "audio_sample"

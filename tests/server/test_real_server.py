@@ -76,7 +76,7 @@ def _int16(data: bytes) -> np.ndarray:
 @pytest.fixture(scope="module")
 def near_seams(tiny_spec) -> np.ndarray:
     """[FRAMES] bool: frames whose streamed audio may differ from the one-shot decode. Each
-    streamed window (SPEC §1.9, the default profile's chunk schedule) is decoded without the
+    streamed window (docs/model.md#streaming-windows, the default profile's chunk schedule) is decoded without the
     frames past its holdback, which the last (right receptive field - H) frames before its seam
     can see; with the tiny random codec they differ at full scale."""
     params = WindowParams()
@@ -172,6 +172,15 @@ def test_bad_requests_then_the_engine_still_serves(http):
             raise AssertionError(f"case {case!r}: {error}") from error
     assert http.get("/health").status_code == 200
     assert len(_pcm(http, 1)) == FRAMES * 960 * 2
+
+
+def test_min_new_tokens_above_the_text_frame_cap_is_a_400_naming_the_limit(http):
+    """Issue 27 item 6: min_new_tokens above what the text allows is refused, not cut short."""
+    body = {"input": "hi", "response_format": "pcm", "max_new_tokens": MAX_TOKENS, "min_new_tokens": MAX_TOKENS}
+    post_bad_request(http, body, 400, "min_new_tokens")
+    message = http.post("/v1/audio/speech", json=body).json()["error"]["message"]
+    assert f"min_new_tokens={MAX_TOKENS}" in message and "frame limit of this text: 125 frames" in message
+    assert len(_pcm(http, 1)) == FRAMES * 960 * 2  # the engine still serves
 
 
 def test_codec_counters_count_the_windows_of_a_request(http):

@@ -92,12 +92,13 @@ def clip_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def clone_server(tiny_model_dir, tmp_path_factory) -> Iterator[Subprocess]:
+def clone_server(tiny_model_dir, tmp_path_factory, clip_url) -> Iterator[Subprocess]:
     work = tmp_path_factory.mktemp("clone_server")
+    allowed = clip_url.split("/")[2]  # 127.0.0.1:<port>: a loopback address, listed with its port
     overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
     with serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "2",
-        "--voices-dir", str(work / "voices"), "--allowed-ref-audio-domains", ALLOWED_HOST,
+        "--voices-dir", str(work / "voices"), "--allowed-ref-audio-domains", allowed,
         "--stage-overrides", overrides,
     ]) as server:
         yield server
@@ -231,9 +232,9 @@ def _bad_reference_cases(clip_url: str) -> list[tuple[str, dict, str, str]]:
     too_long = _wav_bytes(_sines(31.0, (440.0,), rate=8000), rate=8000)  # small file, resampled
     return [
         ("unreadable audio", {"ref_audio": _b64(b"RIFF....definitely not audio")}, "ref_audio",
-         "decoded"),
+         "not a supported audio file"),
         ("unreadable audio data uri", {"ref_audio": _data_uri(b"\x00" * 64)}, "ref_audio",
-         "decoded"),
+         "not a supported audio file"),
         ("too short", {"ref_audio": _b64(too_short)}, "ref_audio", "0.40 s"),
         ("too long", {"ref_audio": _data_uri(too_long)}, "ref_audio", "31.00 s"),
         ("voice plus ref_audio", {"voice": "taken", "ref_audio": _b64(CLIP_A)}, "ref_audio",

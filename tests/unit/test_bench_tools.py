@@ -285,7 +285,7 @@ def serving_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
     cmd = [sys.executable, str(BENCH_DIR / "bench_serving.py"), "--model", str(tiny_model_dir), "--device", "cpu",
            "--concurrency", "1", "--num-requests", "2", "--warmup", "0", "--frames", "20", "--label", "tiny",
            "--server-arg=--stage-overrides", f"--server-arg={overrides}", "--ready-timeout", "120",
-           "--out", str(out)]
+           "--server-log", str(out.parent / "server.log"), "--out", str(out)]  # the log stays out of /tmp
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| c |" in proc.stdout  # the markdown table

@@ -1,4 +1,4 @@
-"""The streaming window rule (SPEC §1.9, timeline of research/vllm_omni_higgs_v3.md §3.4)."""
+"""The streaming window rule (docs/model.md#streaming-windows)."""
 
 import random
 from types import SimpleNamespace
@@ -32,8 +32,8 @@ def assert_covers_exactly(windows: list[Window], total: int) -> None:
 
 
 def test_plain_rule_timeline_matches_reference_deployment():
-    # SPEC §1.9 without chunk doubling. One push per talker step: D = 0, 1, 2, ... de-delayed
-    # frames; finish at D = 100.
+    # The window rule (docs/model.md#streaming-windows) without chunk doubling. One push per
+    # talker step: D = 0, 1, 2, ... de-delayed frames; finish at D = 100.
     chunker = StreamChunker(WindowParams(25, 25, 4, 1, chunk_doubling=False))
     emitted = run_pushes(chunker, list(range(0, 101)))
     d_at = [d for d, _ in emitted]
@@ -193,7 +193,8 @@ def test_params_validation_and_from_config():
 def test_streaming_window_shapes_are_the_first_chunk_ramp_and_steady_state():
     from higgs_serve.codec.chunker import WindowShape, streaming_window_shapes
 
-    # SPEC §1.9's plain rule: first window I + H, then min(L, I) + C + H, then L + C + H; each
+    # the plain window rule (docs/model.md#chunk-doubling): first window I + H, then
+    # min(L, I) + C + H, then L + C + H; each
     # keeps its new frames (after its left context, before its holdback)
     plain = WindowParams(chunk_doubling=False)
     assert streaming_window_shapes(plain) == (WindowShape(5, 0, 1), WindowShape(30, 1, 26),

@@ -18,7 +18,7 @@ def test_max_num_seqs_trims_the_profile_capture_sizes(capsys, tiny_model_dir):
     stage0 = _show(capsys, tiny_model_dir, "--deploy-config", LOW, "--max-num-seqs", "4")
     assert stage0["max_num_seqs"] == 4
     assert stage0["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4]
-    assert stage0["resolved_graph_path"]["path"] == "EAGER"  # no CUDA here, said with a reason
+    assert stage0["resolved_graph_path"]["path"] == "NONE"  # no CUDA here: no graphs, said with a reason
     assert "CUDA" in stage0["resolved_graph_path"]["reason"] or "cpu" in stage0["resolved_graph_path"]["reason"]
 
 

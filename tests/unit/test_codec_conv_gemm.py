@@ -3,18 +3,15 @@ convolution as F.conv1d, and a decoder using it decodes the same audio (CPU, flo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
+from support.codec_fixtures import random_codec_tensors
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import GEMM_CONV_MIN_CHANNELS, CodecDecoder, conv7_gemm  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import GEMM_CONV_MIN_CHANNELS, CodecDecoder, conv7_gemm
 
 
 @pytest.mark.parametrize("dilation", [1, 3, 9])

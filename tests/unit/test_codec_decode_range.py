@@ -5,17 +5,14 @@ compute little more than the kept frames)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
+from support.codec_fixtures import random_codec_tensors
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder, decode_range  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import CodecDecoder, decode_range
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,14 @@ lets the `full_and_piecewise` profile cut its streaming left context to 10 frame
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
+from support.codec_fixtures import random_codec_tensors
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames  # noqa: E402
-from higgs_serve.deploy_loader import load_deploy_config  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import CodecDecoder, receptive_field_frames
+from higgs_serve.config.loader import load_deploy_config
 
 
 def _reach(cfg: CodecConfig, frames: int, probe: int) -> tuple[int, int]:

@@ -6,24 +6,19 @@ arithmetic of the split form is checked here against float64; tests/gpu runs it 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
+from support.codec_fixtures import random_codec_tensors
+from support.split_conv_checks import check_conv_split, randn
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder  # noqa: E402
-from higgs_serve.codec.snake import snake, snake_split  # noqa: E402
-from higgs_serve.codec.split_conv import matmul_f32, split_bf16, split_weight, taps  # noqa: E402
-from higgs_serve.deploy_config import CODEC_DTYPES  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from split_conv_checks import check_conv_split, randn  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder
+from higgs_serve.codec.snake import snake, snake_split
+from higgs_serve.codec.split_conv import matmul_f32, split_bf16, split_weight, taps
+from higgs_serve.config.deploy import CODEC_DTYPES
 
 
 def test_hi_plus_lo_is_the_float32_value_to_2_to_the_minus_16():

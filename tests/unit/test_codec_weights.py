@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.hf_reference import build_reference, import_higgs_tokenizer_model, reference_codec_tensors  # noqa: E402
+from support.hf_reference import build_reference, import_higgs_tokenizer_model, reference_codec_tensors
 
-from higgs_serve.codec.codec_config import CodecConfig, SemanticModelConfig  # noqa: E402
-from higgs_serve.codec.weights import (  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig, SemanticModelConfig
+from higgs_serve.codec.weights import (
     CODEC_PREFIX,
     expected_codec_tensors,
     expected_decoder_tensors,
@@ -21,7 +18,7 @@ from higgs_serve.codec.weights import (  # noqa: E402
     is_ignored_codec_tensor,
     load_codec_tensors,
 )
-from higgs_serve.errors import CheckpointError, ConfigError  # noqa: E402
+from higgs_serve.errors import CheckpointError, ConfigError
 
 WHERE = "/m/config.json"
 

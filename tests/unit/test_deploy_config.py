@@ -7,17 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from higgs_serve.deploy_config import (
+from higgs_serve.config.deploy import (
     CONNECTOR_NAME,
     SHIPPED_DIR,
     CodecGraphPath,
     CudaGraphMode,
-    GraphPath,
     list_shipped_profiles,
     resolve_codec_graph_path,
-    resolve_graph_path,
+    resolve_graph_mode,
 )
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"
@@ -52,7 +51,7 @@ def test_full_and_piecewise_profile_is_low_latency_with_64_seqs_and_piecewise_gr
     assert s0.max_num_seqs == 64 and not s0.enforce_eager
     assert s0.compilation_config.cudagraph_mode is CudaGraphMode.FULL_AND_PIECEWISE
     assert max(s0.compilation_config.cudagraph_capture_sizes) == 512
-    assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.FULL_DECODE_AND_PIECEWISE
+    assert resolve_graph_mode(s0, cuda_available=True)[0] is CudaGraphMode.FULL_AND_PIECEWISE
     # everything else is the low-latency profile's
     assert s0.default_sampling_params == low.stage0.default_sampling_params
     # the left context cut to the decoder's receptive field (same audio, less codec work)
@@ -106,7 +105,7 @@ def test_high_throughput_profile_values():
     assert (s0.devices, s0.device, s0.enable_prefix_caching) == ("0", "cuda:0", True)
     assert s0.compilation_config.cudagraph_mode is CudaGraphMode.LOCAL_MLP
     assert s0.compilation_config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
-    assert resolve_graph_path(s0, cuda_available=True)[0] is GraphPath.MLP_GRAPHS
+    assert resolve_graph_mode(s0, cuda_available=True)[0] is CudaGraphMode.LOCAL_MLP
     assert (s1.max_batch_windows, s1.dtype, s1.devices, s1.enforce_eager) == (16, "float32", "0", True)
     assert resolve_codec_graph_path(s1, cuda_available=True)[0] is CodecGraphPath.EAGER  # the owner keeps the codec eager
 
@@ -118,8 +117,8 @@ def test_low_latency_profile_values():
     cc = s0.compilation_config
     assert cc.cudagraph_mode is CudaGraphMode.FULL_DECODE_ONLY
     assert cc.cudagraph_capture_sizes == (1, 2, 4, 8, 16) and cc.cudagraph_num_of_warmups == 1
-    path, reason = resolve_graph_path(s0, cuda_available=True)
-    assert path is GraphPath.FULL_DECODE_GRAPH and "local MLP graphs are off" in reason
+    path, reason = resolve_graph_mode(s0, cuda_available=True)
+    assert path is CudaGraphMode.FULL_DECODE_ONLY and "local MLP graphs are off" in reason
 
 
 @pytest.mark.parametrize("name", [HIGH, LOW])
@@ -160,7 +159,7 @@ def test_to_dict_is_json_and_names_graph_paths():
     d = json.loads(json.dumps(load_deploy_config(FULL_AND_PIECEWISE, MODEL_TYPE).to_dict(cuda_available=False)))
     stage0, stage1 = d["stages"]
     assert stage0["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
-    assert stage0["resolved_graph_path"]["path"] == "EAGER"
+    assert stage0["resolved_graph_path"]["path"] == "NONE"  # the resolved mode: no graphs without CUDA
     assert "CUDA is not available" in stage0["resolved_graph_path"]["reason"]
     assert stage1["enforce_eager"] is False
     assert stage1["resolved_graph_path"]["path"] == "EAGER"  # no CUDA here
@@ -171,22 +170,22 @@ def test_to_dict_is_json_and_names_graph_paths():
 
 
 @pytest.mark.parametrize("stage0, cuda, expected, reason_part", [
-    ({}, True, GraphPath.MLP_GRAPHS, "LOCAL_MLP"),
-    ({"enforce_eager": False}, True, GraphPath.FULL_DECODE_GRAPH, "FULL_DECODE_ONLY"),
-    ({"compilation_config": {"cudagraph_mode": "NONE"}}, True, GraphPath.EAGER, "NONE"),
+    ({}, True, CudaGraphMode.LOCAL_MLP, "LOCAL_MLP"),
+    ({"enforce_eager": False}, True, CudaGraphMode.FULL_DECODE_ONLY, "FULL_DECODE_ONLY"),
+    ({"compilation_config": {"cudagraph_mode": "NONE"}}, True, CudaGraphMode.NONE, "NONE"),
     ({"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}}, True,
-     GraphPath.EAGER, "NONE"),
-    ({}, False, GraphPath.EAGER, "CUDA is not available"),
-    ({"devices": "cpu"}, True, GraphPath.EAGER, "cpu"),
-    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, True, GraphPath.PIECEWISE_GRAPHS, "PIECEWISE"),
+     CudaGraphMode.NONE, "NONE"),
+    ({}, False, CudaGraphMode.NONE, "CUDA is not available"),
+    ({"devices": "cpu"}, True, CudaGraphMode.NONE, "cpu"),
+    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, True, CudaGraphMode.PIECEWISE, "PIECEWISE"),
     ({"enforce_eager": False, "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}, True,
-     GraphPath.FULL_DECODE_AND_PIECEWISE, "FULL_AND_PIECEWISE"),
-    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, False, GraphPath.EAGER, "CUDA is not available"),
+     CudaGraphMode.FULL_AND_PIECEWISE, "FULL_AND_PIECEWISE"),
+    ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, False, CudaGraphMode.NONE, "CUDA is not available"),
 ])
 def test_graph_path_resolution(tmp_path, stage0, cuda, expected, reason_part):
     path = write(tmp_path, "g.yaml", {"stages": [{"stage_id": 0, **stage0}]})
     config = load_deploy_config(str(path), MODEL_TYPE)
-    got, reason = resolve_graph_path(config.stage0, cuda_available=cuda)
+    got, reason = resolve_graph_mode(config.stage0, cuda_available=cuda)
     assert got is expected and reason_part in reason
 
 
@@ -399,22 +398,19 @@ def test_piecewise_modes_default_to_token_counts_above_the_batch_sizes(tmp_path)
 
 
 def test_piecewise_graph_policy_splits_decode_sizes_from_token_counts(tmp_path):
-    import torch
-
-    from higgs_serve.engine.builder import graph_policy
-    from higgs_serve.worker.cuda_graphs import StepMode
+    from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher
 
     stage0 = {"enforce_eager": False, "max_num_seqs": 8,
               "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE",
                                      "cudagraph_capture_sizes": [1, 4, 8, 64, 256]}}
     config = load_deploy_config(str(write(tmp_path, "p.yaml", {"stages": [{"stage_id": 0, **stage0}]})))
-    policy = graph_policy(config, torch.device("cuda"))
-    assert policy.full_decode and not policy.mlp
-    assert policy.capture_sizes == (1, 4, 8) and policy.piecewise_sizes == (1, 4, 8, 64, 256)
-    assert policy.dispatch(3, True) == (StepMode.FULL_GRAPH, 4)
-    assert policy.dispatch(3, False) == (StepMode.PIECEWISE, 4)  # mixed: piecewise
-    assert policy.dispatch(70, False) == (StepMode.PIECEWISE, 256)
-    assert policy.dispatch(257, False) == (StepMode.EAGER, 257)
+    policy = CudaGraphDispatcher.from_config(config.stage0, cuda_available=True)
+    assert policy.mode.decode_mode is CudaGraphMode.FULL and policy.mode.mixed_mode is CudaGraphMode.PIECEWISE
+    assert policy.decode_sizes == (1, 4, 8) and policy.piecewise_sizes == (1, 4, 8, 64, 256)
+    assert policy.dispatch(3, True) == (CudaGraphMode.FULL, 4)
+    assert policy.dispatch(3, False) == (CudaGraphMode.PIECEWISE, 4)  # mixed: piecewise
+    assert policy.dispatch(70, False) == (CudaGraphMode.PIECEWISE, 256)
+    assert policy.dispatch(257, False) == (CudaGraphMode.NONE, 257)
 
 
 def test_both_graph_paths_via_override_names_both_sources():

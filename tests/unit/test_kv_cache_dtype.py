@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine import builder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import spec_4b

@@ -1,4 +1,4 @@
-"""The cached Triton launcher (model/launcher.py): its call signature must separate every two
+"""The cached Triton launcher (kernels/launcher.py): its call signature must separate every two
 calls Triton would compile differently. Checked against Triton's own specializer where Triton is
 installed (CI has none and skips those); the launches themselves are checked on CUDA in
 tests/gpu/test_launcher_gpu.py."""
@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from higgs_serve.model.launcher import Launcher, next_pow2, signature
+from higgs_serve.kernels.launcher import Launcher, next_pow2, signature
 
 
 def test_next_pow2():
@@ -116,7 +116,7 @@ class _FakeJit:
 
 def _fake_cuda(monkeypatch):
     pytest.importorskip("triton")
-    from higgs_serve.model import launcher as launcher_module
+    from higgs_serve.kernels import launcher as launcher_module
 
     monkeypatch.setattr(launcher_module, "JITFunction", _FakeJit)
     monkeypatch.setattr(launcher_module, "_INTERPRETED", False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_serve.model import pdl
+from higgs_serve.kernels import pdl
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Prompt layouts (SPEC §1.3) and special-token lookup by name (SPEC §1.2)."""
+"""Prompt layouts (docs/model.md#prompt-layout) and special-token lookup by name (docs/model.md#special-tokens)."""
 
 from __future__ import annotations
 
@@ -134,3 +134,34 @@ def test_missing_or_corrupt_tokenizer_file(tmp_path, tiny_model_dir):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(TokenizerError, match="cannot load tokenizer"):
         PromptBuilder.from_dir(tmp_path)
+
+
+def _added_tokens(pb: PromptBuilder) -> list[str]:
+    return [token.content for token in pb.tokenizer.get_added_tokens_decoder().values()]
+
+
+def test_control_tokens_in_user_text_never_become_control_ids(pb):
+    """Every added token spelled in `input` or `ref_text` is tokenized as its plain characters:
+    no control-token id in the text spans, and the spans decode back to the text verbatim."""
+    specials = {pb.tts_id, pb.text_id, pb.audio_id, pb.ref_audio_id, pb.ref_text_id, pb.eos_id}
+    added = _added_tokens(pb)
+    assert specials <= {pb.tokenizer.token_to_id(name) for name in added}
+    spelled = "".join(added)
+    for text in [*(f"say {name} now" for name in added), spelled, f"<|emotion:happy|>{spelled}x"]:
+        inner = pb.zero_shot(text)[2:-1]
+        assert not specials & set(inner), text
+        assert pb.tokenizer.decode(inner, skip_special_tokens=False) == text
+        assert pb.count_text_tokens(text) == len(inner)
+        clone = pb.clone(text, num_ref_rows=4, ref_text=text)
+        ref_span = clone.token_ids[2:clone.placeholder_start - 1]
+        text_span = clone.token_ids[clone.placeholder_start + 4 + 1:-1]
+        assert ref_span == inner and text_span == inner
+    # the prompt's own control tokens are exactly the layout's, wherever the text put others
+    prompt = pb.clone("<|audio|><|text|>", num_ref_rows=4, ref_text="<|ref_audio|><|tts|>").token_ids
+    assert prompt.count(pb.audio_id) == 1 and prompt.count(pb.text_id) == 1
+    assert prompt.count(pb.ref_audio_id) == 1 and prompt.count(pb.eos_id) == 0
+
+
+def test_plain_text_tokenization_is_unchanged(pb):
+    text = "<|emotion:happy|> Hello <|prosody:pause|> there."
+    assert pb.tok(text) == pb.tokenizer.encode(text, add_special_tokens=False).ids

@@ -4,10 +4,11 @@ import dataclasses
 
 import pytest
 
-from higgs_serve.deploy_config import DefaultSamplingParams
-from higgs_serve.deploy_loader import load_deploy_config
+from higgs_serve.config.deploy import DefaultSamplingParams
+from higgs_serve.config.loader import load_deploy_config
+from higgs_serve.config.validators import SEED_MAX
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.sampling_params import SEED_MAX, SamplingParams
+from higgs_serve.sampling_params import SamplingParams
 
 
 def test_defaults_are_the_spec_values():
@@ -131,4 +132,4 @@ def test_profile_seed_is_used_when_request_has_none():
 def test_shipped_profile_defaults_build_valid_params():
     deploy = load_deploy_config("higgs_multimodal_qwen3_low_latency")
     p = SamplingParams.from_defaults(deploy.stage0.default_sampling_params)
-    assert p == SamplingParams()  # the shipped defaults are the SPEC §1.7 values
+    assert p == SamplingParams()  # the shipped defaults are those of docs/model.md#sampling

@@ -3,10 +3,10 @@
 import pytest
 
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
-from higgs_serve.engine.outputs import StepResult
+from higgs_serve.worker.step_contract import StepResult
 from higgs_serve.engine.request import TAIL_ROWS, Request, RequestStatus
 from higgs_serve.engine.scheduler import Scheduler
-from higgs_serve.errors import ConfigError, InvalidRequestError
+from higgs_serve.errors import ConfigError, InputTooLongError, InvalidRequestError
 
 BS = 4
 ROW = (5,) * 8  # any delayed row: the scheduler only counts rows
@@ -53,7 +53,7 @@ def test_token_budget_and_seq_limit_hold_every_step():
     assert scheduler.kv.num_free_blocks == scheduler.kv.num_usable_blocks
 
 
-def test_decodes_first_then_prefill_chunks_fcfs():
+def test_decodes_first_then_prompts_share_the_rest():
     scheduler = make_scheduler(max_num_seqs=4, max_num_batched_tokens=8)
     scheduler.add_request(make_request("short", 3))
     plan, _ = run_step(scheduler)
@@ -61,26 +61,47 @@ def test_decodes_first_then_prefill_chunks_fcfs():
     scheduler.add_request(make_request("long", 20))
     scheduler.add_request(make_request("next", 5))
     plan, _ = run_step(scheduler)
-    # the decode comes first, then the long prompt takes the rest of the budget; "next" waits
+    # the decode comes first; two prompts in flight share the other 7 tokens (4 + 3), so
+    # "next" does not wait for the whole of "long"
     assert [(c.request_id, c.num_tokens, c.samples) for c in plan.chunks] == [
         ("short", 1, True),
-        ("long", 7, False),
+        ("long", 4, False),
+        ("next", 3, False),
     ]
     plan, _ = run_step(scheduler)
-    assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("short", 1), ("long", 7)]
-    plan, _ = run_step(scheduler)
-    # long ends its prompt with 6 tokens and samples; next gets the last token of budget
+    # next ends its prompt with 2 tokens and samples
     assert [(c.request_id, c.num_tokens, c.samples) for c in plan.chunks] == [
         ("short", 1, True),
-        ("long", 6, True),
-        ("next", 1, False),
+        ("long", 4, False),
+        ("next", 2, True),
     ]
     plan, _ = run_step(scheduler)
+    # long is the only prompt left: it takes everything the two decodes leave
     assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [
         ("short", 1),
-        ("long", 1),
-        ("next", 4),
+        ("next", 1),
+        ("long", 6),
     ]
+
+
+def test_a_short_prompt_is_not_held_behind_long_prefills():
+    """Prefill fairness: a short prompt arriving while long prompts prefill gets its first (and
+    only) chunk in the next step; before, it waited for every long prompt ahead of it."""
+    scheduler = make_scheduler(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=8192)
+    for i in range(3):
+        scheduler.add_request(make_request(f"long{i}", 1000, max_frames=10))
+    run_step(scheduler)
+    scheduler.add_request(make_request("short", 10))
+    plan, _ = run_step(scheduler)
+    assert tokens_by_request(plan)["short"] == 10  # its whole prompt, this step
+    assert sum(c.num_tokens for c in plan.chunks) <= 64
+
+
+def test_a_lone_prompt_still_takes_the_whole_budget():
+    scheduler = make_scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    scheduler.add_request(make_request("long", 40))
+    plan, _ = run_step(scheduler)
+    assert tokens_by_request(plan) == {"long": 16}
 
 
 def test_long_prompt_never_stalls_running_decodes():
@@ -189,6 +210,19 @@ def test_rejects_requests_that_can_never_fit():
     assert scheduler.num_waiting == 1
 
 
+def test_a_prompt_with_no_room_to_speak_is_input_too_long_without_ids():
+    """A prompt that leaves no frame of room is the input's fault (413 on `input`), and the
+    client-facing message carries no internal request id."""
+    scheduler = make_scheduler(max_model_len=64)
+    with pytest.raises(InputTooLongError) as caught:
+        scheduler.add_request(make_request("speech-0123abcd", 56, max_frames=1))  # 56 + 1 + 8 > 64
+    assert caught.value.param == "input" and "speech-0123abcd" not in str(caught.value)
+    assert "at most 55" in str(caught.value)
+    with pytest.raises(InvalidRequestError) as caught:
+        scheduler.add_request(make_request("speech-0123abcd", 40, max_frames=20))
+    assert caught.value.param == "max_new_tokens" and "speech-" not in str(caught.value)
+
+
 def test_rejects_budget_below_max_num_seqs_and_mismatched_caching():
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
         make_scheduler(max_num_seqs=8, max_num_batched_tokens=4)
@@ -287,7 +321,8 @@ def test_same_step_identical_prompts_do_not_hit_uncomputed_blocks():
     scheduler.add_request(make_request("a", 10))
     scheduler.add_request(make_request("b", 10))
     plan, _ = run_step(scheduler)
-    assert [(c.start_pos, c.num_tokens) for c in plan.chunks] == [(0, 10), (0, 6)]
+    # two prompts share the budget (8 each); b's blocks are not cached yet: no hit
+    assert [(c.start_pos, c.num_tokens) for c in plan.chunks] == [(0, 8), (0, 8)]
     assert scheduler.kv.prefix_cache_hits == 0
 
 

@@ -9,8 +9,6 @@ checks compiled:
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +17,8 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 set before the run")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from codec_fixtures import random_codec_tensors  # noqa: E402
-from snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake  # noqa: E402
+from support.codec_fixtures import random_codec_tensors  # noqa: E402
+from support.snake_checks import SHAPES, check_fused_snake, check_non_contiguous, check_split_snake  # noqa: E402
 
 from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
 from higgs_serve.codec.decoder import CodecDecoder  # noqa: E402

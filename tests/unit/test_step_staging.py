@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan
 from higgs_serve.sampling_params import SamplingParams
 from higgs_serve.worker.input_buffers import InputBuffers
 from higgs_serve.worker.step_staging import StepStager

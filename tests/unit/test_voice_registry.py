@@ -1,11 +1,20 @@
 import io
+import logging
+import os
+import shutil
+import threading
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from higgs_serve.errors import InvalidRequestError
-from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, VoiceRegistry, normalise_reference
+from higgs_serve.errors import ConflictError, InvalidRequestError
+from higgs_serve.voices.registry import (
+    MAX_UPLOAD_BYTES,
+    VoiceRegistry,
+    check_voice_name,
+    normalise_reference,
+)
 
 
 def _wav_bytes(seconds: float = 1.0, rate: int = 24000, channels: int = 1) -> bytes:
@@ -59,7 +68,7 @@ def test_duplicates_bad_audio_and_durations_are_refused(tmp_path):
     registry.add("dave", _wav_bytes())
     with pytest.raises(InvalidRequestError, match="already exists"):
         registry.add("dave", _wav_bytes())
-    with pytest.raises(InvalidRequestError, match="could not be decoded") as info:
+    with pytest.raises(InvalidRequestError, match="not a supported audio file") as info:
         registry.add("eve", b"not audio at all")
     assert info.value.param == "audio_sample"
     with pytest.raises(InvalidRequestError, match="must last"):
@@ -80,3 +89,110 @@ def test_interrupted_upload_is_cleaned_on_start(tmp_path):
 def test_normalise_reference_resamples_to_the_model_rate():
     audio = normalise_reference(_wav_bytes(1.0, rate=48000), 24000, param="ref_audio")
     assert audio.shape[0] == 24000 and audio.dtype == np.float32
+
+
+# ----------------------------------------------------------------------------- races, crashes
+def test_codes_of_a_replaced_voice_are_not_stored_into_its_successor(tmp_path):
+    """Interleaving: use looks up v1 and encodes it; meanwhile v1 is deleted and a new voice
+    registered under the same name; the use then stores v1's codes: dropped, not persisted."""
+    registry = VoiceRegistry(tmp_path)
+    first = registry.add("eve", _wav_bytes(1.0))
+    audio = registry.load_audio(first)
+    assert registry.delete("eve")
+    second = registry.add("eve", _wav_bytes(2.0))
+    old_codes = np.full((5, 8), 7, dtype=np.int64)  # "encoded" from `audio` of the first voice
+    assert audio.shape[0] == 24000
+    assert registry.store_codes(first, old_codes) is False
+    assert registry.cached_codes(second) is None
+    assert not (tmp_path / "eve" / "codes.npy").exists()
+    assert VoiceRegistry(tmp_path).cached_codes("eve") is None  # nor after a restart
+    assert registry.store_codes(second, old_codes[:2]) is True
+
+
+def test_a_voice_deleted_while_in_use_is_a_conflict(tmp_path):
+    registry = VoiceRegistry(tmp_path)
+    voice = registry.add("finn", _wav_bytes())
+    registry.delete("finn")
+    for use in (registry.load_audio, registry.cached_codes):
+        with pytest.raises(ConflictError) as caught:
+            use(voice)
+        assert caught.value.param == "voice"
+
+
+def test_broken_voice_folders_are_skipped_at_start(tmp_path, caplog):
+    registry = VoiceRegistry(tmp_path)
+    registry.add("good", _wav_bytes())
+    for name, meta in [("empty", ""), ("garbage", "{not json"), ("wrong_keys", '{"a": 1}'),
+                       ("no_audio", None), ("renamed", None)]:
+        (tmp_path / name).mkdir()
+        if meta is not None:
+            (tmp_path / name / "voice.json").write_text(meta)
+    good_meta = (tmp_path / "good" / "voice.json").read_text()
+    (tmp_path / "no_audio" / "voice.json").write_text(good_meta.replace('"good"', '"no_audio"'))
+    (tmp_path / "renamed" / "voice.json").write_text(good_meta)  # names another folder
+    (tmp_path / "renamed" / "audio.wav").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="higgs_serve.voices.registry"):
+        reopened = VoiceRegistry(tmp_path)
+    assert [voice.name for voice in reopened.list()] == ["good"]
+    assert caplog.text.count("skipping voice folder") == 5
+
+
+def test_delete_renames_aside_before_removing(tmp_path, monkeypatch):
+    """A crash during the removal leaves no half voice behind: the folder was renamed first."""
+    registry = VoiceRegistry(tmp_path)
+    registry.add("gina", _wav_bytes())
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # "crash" before removal
+    assert registry.delete("gina")
+    assert not (tmp_path / "gina").exists()
+    assert [path.name[:9] for path in tmp_path.iterdir()] == [".deleted-"]
+    monkeypatch.undo()
+    assert VoiceRegistry(tmp_path).list() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_writes_are_fsynced_before_the_rename(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "rename", lambda a, b: (events.append("rename"), real_rename(a, b))[1])
+    VoiceRegistry(tmp_path).add("hank", _wav_bytes())
+    # audio.wav, voice.json and the staging folder, then the rename, then the parent folder
+    assert events == ["fsync", "fsync", "fsync", "rename", "fsync"]
+
+
+def test_concurrent_registrations_of_one_name_give_one_voice_and_conflicts(tmp_path):
+    registry = VoiceRegistry(tmp_path)
+    barrier = threading.Barrier(6)
+    outcomes = []
+
+    def register(i: int) -> None:
+        barrier.wait()
+        try:
+            registry.add("ivy", _wav_bytes(1.0 + i / 10))
+            outcomes.append("ok")
+        except ConflictError:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["conflict"] * 5 + ["ok"]
+    assert [path.name for path in tmp_path.iterdir()] == ["ivy"]  # no staging leftovers
+
+
+@pytest.mark.parametrize("name", ["evil\n", "evil\r\n", "a\nb", "ok\x00"])
+def test_names_with_line_breaks_are_refused(name):
+    with pytest.raises(InvalidRequestError):
+        check_voice_name(name)
+
+
+def test_damaged_files_of_a_listed_voice_are_a_400_or_a_re_encode(tmp_path):
+    registry = VoiceRegistry(tmp_path)
+    voice = registry.add("jo", _wav_bytes())
+    (tmp_path / "jo" / "codes.npy").write_bytes(b"not numpy")
+    assert registry.cached_codes(voice) is None  # unreadable codes: encoded again, no 500
+    (tmp_path / "jo" / "audio.wav").unlink()  # removed behind the server's back
+    with pytest.raises(InvalidRequestError) as caught:
+        registry.load_audio(voice)
+    assert caught.value.param == "voice"

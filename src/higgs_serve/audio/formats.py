@@ -1,7 +1,9 @@
 """Audio encoders for the speech API: wav, pcm, flac, mp3, opus, and the streaming WAV header.
 
 All audio inside higgs-serve is float32 mono at 24 kHz; this module is the only place that turns
-it into bytes. Encoding goes through soundfile (libsndfile 1.2.2 from its wheel), which writes
+it into bytes, and `float_to_int16` the only float -> int16 conversion: every format (pcm, wav,
+flac, and the samples handed to the mp3/opus encoders) is written from the same int16 samples, so
+one request and seed gives the same samples in wav as in pcm. Encoding goes through soundfile (libsndfile 1.2.2 from its wheel), which writes
 every format below to memory. AAC has no packaged encoder (soundfile cannot write it and PyAV is
 not a dependency), so asking for it is an error that says so, never a silent substitute.
 """
@@ -55,10 +57,15 @@ def check_format(response_format: str) -> None:
     raise InvalidRequestError(message, param="response_format")
 
 
-def float_to_pcm16(audio: np.ndarray) -> bytes:
-    """audio: [n] float32 in [-1, 1] -> little-endian int16 bytes (clipped; scaled by 32767)."""
+def float_to_int16(audio: np.ndarray) -> np.ndarray:
+    """audio: [n] float32 in [-1, 1] -> [n] little-endian int16 (clipped; scaled by 32767)."""
     clipped = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
-    return (clipped * 32767.0).round().astype("<i2").tobytes()
+    return (clipped * 32767.0).round().astype("<i2")
+
+
+def float_to_pcm16(audio: np.ndarray) -> bytes:
+    """audio: [n] float32 in [-1, 1] -> little-endian int16 bytes (`float_to_int16`)."""
+    return float_to_int16(audio).tobytes()
 
 
 def pcm16_to_float(data: bytes) -> np.ndarray:
@@ -87,9 +94,10 @@ def encode_audio(audio: np.ndarray, response_format: str, sample_rate_hz: int) -
     if response_format == "pcm":
         return float_to_pcm16(audio)
     container, subtype = _SOUNDFILE_FORMATS[response_format]
-    signal = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
+    # int16 in: libsndfile writes PCM_16 samples as given (no second rounding of its own)
+    samples = float_to_int16(audio)
     buffer = io.BytesIO()
-    sf.write(buffer, signal, sample_rate_hz, format=container, subtype=subtype)
+    sf.write(buffer, samples, sample_rate_hz, format=container, subtype=subtype)
     return buffer.getvalue()
 
 

@@ -1,4 +1,4 @@
-"""The streaming window rule (SPEC §1.9): which codec frames to decode, and what to keep.
+"""The streaming window rule (docs/model.md#streaming-windows): which codec frames to decode, and what to keep.
 
 Pure integer arithmetic on frame counts; no torch. One `StreamChunker` per request is fed the
 number of de-delayed frames available after each talker step and answers with a `Window` when
@@ -27,7 +27,7 @@ least the decoder's left receptive field (10 frames; every shipped profile) the 
 context changes nothing: the audio is the rule's own, to float rounding. (With a smaller L the
 final chunk gets more context than the rule gives it: closer to a one-shot decode.)
 
-Chunk doubling (on in the shipped profiles; off is SPEC §1.9's plain rule): after a first chunk
+Chunk doubling (docs/model.md#chunk-doubling; on in the shipped profiles): after a first chunk
 of I frames the plain rule waits for C more frames, C talker steps, while a player that started at
 the first audio holds only I·40 ms, so every stream ran dry once, at any load (even at c = 1).
 With doubling each chunk is as long as all audio sent before it (1, 1, 2, 4, 8, 16, then C): the
@@ -41,25 +41,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-SAMPLES_PER_FRAME = 960  # 24 kHz / 25 frames per second
+from higgs_serve.codec.codec_config import REQUIRED_HOP_LENGTH
+from higgs_serve.config.deploy import StreamingWindowConfig
+from higgs_serve.config.validators import is_int
+
+SAMPLES_PER_FRAME = REQUIRED_HOP_LENGTH  # the one hop the codec config accepts (24 kHz / 25 frames per second)
+_DEFAULT = StreamingWindowConfig()  # the window defaults, written once in config/deploy.py
 
 
 @dataclass(frozen=True)
 class WindowParams:
     """Streaming window parameters, in frames (defaults = the shipped deploy profiles)."""
 
-    chunk_frames: int = 25  # C: steady-state chunk size
-    left_context_frames: int = 25  # L: frames decoded before the new ones, then cut
-    right_holdback_frames: int = 4  # H: newest frames held back until more arrive
-    initial_chunk_frames: int = 1  # I: first-chunk size; 0 (or ≥ C) means "use C"
-    chunk_doubling: bool = True  # later chunks as long as all sent before them, up to C
+    chunk_frames: int = _DEFAULT.codec_chunk_frames  # C: steady-state chunk size
+    left_context_frames: int = _DEFAULT.codec_left_context_frames  # L: frames decoded before the new ones, then cut
+    right_holdback_frames: int = _DEFAULT.codec_right_holdback_frames  # H: newest frames held back until more arrive
+    initial_chunk_frames: int = _DEFAULT.initial_codec_chunk_frames  # I: first-chunk size; 0 (or ≥ C) means "use C"
+    chunk_doubling: bool = _DEFAULT.codec_chunk_doubling  # later chunks as long as all sent before them, up to C
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunk_doubling, bool):
             raise TypeError(f"WindowParams.chunk_doubling must be a bool, got {self.chunk_doubling!r}")
         for name in ("chunk_frames", "left_context_frames", "right_holdback_frames", "initial_chunk_frames"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if not is_int(value):
                 raise TypeError(f"WindowParams.{name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"WindowParams.{name} must be >= 0, got {value}")

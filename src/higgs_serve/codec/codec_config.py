@@ -2,7 +2,7 @@
 
 The checkpoint's config.json may carry `audio_tokenizer_config`, a transformers
 `HiggsAudioV2TokenizerConfig` dict (our extension for small test checkpoints). When it is absent,
-or when a field is absent from it, the Higgs v2 tokenizer geometry below is used (SPEC §1.1).
+or when a field is absent from it, the Higgs v2 tokenizer geometry below is used (docs/model.md#config-keys).
 
 Note on defaults: transformers' own `HiggsAudioV2TokenizerConfig` defaults differ from the shipped
 Higgs v2 tokenizer (it uses `downsampling_ratios=[8, 5, 4, 2]` and `target_bandwidths` ending in 4,
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from higgs_serve.config.validators import is_int, is_real
 from higgs_serve.errors import ConfigError
 
 # The rest of the system assumes these (architecture.md "Shared constants"): 960 samples per
@@ -300,11 +301,11 @@ def _coerce(value: Any, default: Any, key: str, where: str) -> Any:
             _fail(key, value, "must be true or false", where)
         return value
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             _fail(key, value, "must be an integer", where)
         return value
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             _fail(key, value, "must be a number", where)
         return float(value)
     if isinstance(default, str):

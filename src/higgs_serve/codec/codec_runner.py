@@ -1,6 +1,6 @@
 """Stage 1: decodes codec windows of many requests in batched calls, on its own thread and stream.
 
-Each window is a stateless decode (SPEC §1.9), so windows of different requests with the same
+Each window is a stateless decode (docs/model.md#streaming-windows), so windows of different requests with the same
 length stack into one batch; the batch computes only what the frames its windows keep need.
 Windows of one request are delivered in the order they were submitted. The thread never waits on
 Stage 0: the talker keeps stepping while windows decode. On CUDA with `cuda_graphs`, batches of a

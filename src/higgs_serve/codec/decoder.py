@@ -1,4 +1,4 @@
-"""Codec decoder (Stage 1): codes [B, T, 8] -> audio [B, T·960] (SPEC §1.8).
+"""Codec decoder (Stage 1): codes [B, T, 8] -> audio [B, T·960] (docs/model.md#codec-geometry).
 
 RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 -> DAC decoder: conv1; per upsampling
 stride s a block Snake -> ConvTranspose1d(k=2s, stride s, padding ceil(s/2), output_padding s%2) ->
@@ -54,8 +54,8 @@ PRECISION_DTYPES = {"float32": torch.float32, "bf16x3": torch.float32, "tf32": t
 
 def receptive_field_frames(cfg: CodecConfig) -> tuple[int, int]:
     """(left, right): how many frames before and after a frame can change its audio. 10 and 10
-    for the Higgs v2 geometry: a streaming window's left context past 10 frames (SPEC §1.9's
-    L) is decoded and cut without changing a sample, and a right holdback under 10 leaves a
+    for the Higgs v2 geometry: a streaming window's left context L past 10 frames
+    (docs/model.md#receptive-field-and-seams) is decoded and cut without changing a sample, and a right holdback under 10 leaves a
     seam error.
 
     Walks the decoder backwards, from the samples of one output frame to the input frames they
@@ -90,7 +90,7 @@ def decode_range(strides: tuple[int, ...], frames: int, keep_frames: tuple[int, 
     every stage needs.
 
     Why it pays: a streaming window decodes left context and right holdback only to cut their
-    audio (SPEC §1.9), but the receptive field of a late stage spans a fraction of a frame, so
+    audio (docs/model.md#streaming-windows), but the receptive field of a late stage spans a fraction of a frame, so
     the late stages (most of the arithmetic) need little more than the kept frames: a 39-frame
     window keeping 25 does ~27 % fewer multiply-adds, a 54-frame one ~47 %.
 
@@ -158,7 +158,7 @@ def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tens
 def check_codes(codes: Tensor, codebook_size: int) -> None:
     """Validate codes before decoding (one host sync: call it where a sync is acceptable).
 
-    The caller must already have replaced special codes (BOC/EOC) by 0 (SPEC §1.6): an
+    The caller must already have replaced special codes (BOC/EOC) by 0 (docs/model.md#delay-pattern): an
     out-of-range index would otherwise index past the codebook.
     """
     if codes.dtype != torch.int64:

@@ -1,4 +1,4 @@
-"""Codec encoder (voice cloning): 24 kHz mono reference audio -> codes [T, 8] (SPEC §1.8).
+"""Codec encoder (voice cloning): 24 kHz mono reference audio -> codes [T, 8] (docs/model.md#reference-encoder).
 
 Same math as transformers' `HiggsAudioV2TokenizerModel.encode` (the numerical reference):
   semantic: resample 24k -> 16k (windowed sinc), zero-pad 160 samples each side, HuBERT-base with
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE, CodecConfig
 from higgs_serve.codec.decoder import RESIDUAL_DILATIONS, residual_unit, snake
 from higgs_serve.codec.resample import resample
 from higgs_serve.codec.weights import FlatWeights, expected_encoder_tensors
@@ -189,7 +189,7 @@ def _hubert_layer(h: Tensor, w: dict[str, Tensor], lp: str, cfg: CodecConfig) ->
     return F.layer_norm(h, (d,), w[lp + "final_layer_norm.weight"], w[lp + "final_layer_norm.bias"], s.layer_norm_eps)
 
 
-def prepare_reference_audio(samples: np.ndarray, sample_rate: int, target_rate: int = 24000) -> np.ndarray:
+def prepare_reference_audio(samples: np.ndarray, sample_rate: int, target_rate: int = REQUIRED_SAMPLE_RATE) -> np.ndarray:
     """Any decoded audio -> float32 mono at `target_rate` (soxr high quality).
 
     samples: [n] or [n, channels] (soundfile layout); float, or int16/int32 PCM (scaled to [-1, 1]).

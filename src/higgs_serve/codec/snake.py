@@ -1,4 +1,4 @@
-"""Snake activation (SPEC §1.8): Snake(x) = x + sin²(αx)/(α + 1e-9), α per channel.
+"""Snake activation (docs/model.md#codec-geometry): Snake(x) = x + sin²(αx)/(α + 1e-9), α per channel.
 
 The codec decoder applies it 29 times per decode, on activations up to [64, 32, 51840] (425 MB in
 float32 at 64 windows of 54 frames). Written in torch it is five kernels (αx, sin, square, scale,
@@ -31,7 +31,7 @@ try:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from higgs_serve.model.launcher import Launcher, cdiv
+    from higgs_serve.kernels.launcher import Launcher, cdiv
 except ImportError:  # CPU-only installs
     triton = None
 

@@ -1,7 +1,7 @@
 """The codec's residual-unit convolutions at float32-class precision on bf16 tensor cores
 (Stage 1 precision "bf16x3").
 
-Why: the decoder is float32 (SPEC §1.8) and ~80 % of its arithmetic is the residual units' k7
+Why: the decoder is float32 (docs/model.md#codec-geometry) and ~80 % of its arithmetic is the residual units' k7
 and k1 convolutions, which cuDNN and cuBLAS run on the float32 SIMT units (19–39 TFLOP/s on an
 H200). A float32 x is hi + lo with hi = bf16(x) and lo = bf16(x − hi), to ~2^-17 of x; so is a
 weight, and w·x ≈ w_hi·x_hi + w_hi·x_lo + w_lo·x_hi (the dropped w_lo·x_lo is ~2^-16 of the
@@ -34,7 +34,7 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.launcher import Launcher, cdiv
+    from higgs_serve.kernels.launcher import Launcher, cdiv
 except ImportError:  # CPU-only installs
     triton = None
 

@@ -1,7 +1,7 @@
 """The bundled codec's tensor layout: every expected name and shape, and the strict load check.
 
 Names follow transformers' `HiggsAudioV2TokenizerModel.state_dict()` with the checkpoint prefix
-`tied.embedding.modality_embeddings.0.model.` stripped (SPEC §1.4), as they look AFTER weight-norm
+`tied.embedding.modality_embeddings.0.model.` stripped (docs/model.md#checkpoint-layout), as they look AFTER weight-norm
 folding (`model/checkpoint.py:fold_weight_norm`): every convolution has a plain `.weight`.
 Verified against the real transformers model in tests/unit/test_codec_weights.py.
 """
@@ -18,7 +18,7 @@ from higgs_serve.errors import CheckpointError
 
 CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 
-# Training-only tensors a checkpoint may carry; they are accepted and dropped (SPEC §1.4).
+# Training-only tensors a checkpoint may carry; they are accepted and dropped (docs/model.md#checkpoint-layout).
 # `semantic_model.masked_spec_embed` is HuBERT's SpecAugment vector (transformers ignores it too).
 IGNORED_CODEC_TENSOR_PATTERNS: tuple[str, ...] = (
     r"quantizer\.quantizers\.\d+\.codebook\.(embed_avg|cluster_size|inited)",

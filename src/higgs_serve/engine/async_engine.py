@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.engine.core import EngineCore, EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult
 from higgs_serve.errors import EngineDeadError
 
@@ -84,7 +85,10 @@ class RequestStream(AsyncIterator[AudioChunk]):
 class AsyncEngine:
     """`generate` returns at once with a stream, or raises (overload, bad request, dead engine)."""
 
-    sample_rate_hz = 24000
+    @property
+    def sample_rate_hz(self) -> int:
+        """The loaded checkpoint's codec rate; before the load, the one rate its config accepts."""
+        return self.loaded.spec.codec.sample_rate if self.loaded is not None else REQUIRED_SAMPLE_RATE
 
     def __init__(self, model: str, deploy: DeployConfig, options: RuntimeOptions | None = None):
         self.model = model
@@ -98,12 +102,37 @@ class AsyncEngine:
     def prompt_builder(self):
         return self.loaded.prompts if self.loaded else None
 
-    async def start(self) -> None:
-        await asyncio.to_thread(self._start_blocking)
+    async def start(self, hooks: EngineHooks | None = None) -> None:
+        """Load, warm up and capture, then start the loop; `hooks` (metrics, profiling) are
+        called by the loop from then on (engine/core.py)."""
+        # Loads on a daemon thread, not the loop's default executor: asyncio.run waits for that
+        # executor's threads when it ends, so a server stopped during the load (Ctrl-C, SIGTERM)
+        # would wait for the whole load. A daemon thread lets the process exit at once.
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
 
-    def _start_blocking(self) -> None:
+        def settle(error: BaseException | None) -> None:
+            if not started.done():
+                started.set_exception(error) if error is not None else started.set_result(None)
+
+        def run() -> None:
+            try:
+                self._start_blocking(hooks)
+                error = None
+            except BaseException as e:  # handed to the awaiting task
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, error)
+            except RuntimeError:  # the loop is gone: nobody waits for this engine any more
+                if self.core is not None:
+                    self.core.stop()
+
+        threading.Thread(target=run, name="engine-start", daemon=True).start()
+        await started
+
+    def _start_blocking(self, hooks: EngineHooks | None) -> None:
         self.loaded = load_model(self.model, self.options, self.deploy)
-        self.core = build_engine_core(self.loaded, self.deploy, self.options)
+        self.core = build_engine_core(self.loaded, self.deploy, self.options, hooks)
         self.core.start()
         self.ready = True
 
@@ -131,8 +160,9 @@ class AsyncEngine:
         return self.core.stats() if self.core is not None else {}
 
 
-class _CollectingSink:
-    """Collects one request's output for the blocking helper."""
+class CollectingSink:
+    """Collects one request's output for the blocking helper. Public: tests step the engine by
+    hand with it (tests/engine/engine_harness.py) instead of a copy of the sink contract."""
 
     def __init__(self, on_chunk: Callable[[str, AudioChunk], None] | None, request_id: str):
         self.request_id = request_id
@@ -164,21 +194,23 @@ class _CollectingSink:
 class SyncEngine:
     """Blocking helper: run a batch of requests concurrently and return their full results."""
 
-    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions):
+    def __init__(self, loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
+                 hooks: EngineHooks | None = None):
         self.loaded = loaded
-        self.core = build_engine_core(loaded, deploy, options)
+        self.core = build_engine_core(loaded, deploy, options, hooks)
         self.core.start()
 
     @classmethod
-    def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions) -> SyncEngine:
-        return cls(load_model(model, options, deploy), deploy, options)
+    def from_model(cls, model: str, deploy: DeployConfig, options: RuntimeOptions,
+                   hooks: EngineHooks | None = None) -> SyncEngine:
+        return cls(load_model(model, options, deploy), deploy, options, hooks)
 
     def generate_batch(
         self,
         requests: Sequence[SpeechRequest],
         on_chunk: Callable[[str, AudioChunk], None] | None = None,
     ) -> list[SpeechResult]:
-        sinks = [_CollectingSink(on_chunk, r.request_id) for r in requests]
+        sinks = [CollectingSink(on_chunk, r.request_id) for r in requests]
         for request, sink in zip(requests, sinks):
             self.core.submit(request, sink)
         results = []
@@ -189,7 +221,7 @@ class SyncEngine:
             results.append(self._result(request, sink))
         return results
 
-    def _result(self, request: SpeechRequest, sink: _CollectingSink) -> SpeechResult:
+    def _result(self, request: SpeechRequest, sink: CollectingSink) -> SpeechResult:
         audio = np.concatenate([c.audio for c in sink.chunks]) if sink.chunks else np.zeros(0, np.float32)
         return SpeechResult(
             request_id=request.request_id,

@@ -18,15 +18,11 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
-from higgs_serve.deploy_config import (
-    CodecGraphPath,
-    DeployConfig,
-    GraphPath,
-    resolve_codec_graph_path,
-    resolve_graph_path,
-)
-from higgs_serve.engine.core import EngineCore
+from higgs_serve.config.deploy import CodecGraphPath, DeployConfig, resolve_codec_graph_path
+from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
+from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
+from higgs_serve.engine.output_processor import OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError
 from higgs_serve.model.checkpoint import cast_tensors, load_checkpoint, resolve_model_dir
@@ -34,9 +30,10 @@ from higgs_serve.model.hf_config import ModelSpec, load_model_spec
 from higgs_serve.model.prompt import PromptBuilder
 from higgs_serve.model.talker import Talker
 from higgs_serve.model.tiny import build_dummy_tensors
-from higgs_serve.worker.attention.backend import get_backend
+from higgs_serve.progress import ProgressCallback
+from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
-from higgs_serve.worker.cuda_graphs import GraphPolicy
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, ProgressCallback
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -57,6 +54,9 @@ class RuntimeOptions:
     device: str | None = None  # None: cuda when available
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     max_waiting: int = 256
+    # on_progress(done, total, label) during the weight load and the graph capture
+    # (higgs_serve/progress.py); None: silent
+    on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
     def resolve_device(self, deploy: DeployConfig | None = None) -> torch.device:
         if self.device is None:
@@ -106,16 +106,17 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     spec = load_model_spec(model_dir)
     prompts = PromptBuilder.from_dir(model_dir)
     if options.load_format == "dummy":
-        talker_tensors, codec_tensors = build_dummy_tensors(spec, dtype=dtype, device=device, seed=0)
+        talker_tensors, codec_tensors = build_dummy_tensors(spec, dtype=dtype, device=device, seed=0,
+                                                            on_progress=options.on_progress)
     else:
-        ckpt = load_checkpoint(model_dir, spec)
+        ckpt = load_checkpoint(model_dir, spec, on_progress=options.on_progress)
         talker_tensors, codec_tensors = ckpt.talker, ckpt.codec
     talker = Talker(spec.text, spec.audio, dtype=dtype, device=device)
     talker.load_talker_weights(cast_tensors(talker_tensors, dtype, device))
     del talker_tensors
     if codec_device.type == "cuda":
         # cuDNN's TF32 convolutions move the float32 codec output by ~2e-3 of peak (measured on
-        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (SPEC §1.8) wants
+        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (docs/model.md#codec-geometry) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
     codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)
@@ -128,7 +129,8 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
 
 
 def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = None) -> CodecEncoder:
-    """The codec encoder for voice cloning (SPEC §1.8), float32 on `device` (default: the model's)."""
+    """The codec encoder for voice cloning (docs/model.md#reference-encoder), float32 on `device`
+    (default: the model's)."""
     encoder = CodecEncoder(loaded.spec.codec).to(device=device or loaded.device, dtype=torch.float32)
     encoder.load_state(loaded.codec_encoder_tensors)
     return encoder.eval()
@@ -136,7 +138,7 @@ def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = No
 
 def _log_window_against_receptive_field(window: WindowParams, field: tuple[int, int]) -> None:
     """Say what the streaming window costs or loses against the decoder's receptive field
-    (SPEC §1.9 asks for the seam error to be reported; this is its cause)."""
+    (docs/model.md#receptive-field-and-seams: the seam error's cause)."""
     left, right = field
     if window.left_context_frames > left:
         logger.info("codec_left_context_frames %d: the decoder sees %d frames back, so %d frames per chunk are "
@@ -196,24 +198,24 @@ def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     return KVCacheSpec(num_blocks=int(num_blocks), block_size=block_size, dtype=cache_dtype)
 
 
-def graph_policy(deploy: DeployConfig, device: torch.device) -> GraphPolicy:
-    """The deploy profile's graph path on this device (graph modes need CUDA)."""
-    path, _ = resolve_graph_path(deploy.stage0, device.type == "cuda")
-    if path is GraphPath.EAGER:
-        return GraphPolicy.eager()
-    compilation = deploy.stage0.compilation_config
-    piecewise = path in (GraphPath.PIECEWISE_GRAPHS, GraphPath.FULL_DECODE_AND_PIECEWISE)
-    return GraphPolicy(
-        full_decode=path in (GraphPath.FULL_DECODE_GRAPH, GraphPath.FULL_DECODE_AND_PIECEWISE),
-        mlp=path is GraphPath.MLP_GRAPHS,
-        # PIECEWISE alone has no decode-batch graphs; its sizes are all token counts
-        capture_sizes=() if path is GraphPath.PIECEWISE_GRAPHS else deploy.stage0.decode_capture_sizes,
-        num_warmups=compilation.cudagraph_num_of_warmups,
-        piecewise_sizes=compilation.cudagraph_capture_sizes if piecewise else (),
-    )
+def graph_dispatcher(deploy: DeployConfig, device: torch.device) -> CudaGraphDispatcher:
+    """The deploy profile's CUDA graphs on this device (graph modes need CUDA)."""
+    return CudaGraphDispatcher.from_config(deploy.stage0, device.type == "cuda")
 
 
-def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions) -> EngineCore:
+def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: RuntimeOptions,
+                      hooks: EngineHooks | None = None) -> EngineCore:
+    """A ready `EngineCore` (not started): its parts built, warmed up and captured, with `hooks`
+    (metrics, profiling; engine/core.py says when each is called). `options.on_progress(done,
+    total, label)` follows Stage 0's graph capture too, called after each captured size."""
+    parts = build_engine_parts(loaded, deploy, options.on_progress)
+    return EngineCore(parts, max_waiting=options.max_waiting, hooks=hooks)
+
+
+def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
+                       on_progress: ProgressCallback | None = None) -> EngineParts:
+    """Stage 0 (runner, graphs captured), Stage 1 (codec, warmed up), the scheduler, and the
+    input and output processing around them."""
     s0 = deploy.stage0
     kv = size_kv_cache(loaded, deploy)
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
@@ -226,9 +228,9 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
         max_model_len=s0.max_model_len,
         device=loaded.device,
         dtype=loaded.dtype,
-        graphs=graph_policy(deploy, loaded.device),
+        graphs=graph_dispatcher(deploy, loaded.device),
     )
-    runner.capture_graphs()
+    runner.capture_graphs(on_progress)
     codec_device = next(loaded.codec.parameters()).device
     codec_path, codec_reason = resolve_codec_graph_path(deploy.stage1, codec_device.type == "cuda")
     logger.info("codec graph path %s: %s", codec_path.value, codec_reason)
@@ -258,16 +260,10 @@ def build_engine_core(loaded: LoadedModel, deploy: DeployConfig, options: Runtim
     )
     logger.info("KV cache: %d blocks of %d tokens, %s (%.2f GB)", kv.num_blocks, kv.block_size, kv.dtype,
                 kv.num_blocks * kv_bytes_per_block(loaded.spec, kv.block_size, kv.dtype) / 1e9)
-    return EngineCore(
-        scheduler=scheduler,
-        runner=runner,
-        codec=codec,
-        prompts=loaded.prompts,
-        window=window,
-        file_window=file_window,
-        async_chunk=deploy.async_chunk,
-        max_model_len=s0.max_model_len,
-        max_waiting=options.max_waiting,
-        num_codebooks=loaded.spec.audio.num_codebooks,
-        codebook_size=loaded.spec.audio.codebook_size,
-    )
+    audio = loaded.spec.audio
+    inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
+                            frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
+                            codebook_size=audio.codebook_size)
+    outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
+                              audio.codebook_size)
+    return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs)

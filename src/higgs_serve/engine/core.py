@@ -1,67 +1,68 @@
-"""The engine loop: schedule → execute on Stage 0 → hand finished windows to Stage 1.
+"""The engine loop: schedule → execute on Stage 0 → hand the rows to output processing.
 
 The loop runs on its own thread. Callers on other threads add and abort requests through
 `submit` / `abort`, which take the scheduler lock only for the bookkeeping itself; the lock is
-never held while the GPU works.
+never held while the GPU works. What a request becomes before it is scheduled is input
+processing (engine/input_processor.py); what its rows become is output processing
+(engine/output_processor.py); both are built by engine/builder.py and handed in as `EngineParts`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
-import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
 
-from higgs_serve.codec.chunker import Window, WindowParams
-from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
-from higgs_serve.engine.output_stream import OutputStream
-from higgs_serve.engine.request import TAIL_ROWS, Request
+from higgs_serve.engine.input_processor import InputProcessor
+from higgs_serve.engine.output_processor import ChunkSink, OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
-from higgs_serve.model.delay_pattern import apply_delay
-from higgs_serve.model.prompt import PromptBuilder
-from higgs_serve.worker.model_runner import ModelRunner
+
+if TYPE_CHECKING:  # the device-side parts, for their types only: the loop imports no tensor library
+    from higgs_serve.codec.codec_runner import CodecRunner
+    from higgs_serve.worker.model_runner import ModelRunner
+
+__all__ = ["ChunkSink", "EngineCore", "EngineCounters", "EngineHooks", "EngineParts"]
 
 logger = logging.getLogger(__name__)
 
-# Minimum-length rule (SPEC §1.6): an utterance spans at least one full delay window.
-MIN_FRAMES = 8
-FRAMES_PER_SECOND = 25
+_UNTIMED = contextlib.nullcontext()
 
 
-def text_frame_cap(num_text_tokens: int) -> int:
-    """Frame cap derived from the text: 4 s of slack plus 0.5 s per text token.
+@dataclass(frozen=True)
+class EngineParts:
+    """The built components the loop drives (engine/builder.py: `build_engine_parts`)."""
 
-    Normal speech runs at 3-4 tokens per second, so this is about three times the expected
-    length: long enough for slow, expressive reads, short enough that a model that fails to stop
-    never produces a minute of silence for a short sentence.
+    scheduler: Scheduler
+    runner: ModelRunner  # Stage 0: launch(plan) -> pending, collect(pending) -> StepResult
+    codec: CodecRunner  # Stage 1: started and stopped with the loop
+    inputs: InputProcessor
+    outputs: OutputProcessor
+
+
+@dataclass(frozen=True)
+class EngineHooks:
+    """Callbacks the loop calls on its own thread; each optional, none on the hot path when unset.
+
+    on_step(step_seconds, num_seqs, num_rows): after each step's rows were handed out (metrics).
+        step_seconds runs from the previous step's rows (or the end of an idle spell) to these.
+    profile(phase) -> context manager: entered around each phase of the loop, for profilers and
+        timers. Phases: "step" (one whole `EngineCore.step` call) and, inside it, "schedule"
+        (the scheduler's plan), "launch" (Stage 0 enqueues the plan), "collect" (waiting for the
+        previous step's rows), "update" (the scheduler takes them) and "outputs" (rows → codec
+        windows). The same object may be entered again for the next phase before it exits the
+        enclosing "step", so return a fresh context manager per call.
     """
-    return math.ceil(FRAMES_PER_SECOND * (4 + 0.5 * num_text_tokens))
 
-
-class ChunkSink(Protocol):
-    """Where one request's output goes. Called from the engine and codec threads."""
-
-    def put(self, chunk: AudioChunk) -> None: ...
-
-    def fail(self, error: BaseException) -> None: ...
-
-    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None: ...
-
-
-@dataclass
-class _Active:
-    request: Request
-    speech: SpeechRequest
-    sink: ChunkSink
-    out: OutputStream
-    prompt_tokens: int
+    on_step: Callable[[float, int, int], None] | None = None
+    profile: Callable[[str], ContextManager] | None = None
 
 
 @dataclass
@@ -72,72 +73,51 @@ class EngineCounters:
 
 
 class EngineCore:
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        runner: ModelRunner,
-        codec: CodecRunner,
-        prompts: PromptBuilder,
-        window: WindowParams,
-        file_window: WindowParams,
-        async_chunk: bool,
-        max_model_len: int,
-        max_waiting: int,
-        num_codebooks: int,
-        codebook_size: int,
-    ):
-        self.scheduler = scheduler
-        self.runner = runner
-        self.codec = codec
-        self.prompts = prompts
-        self.window = window
-        # a request answered as one file is decoded in exact chunks as it is generated
-        # (chunker.file_window_params); its sink collects them
-        self.file_window = file_window
-        # async_chunk false: codes go to the codec only once a request ends (one chunk each)
-        self.async_chunk = async_chunk
-        self.max_model_len = max_model_len
+    def __init__(self, parts: EngineParts, max_waiting: int, hooks: EngineHooks | None = None):
+        self.parts = parts
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.codec = parts.codec
+        self.inputs = parts.inputs
+        self.outputs = parts.outputs
         self.max_waiting = max_waiting
-        self.num_codebooks = num_codebooks
-        self.codebook_size = codebook_size
+        self.hooks = hooks or EngineHooks()
+        self._phase = self.hooks.profile or (lambda phase: _UNTIMED)
         self.counters = EngineCounters()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._active: dict[str, _Active] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
         self._in_flight = None  # (plan, pending) launched but not yet collected
         self._last_collect = time.perf_counter()
-        self.on_step = None  # optional callback(step_seconds, num_seqs, num_rows) for metrics
 
     # ------------------------------------------------------------------ public (any thread)
     def submit(self, speech: SpeechRequest, sink: ChunkSink) -> None:
         """Admit a request or raise at once (overload, impossible request, dead engine)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
-        request, prompt_tokens = self._build_request(speech)
+        processed = self.inputs.process(speech)
+        request = processed.request
         with self._lock:
-            if speech.request_id in self._active:
+            if speech.request_id in self.outputs:
                 raise ValueError(f"duplicate request id {speech.request_id!r}")
             if self.scheduler.num_waiting >= self.max_waiting:
                 raise EngineOverloadedError(
                     f"the waiting queue is full ({self.max_waiting} requests); retry later"
                 )
             self.scheduler.add_request(request)
-            window = self.window if speech.stream else self.file_window
-            out = OutputStream(window, self.async_chunk, self.num_codebooks, self.codebook_size)
-            self._active[speech.request_id] = _Active(request, speech, sink, out, prompt_tokens)
+            self.outputs.open(speech, sink, request.max_frames, processed.prompt_tokens)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
         """Idempotent: frees the request's slot and blocks in the next step."""
         with self._lock:
-            active = self._active.pop(request_id, None)
-            if active is None:
+            sink = self.outputs.close(request_id)
+            if sink is None:
                 return
             self.scheduler.abort(request_id)
-        active.sink.put(AudioChunk(np.zeros(0, np.float32), True, 0, "abort"))
+        sink.put(AudioChunk(np.zeros(0, np.float32), True, 0, "abort"))
         self._wake.set()
 
     def stats(self) -> dict[str, float]:
@@ -146,7 +126,7 @@ class EngineCore:
             return {
                 "num_running": self.scheduler.num_running,
                 "num_waiting": self.scheduler.num_waiting,
-                "num_active": len(self._active),
+                "num_active": len(self.outputs),
                 "free_kv_blocks": self.scheduler.kv.num_free_blocks,
                 "total_kv_blocks": self.scheduler.kv.num_blocks,
                 "codec_calls": codec.calls,
@@ -170,8 +150,8 @@ class EngineCore:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        for rid in list(self._active):
-            self.abort(rid)
+        for request_id in self.outputs.request_ids():
+            self.abort(request_id)
         self.codec.stop()
 
     def _run(self) -> None:
@@ -189,15 +169,19 @@ class EngineCore:
         """One engine step with one-step lookahead: plan and launch step N+1 on the device, then
         wait for step N's rows and hand them out, so host scheduling overlaps GPU work.
         False when there was nothing to run."""
-        with self._lock:
-            plan = self.scheduler.schedule()
-        if plan is not None and self._in_flight is None:
-            self._last_collect = time.perf_counter()  # step time counts from here after an idle spell
-        launched = (plan, self.runner.launch(plan)) if plan is not None else None
-        in_flight, self._in_flight = self._in_flight, launched
-        if in_flight is not None:
-            self._complete(*in_flight)
-        return launched is not None or in_flight is not None
+        with self._phase("step"):
+            with self._phase("schedule"), self._lock:
+                plan = self.scheduler.schedule()
+            if plan is not None and self._in_flight is None:
+                self._last_collect = time.perf_counter()  # step time counts from here after an idle spell
+            launched = None
+            if plan is not None:
+                with self._phase("launch"):
+                    launched = (plan, self.runner.launch(plan))
+            in_flight, self._in_flight = self._in_flight, launched
+            if in_flight is not None:
+                self._complete(*in_flight)
+            return launched is not None or in_flight is not None
 
     def _drain(self) -> None:
         if self._in_flight is not None:
@@ -205,102 +189,24 @@ class EngineCore:
             self._complete(*in_flight)
 
     def _complete(self, plan, pending) -> None:
-        result = self.runner.collect(pending)
+        with self._phase("collect"):
+            result = self.runner.collect(pending)
         now = time.perf_counter()
         elapsed, self._last_collect = now - self._last_collect, now
-        with self._lock:
+        with self._phase("update"), self._lock:
             finished = self.scheduler.update(plan, result)
-        self._emit(result.rows, {r.request_id for r in finished})
+        with self._phase("outputs"):
+            self.outputs.emit(result.rows, {r.request_id for r in finished})
         self._record_step(elapsed, len(plan.chunks), len(result.rows))
 
     def _record_step(self, elapsed: float, num_seqs: int, num_rows: int) -> None:
         self.counters.steps += 1
         self.counters.step_time_s = elapsed
         self.counters.frames_generated += num_rows
-        if self.on_step is not None:
-            self.on_step(elapsed, num_seqs, num_rows)
+        if self.hooks.on_step is not None:
+            self.hooks.on_step(elapsed, num_seqs, num_rows)
 
     def _die(self, exc: BaseException) -> None:
         self.dead_error = exc
-        with self._lock:
-            active, self._active = list(self._active.values()), {}
-        for a in active:
-            a.sink.fail(EngineDeadError(f"the engine stopped: {exc}"))
-
-    # ------------------------------------------------------------------ outputs
-    def _emit(self, rows: dict[str, tuple[int, ...]], finished: set[str]) -> None:
-        for rid in rows.keys() | finished:
-            active = self._active.get(rid)
-            if active is None:  # aborted while its step was in flight
-                continue
-            if rid in rows:
-                active.out.append(rows[rid])
-            done = rid in finished
-            nxt = active.out.next_window(done)
-            reason = self._finish(active) if done else None  # a finished request's window is final
-            if nxt is not None:
-                self._submit_window(active, *nxt, reason)
-
-    def _finish(self, active: _Active) -> str:
-        """Hand the finished request's rows and frames to its sink; returns the finish reason."""
-        rid = active.speech.request_id
-        frames = active.out.all_frames()
-        reason = "length" if len(frames) >= active.request.max_frames else "stop"
-        with self._lock:
-            self._active.pop(rid, None)
-        active.sink.finish(active.out.rows.copy(), frames, reason, active.prompt_tokens)
-        return reason
-
-    def _submit_window(self, active: _Active, window: Window, frames: np.ndarray, reason: str | None) -> None:
-        sink = active.sink
-
-        def deliver(job: CodecJob, audio: np.ndarray | None, error: BaseException | None = None) -> None:
-            if error is not None:
-                sink.fail(error)
-                return
-            sink.put(AudioChunk(audio, job.is_final, window.new_frames, reason))
-
-        self.codec.submit(
-            CodecJob(
-                request_id=active.speech.request_id,
-                frames=frames,
-                trim_front_frames=window.trim_front_frames,
-                trim_back_frames=window.trim_back_frames,
-                is_final=window.is_final,
-                deliver=deliver,
-                decode_from_frames=window.decode_from_frame,
-            )
-        )
-
-    # ------------------------------------------------------------------ request building
-    def _build_request(self, speech: SpeechRequest) -> tuple[Request, int]:
-        sampling = speech.sampling
-        if sampling.seed is None:
-            sampling = sampling.with_seed(secrets.randbits(63))
-        text_tokens = self.prompts.count_text_tokens(speech.text)
-        placeholder = {}
-        if speech.reference is None:
-            prompt = self.prompts.zero_shot(speech.text)
-        else:
-            ref_rows = apply_delay(speech.reference.codes).numpy()
-            clone = self.prompts.clone(speech.text, len(ref_rows), speech.reference.ref_text)
-            prompt = clone.token_ids
-            placeholder = dict(
-                placeholder_key=speech.reference.content_key,
-                placeholder_start=clone.placeholder_start,
-                num_placeholders=clone.num_placeholders,
-                placeholder_rows=tuple(map(tuple, ref_rows.tolist())),
-            )
-        # the EOC row and the ramp follow the last frame (the scheduler's worst-case context)
-        room = self.max_model_len - len(prompt) - TAIL_ROWS
-        max_frames = min(sampling.max_new_tokens, text_frame_cap(text_tokens), max(room, 1))
-        min_frames = min(max(MIN_FRAMES, sampling.min_new_tokens), max_frames)
-        request = Request(
-            request_id=speech.request_id,
-            prompt_token_ids=tuple(prompt),
-            sampling=sampling,
-            max_frames=max_frames,
-            min_frames=min_frames,
-            **placeholder,
-        )
-        return request, len(prompt)
+        for sink in self.outputs.close_all():
+            sink.fail(EngineDeadError(f"the engine stopped: {exc}"))

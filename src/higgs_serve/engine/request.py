@@ -1,6 +1,6 @@
 """Per-request state as the scheduler sees it: ids, counts and status. No tensors.
 
-Token accounting (docs/architecture.md, SPEC §1.6). A request's context is its prompt plus one
+Token accounting (docs/model.md#delay-pattern). A request's context is its prompt plus one
 position per fed row. Row 0 comes from the hidden state of the prompt's last token; row t > 0
 is sampled after feeding row t−1 at position `prompt_len + t − 1`. So every sampled row is the
 input of the next position, exactly like a sampled token in a text LLM:
@@ -28,7 +28,7 @@ from higgs_serve.errors import InvalidRequestError
 if TYPE_CHECKING:
     from higgs_serve.sampling_params import SamplingParams
 
-# The EOC row plus the 7 ramp rows that follow the last frame (SPEC §1.6).
+# The EOC row plus the 7 ramp rows that follow the last frame (docs/model.md#delay-pattern).
 TAIL_ROWS = 8
 
 
@@ -45,7 +45,7 @@ class Request:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams  # seed already resolved by the engine
-    max_frames: int  # hard frame cap after every rule (SPEC §1.6)
+    max_frames: int  # hard frame cap after every rule (docs/model.md#length-caps)
     min_frames: int
     # Clone prompts: the P span of the prompt and a content hash of the reference codes, so
     # prefix-cache keys of different voices never collide. placeholder_rows are the delayed

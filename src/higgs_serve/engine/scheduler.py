@@ -10,7 +10,10 @@ There are no prefill and decode phases: each request's `num_computed_tokens` cat
    a long prompt is never starved by a stream of short ones.
 
 Decodes always come first and `max_num_batched_tokens >= max_num_seqs`, so a long prompt delays
-running decodes by at most one chunk per step.
+running decodes by at most one chunk per step. Prompts share what the decodes leave: while more
+than one prompt is in flight (prefilling, or waiting with a free slot) each takes at most an
+equal share of it per step, so a short prompt never waits for a long one's whole prefill (a
+lone prompt still gets the whole budget).
 
 Memory policy: reserve on admission, no preemption. A request is admitted only when the KV blocks
 of its worst-case context (`Request.max_num_tokens` = prompt + max_frames + 7 fed rows) fit
@@ -35,9 +38,9 @@ import heapq
 from collections import deque
 
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
-from higgs_serve.engine.outputs import NewRequestData, ScheduledChunk, StepPlan, StepResult
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan, StepResult
 from higgs_serve.engine.request import Request, RequestStatus
-from higgs_serve.errors import ConfigError, InvalidRequestError
+from higgs_serve.errors import ConfigError, InputTooLongError, InvalidRequestError
 
 
 class Scheduler:
@@ -94,19 +97,24 @@ class Scheduler:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise InvalidRequestError(f"request {request.request_id} was already scheduled")
+        # client-facing messages: no request ids (internal), the field to change named
+        tail_rows = request.max_num_rows - request.max_frames
+        if request.num_prompt_tokens + tail_rows + 1 > self.max_model_len:
+            raise InputTooLongError(
+                f"the prompt is {request.num_prompt_tokens} tokens (the input, plus the reference "
+                f"clip when cloning); at most {self.max_model_len - tail_rows - 1} leave room to "
+                "speak: shorten the input or the reference", "input")
         worst_len = request.num_prompt_tokens + request.max_num_rows
         if worst_len > self.max_model_len:
             raise InvalidRequestError(
-                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + "
-                f"max_frames ({request.max_frames}) + {request.max_num_rows - request.max_frames} "
-                f"tail rows = {worst_len} exceeds max_model_len ({self.max_model_len})",
-                "max_new_tokens",
-            )
+                f"prompt ({request.num_prompt_tokens} tokens) + max_frames ({request.max_frames}) "
+                f"+ {tail_rows} tail rows = {worst_len} exceeds max_model_len "
+                f"({self.max_model_len}); lower max_new_tokens", "max_new_tokens")
         worst_blocks = self.kv.num_blocks_for(request.max_num_tokens)
         if worst_blocks > self.kv.num_usable_blocks:
             raise InvalidRequestError(
-                f"request {request.request_id}: needs {worst_blocks} KV blocks in the worst case "
-                f"but the cache has {self.kv.num_usable_blocks}; lower max_new_tokens or the input",
+                f"the request needs {worst_blocks} KV blocks in the worst case but the cache has "
+                f"{self.kv.num_usable_blocks}; lower max_new_tokens or the input",
                 "max_new_tokens",
             )
         request.block_keys = self.kv.block_keys(request)
@@ -142,15 +150,16 @@ class Scheduler:
                 # decode: num_tokens - num_computed_tokens is 1, the last sampled row
                 chunks.append(self._schedule_chunk(request, 1))
         budget -= len(chunks)
+        share = self._prefill_share(budget, len(prefilling))
         for request in prefilling:  # then unfinished prompts, in admission order
             if budget == 0:
                 break
-            num_new = min(request.num_prompt_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_prompt_tokens - request.num_computed_tokens, budget, share)
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
         new_requests: list[NewRequestData] = []
         while budget > 0 and self.waiting and self._free_slots:  # then admissions, FCFS
-            num_new = self._admit(self.waiting[0], budget)
+            num_new = self._admit(self.waiting[0], min(budget, share))
             if num_new == 0:
                 break  # the head does not fit: later requests wait behind it
             request = self.waiting.popleft()
@@ -209,6 +218,13 @@ class Scheduler:
         return finished
 
     # ----- helpers
+    def _prefill_share(self, budget: int, num_prefilling: int) -> int:
+        """Most prompt tokens one request gets this step: the whole budget when it is the only
+        prompt in flight, else an equal share, so a short prompt arriving behind a long one is
+        admitted in the next step instead of after the long prompt's last chunk."""
+        contenders = num_prefilling + min(len(self.waiting), len(self._free_slots))
+        return budget if contenders <= 1 else max(1, -(-budget // contenders))
+
     def _admit(self, request: Request, budget: int) -> int:
         """Take KV blocks for the queue head; returns its first chunk size, 0 if it does not fit."""
         computed_blocks, num_computed = self.kv.get_computed_blocks(request)

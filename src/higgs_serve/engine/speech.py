@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from higgs_serve.codec.chunker import WindowParams
 from higgs_serve.sampling_params import SamplingParams
 
 
@@ -25,6 +26,14 @@ class SpeechRequest:
     sampling: SamplingParams
     stream: bool = True  # False: exact file chunks (chunker.file_window_params) for the caller to join
     reference: ReferenceAudio | None = None
+    # streaming: frames in the first audio chunk instead of the profile's (0 = the steady size)
+    initial_chunk_frames: int | None = None
+
+    def stream_window(self, profile: WindowParams) -> WindowParams:
+        """The streaming window rule for this request: the profile's, with its first chunk."""
+        if self.initial_chunk_frames is None:
+            return profile
+        return replace(profile, initial_chunk_frames=self.initial_chunk_frames)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Locate a model (directory or hub id), read (sharded) safetensors, split and check tensors.
 
-SPEC §1.4. Loading is strict and loud: a missing required tensor, a wrong shape or an unknown
+docs/model.md#checkpoint-layout. Loading is strict and loud: a missing required tensor, a wrong shape or an unknown
 name is a `CheckpointError` naming the tensor. Talker tensors are renamed to internal names by
 the declarative table `TALKER_RENAMES`; codec tensors (under `CODEC_PREFIX`) are prefix-stripped,
 weight-norm folded and checked by `codec/weights.load_codec_tensors`.
@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from higgs_serve.codec.weights import CODEC_PREFIX, load_codec_tensors
 from higgs_serve.errors import CheckpointError
 from higgs_serve.model.hf_config import ModelSpec
 from higgs_serve.model.talker import talker_tensor_shapes
+from higgs_serve.progress import ProgressCallback
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -108,7 +108,8 @@ def resolve_model_dir(model: str) -> Path:
         raise CheckpointError(
             f"model {model!r} is not in the local Hugging Face cache and this machine cannot download it "
             f"({e.__class__.__name__}). Download it on a machine with internet access "
-            f"(`huggingface-cli download {model}`) and pass the directory, or copy it into the cache."
+            f"(`hf download {model} --local-dir DIR`, huggingface_hub's CLI) and pass DIR, "
+            f"or copy it into the cache."
         ) from e
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as e:
         raise CheckpointError(f"model {model!r} cannot be downloaded from the hub: {e.__class__.__name__}: {e}") from e
@@ -116,12 +117,16 @@ def resolve_model_dir(model: str) -> Path:
         raise CheckpointError(f"model {model!r} is neither a directory nor a valid hub id: {e}") from e
 
 
-def read_safetensors(model_dir: Path) -> dict[str, Tensor]:
-    """All tensors of `model.safetensors`, or of every shard listed in `model.safetensors.index.json`."""
+def read_safetensors(model_dir: Path, on_progress: ProgressCallback | None = None) -> dict[str, Tensor]:
+    """All tensors of `model.safetensors`, or of every shard listed in `model.safetensors.index.json`.
+
+    on_progress(done, total, "loading weights") is called as tensors are read (total: every
+    tensor in every file), so a long read shows it is moving.
+    """
     model_dir = Path(model_dir)
     single, index = model_dir / SAFETENSORS_FILE, model_dir / SAFETENSORS_INDEX
     if single.is_file():
-        return _load_file(single)
+        return _read_files([single], on_progress)
     if not index.is_file():
         raise CheckpointError(f"{model_dir}: neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX} found")
     try:
@@ -130,24 +135,42 @@ def read_safetensors(model_dir: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{index}: not a valid safetensors index (needs a 'weight_map' object): {e}") from e
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index}: 'weight_map' must be an object")
-    tensors: dict[str, Tensor] = {}
+    shard_paths = []
     for shard in sorted(set(weight_map.values())):
         shard_path = model_dir / shard
         if not shard_path.is_file():
             raise CheckpointError(f"{index}: shard file {shard} is missing from {model_dir}")
-        for name, t in _load_file(shard_path).items():
-            if name in tensors:
-                raise CheckpointError(f"{shard_path}: tensor {name} appears in more than one shard")
-            tensors[name] = t
+        shard_paths.append(shard_path)
+    tensors = _read_files(shard_paths, on_progress)
     for name, shard in weight_map.items():
         if name not in tensors:
             raise CheckpointError(f"{index}: tensor {name} is listed in shard {shard} but not stored there")
     return tensors
 
 
-def _load_file(path: Path) -> dict[str, Tensor]:
+def _read_files(paths: list[Path], on_progress: ProgressCallback | None) -> dict[str, Tensor]:
+    """Every tensor of every file, one by one (a name in two files is an error)."""
+    files = [(path, _open_file(path)) for path in paths]
+    total = sum(len(handle.keys()) for _, handle in files)
+    tensors: dict[str, Tensor] = {}
+    if on_progress is not None:
+        on_progress(0, total, "loading weights")
+    for path, handle in files:
+        for name in handle.keys():
+            if name in tensors:
+                raise CheckpointError(f"{path}: tensor {name} appears in more than one shard")
+            try:
+                tensors[name] = handle.get_tensor(name)
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"{path}: cannot read tensor {name}: {e}") from e
+            if on_progress is not None:
+                on_progress(len(tensors), total, "loading weights")
+    return tensors
+
+
+def _open_file(path: Path):
     try:
-        return load_file(str(path))
+        return safe_open(str(path), framework="pt")
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from e
 
@@ -162,7 +185,7 @@ def fold_weight_norm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     Both naming styles: `X.weight_g` / `X.weight_v` and
     `X.parametrizations.weight.original0` (g) / `.original1` (v) become `X.weight`. The norm is
     taken over every dim where g has size 1 (torch keeps the norm dim at full size). Folded
-    weights are float32, since the codec runs in float32 (SPEC §1.8).
+    weights are float32, since the codec runs in float32 (docs/model.md#codec-geometry).
     """
     out: dict[str, Tensor] = {}
     pairs: dict[str, dict[str, tuple[str, Tensor]]] = {}  # folded name -> role ("g"/"v") -> (name, tensor)
@@ -239,9 +262,10 @@ def split_checkpoint(tensors: dict[str, Tensor], spec: ModelSpec, where: str = "
     return talker, codec
 
 
-def load_checkpoint(model_dir: Path, spec: ModelSpec) -> LoadedCheckpoint:
+def load_checkpoint(model_dir: Path, spec: ModelSpec, on_progress: ProgressCallback | None = None
+                    ) -> LoadedCheckpoint:
     """Read and split the checkpoint in `model_dir` (CPU tensors in their stored dtypes)."""
-    talker, codec = split_checkpoint(read_safetensors(model_dir), spec, where=str(model_dir))
+    talker, codec = split_checkpoint(read_safetensors(model_dir, on_progress), spec, where=str(model_dir))
     return LoadedCheckpoint(talker=talker, codec=codec)
 
 

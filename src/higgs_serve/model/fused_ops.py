@@ -29,15 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
+from higgs_serve.kernels import pdl
+from higgs_serve.kernels.launcher import Launcher, cdiv, next_pow2
 from higgs_serve.model.skinny_gemm import MAX_ROWS, SkinnyConfig, config_for, skinny_linear, swiglu_config
 
 try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_wait
+    from higgs_serve.kernels.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 

@@ -1,7 +1,7 @@
 """config.json -> frozen `ModelSpec` (`TextConfig`, `AudioConfig`, `CodecConfig`).
 
 No tokenizer I/O and no side effects: the spec is parsed and validated once, then frozen.
-Every error is a `ConfigError` that names the key and the file (SPEC §1.1).
+Every error is a `ConfigError` that names the key and the file (docs/model.md#config-keys).
 
 Missing optional Qwen3 keys take the transformers `Qwen3Config` defaults (that is what the
 reference engines do when they build the text config from a partial dict), except `rope_theta`:
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.config.validators import is_int, is_real
 from higgs_serve.errors import ConfigError
 
 MODEL_TYPE = "higgs_multimodal_qwen3"
@@ -52,7 +53,7 @@ class TextConfig:
 
     @classmethod
     def preset_4b(cls) -> TextConfig:
-        """Higgs-Audio V3 4B (Qwen3-4B geometry, SPEC §1.1).
+        """Higgs-Audio V3 4B (Qwen3-4B geometry, docs/model.md#config-keys).
 
         max_position_embeddings is Qwen3-4B's 40960; the model was trained with 8192-token
         contexts, which is a serving limit (deploy `max_model_len`), not a config value.
@@ -71,6 +72,16 @@ class TextConfig:
                    tie_word_embeddings=False)
 
 
+def boc_id(codebook_size: int) -> int:
+    """Begin-of-codes id: the second-to-last entry of each codebook's vocabulary."""
+    return codebook_size - 2
+
+
+def eoc_id(codebook_size: int) -> int:
+    """End-of-codes id: the last entry of each codebook's vocabulary."""
+    return codebook_size - 1
+
+
 @dataclass(frozen=True)
 class AudioConfig:
     """The discrete audio modality (config.json `audio_encoder_config`)."""
@@ -82,11 +93,11 @@ class AudioConfig:
 
     @property
     def boc(self) -> int:
-        return self.codebook_size - 2
+        return boc_id(self.codebook_size)
 
     @property
     def eoc(self) -> int:
-        return self.codebook_size - 1
+        return eoc_id(self.codebook_size)
 
     @property
     def num_real_codes(self) -> int:
@@ -209,7 +220,7 @@ def _rope_theta(t: dict[str, Any], w: str) -> float:
         theta = params.get("rope_theta")
     if theta is None:
         return QWEN3_DEFAULT_ROPE_THETA
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    if not is_real(theta) or theta <= 0:
         raise ConfigError(f"{w}.rope_theta = {theta!r} must be a positive number")
     return float(theta)
 
@@ -220,8 +231,8 @@ def _parse_audio(a: dict[str, Any], where: str) -> AudioConfig:
     if enc != "discrete":
         raise ConfigError(f"{w}.encoder_type = {enc!r}, only 'discrete' is supported")
     cfg = AudioConfig(
-        num_codebooks=_get(a, "num_codebooks", int, w, default=8),
-        codebook_size=_get(a, "vocab_size", int, w, default=1026),
+        num_codebooks=_get(a, "num_codebooks", int, w, default=AudioConfig.num_codebooks),
+        codebook_size=_get(a, "vocab_size", int, w, default=AudioConfig.codebook_size),
         tie_word_embeddings=_get(a, "tie_word_embeddings", bool, w, default=True),
         out_dim=_get(a, "out_dim", int, w, default=None),
     )
@@ -257,7 +268,7 @@ def _get(d: dict[str, Any], key: str, typ: type, where: str, default: Any = _MIS
         return default
     v = d[key]
     ok = isinstance(v, typ) and not (typ in (int, float) and isinstance(v, bool))
-    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+    if typ is float and is_int(v):
         ok, v = True, float(v)
     if not ok:
         raise ConfigError(f"{where}.{key} = {v!r} must be of type {typ.__name__}")

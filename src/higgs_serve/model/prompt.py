@@ -1,8 +1,12 @@
-"""Tokenizer wrapper and prompt building (SPEC §1.2-1.3).
+"""Tokenizer wrapper and prompt building (docs/model.md#special-tokens and #prompt-layout).
 
 No chat template, no system prompt, no BOS. Special tokens are looked up by name in the added
-vocabulary, never by number. `tok(x)` encodes without special tokens and keeps the text verbatim
-(inline tags such as `<|emotion:happy|>` are plain text).
+vocabulary, never by number. `tok(x)` encodes user text (`input`, `ref_text`) verbatim as plain
+text: inline tags such as `<|emotion:happy|>` are plain text, and so is a control token's spelling
+(`<|audio|>`, `<|endoftext|>`, any added token): the tokenizer library matches added tokens even
+with add_special_tokens=False, so text that would produce an added-token id is re-encoded through
+the normalizer, pre-tokenizer and BPE model alone, which know no added tokens. User text can
+therefore never place a control token in the prompt; it reads as the characters it spells.
 
 - zero-shot: `<|tts|> <|text|> tok(text) <|audio|>`
 - clone:     `<|tts|> [<|ref_text|> tok(ref_text)] <|ref_audio|> P × num_ref_rows <|text|> tok(text) <|audio|>`
@@ -53,6 +57,7 @@ class PromptBuilder:
         if eos_id is None:
             raise TokenizerError(f"{where}: EOS token {eos_token!r} is not in the vocabulary")
         self.eos_token, self.eos_id = eos_token, eos_id
+        self._added_ids = frozenset(added.values())  # control tokens: never from user text
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> PromptBuilder:
@@ -72,7 +77,24 @@ class PromptBuilder:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def tok(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """User text -> plain-text token ids (never an added/control token id)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self._added_ids.isdisjoint(ids):
+            return ids  # the common case: no control token spelled in the text
+        return self._plain_ids(text)
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """Encode without the added vocabulary: normalizer, pre-tokenizer, then the BPE model, as
+        the library does for text between added tokens. `<|audio|>` becomes `<|`, `audio`, `|>`."""
+        tokenizer = self.tokenizer
+        if tokenizer.normalizer is not None:
+            text = tokenizer.normalizer.normalize_str(text)
+        pieces = (tokenizer.pre_tokenizer.pre_tokenize_str(text)
+                  if tokenizer.pre_tokenizer is not None else [(text, None)])
+        ids = [token.id for piece, _ in pieces for token in tokenizer.model.tokenize(piece)]
+        if not self._added_ids.isdisjoint(ids):  # a vocabulary that spells them in its merges
+            raise InvalidRequestError("the text cannot be encoded without control tokens")
+        return ids
 
     def count_text_tokens(self, text: str) -> int:
         return len(self.tok(text))

@@ -1,4 +1,4 @@
-"""Qwen3 decoder math (SPEC §1.5): RMSNorm, neox RoPE, GQA attention projections, SwiGLU.
+"""Qwen3 decoder math (docs/model.md#talker): RMSNorm, neox RoPE, GQA attention projections, SwiGLU.
 
 Pure math on flat token batches: every tensor is [N, ...] where N is the number of tokens of all
 requests in the step. The attention itself (KV cache, causal masking, GQA broadcast, softmax

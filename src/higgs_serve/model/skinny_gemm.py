@@ -55,12 +55,12 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_wait
+    from higgs_serve.kernels.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
 
-from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher, next_pow2
+from higgs_serve.kernels import pdl
+from higgs_serve.kernels.launcher import Launcher, next_pow2
 
 # Rows the kernel serves for any shape it divides (default_config): 3-23 % faster than cuBLAS per
 # GEMM at 1-16 rows on an H200. From there to MAX_ROWS only the (N, K) with a measured TUNED

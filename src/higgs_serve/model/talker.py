@@ -1,6 +1,6 @@
 """`Talker` (Stage 0): text embedding, fused audio embedding, Qwen3 backbone, tied audio head.
 
-SPEC §1.5. The audio input of a step is e(row) = Σ_q W_a[q·V + row_q] (V = 1026 per codebook);
+docs/model.md#talker. The audio input of a step is e(row) = Σ_q W_a[q·V + row_q] (V = 1026 per codebook);
 it replaces the token embedding. The audio head is logits = h · W_aᵀ reshaped to [8, V] (W_a
 itself when tied). There is no text LM head: every audio step's text token is `<|audio|>` by
 construction, so a [D × 151936] matmul per step would be wasted.

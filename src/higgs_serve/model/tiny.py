@@ -1,6 +1,6 @@
 """The tiny checkpoint writer (`make-tiny-model`) and the dummy-weight builder (`--load-format dummy`).
 
-A tiny model is a complete, loadable checkpoint directory in exactly the real layout (SPEC §1.4):
+A tiny model is a complete, loadable checkpoint directory in exactly the real layout (docs/model.md#checkpoint-layout):
 config.json, a small real byte-level BPE tokenizer with the Higgs special tokens, and
 model.safetensors (optionally sharded) with random weights under the real tensor names, the full
 codec under `CODEC_PREFIX` and a few training-only codec tensors to exercise the ignore rule.
@@ -31,6 +31,7 @@ from higgs_serve.model.checkpoint import (
 from higgs_serve.model.hf_config import AudioConfig, ModelSpec, TextConfig, spec_to_config_dict
 from higgs_serve.model.prompt import AUDIO, DEFAULT_EOS, REF_AUDIO, REF_TEXT, TEXT, TTS
 from higgs_serve.model.talker import talker_tensor_shapes
+from higgs_serve.progress import ProgressCallback
 
 SPECIAL_TOKENS = [DEFAULT_EOS, TTS, TEXT, AUDIO, REF_AUDIO, REF_TEXT]  # ids 0..5 in the tiny tokenizer
 PRESETS = ("tiny", "4b")
@@ -85,17 +86,31 @@ def spec_4b() -> ModelSpec:
 
 @torch.no_grad()
 def build_dummy_tensors(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-                        seed: int = 0) -> LoadedCheckpoint:
+                        seed: int = 0, on_progress: ProgressCallback | None = None) -> LoadedCheckpoint:
     """Random talker (internal names, `dtype`) and codec (float32) tensors from the spec alone.
 
     Generated on `device` with one seeded generator, tensor by tensor in sorted name order, so the
     result is deterministic per (seed, device). No Python loops over elements.
+    on_progress(done, total, "building random weights") follows the tensors (the 4B geometry
+    takes minutes on a CPU).
     """
     gen = torch.Generator(device=device).manual_seed(seed)
-    talker = {name: _random_tensor(name, shape, gen, dtype, device)
-              for name, shape in sorted(talker_tensor_shapes(spec.text, spec.audio).items())}
-    codec = {name: _random_tensor(name, shape, gen, torch.float32, device)
-             for name, shape in sorted(expected_codec_tensors(spec.codec).items())}
+    talker_shapes = sorted(talker_tensor_shapes(spec.text, spec.audio).items())
+    codec_shapes = sorted(expected_codec_tensors(spec.codec).items())
+    total = len(talker_shapes) + len(codec_shapes)
+
+    def build(shapes, tensor_dtype, start: int) -> dict[str, Tensor]:
+        out = {}
+        for i, (name, shape) in enumerate(shapes):
+            out[name] = _random_tensor(name, shape, gen, tensor_dtype, device)
+            if on_progress is not None:
+                on_progress(start + i + 1, total, "building random weights")
+        return out
+
+    if on_progress is not None:
+        on_progress(0, total, "building random weights")
+    talker = build(talker_shapes, dtype, 0)
+    codec = build(codec_shapes, torch.float32, len(talker_shapes))
     return LoadedCheckpoint(talker=talker, codec=codec)
 
 

@@ -12,22 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
-from higgs_serve.server.routers import health, speech, voices
-from higgs_serve.server.settings import ServerSettings
+from higgs_serve.server.body_limit import BodyLimitMiddleware
+from higgs_serve.server.routers import health, speech, speech_batch, voices
+from higgs_serve.server.schemas import ERROR_RESPONSES
+from higgs_serve.server.send_timeout import SendTimeoutMiddleware
+from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
-from higgs_serve.voices.registry import VoiceRegistry
+from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, VoiceRegistry
 from higgs_serve.voices.reference_encoder import ReferenceEncoder as CodecReferenceEncoder
 
 __all__ = ["ServerSettings", "build_app", "run_server"]
@@ -59,21 +65,29 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
             if not starting.done():
                 starting.cancel()
             await engine.shutdown()
+            state.audio_workers.shutdown()
 
     app = FastAPI(title="higgs-serve", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")
     app.state.server = state
     install_error_handlers(app)
-    protected = [Depends(_api_key_checker(settings.api_key))]
-    app.include_router(speech.router, dependencies=protected)
-    app.include_router(voices.router, dependencies=protected)
+    app.add_middleware(SendTimeoutMiddleware, send_timeout_s=settings.send_timeout_s)
+    app.add_middleware(BodyLimitMiddleware, default_bytes=settings.max_json_body_bytes,
+                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES})
+    # every /v1 route needs the key (tests/server/test_reliability.py enumerates app.routes)
+    protected = [Security(_api_key_checker(settings.api_key))] if settings.api_key else []
+    documented = {status: ERROR_RESPONSES[status] for status in (401, 500)
+                  if status != 401 or settings.api_key}
+    for router in (speech.router, speech_batch.router, voices.router, health.models_router):
+        app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
     return app
 
 
 async def _start_engine(state: ServerState, on_failure: Callable[[], None] | None) -> None:
     try:
-        await state.engine.start()
+        # the Stage 0 step histogram is fed by the engine loop's per-step hook
+        await state.engine.start(EngineHooks(on_step=state.metrics.observe_step))
     except asyncio.CancelledError:
         raise
     except Exception as error:  # logged, shown by /health, re-raised by run_server
@@ -83,24 +97,19 @@ async def _start_engine(state: ServerState, on_failure: Callable[[], None] | Non
             on_failure()
         return
     state.engine_started = True
-    _attach_step_metrics(state)
     logger.info("engine ready: serving %s", state.settings.served_model_name)
 
 
-def _attach_step_metrics(state: ServerState) -> None:
-    """Feed the Stage 0 step histogram from the engine loop's per-step hook."""
-    engine = state.engine
-    if isinstance(engine, AsyncEngine) and engine.core is not None:
-        engine.core.on_step = state.metrics.observe_step
+def _api_key_checker(api_key: str):
+    """The bearer-token check, declared as an HTTP bearer security scheme so the OpenAPI
+    document (and /docs' Authorize button) can send the key."""
+    expected = api_key.encode()  # ASCII (settings.py)
+    bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
 
-
-def _api_key_checker(api_key: str | None):
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        supplied = request.headers.get("authorization", "")
-        scheme, _, token = supplied.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+    async def check(credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
+        # Header values arrive as latin-1 text: compare bytes, so any header is a 401, never a 500
+        supplied = credentials.credentials.strip().encode("latin-1") if credentials else b""
+        if not secrets.compare_digest(supplied, expected):
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
     return check
@@ -108,8 +117,12 @@ def _api_key_checker(api_key: str | None):
 
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
-               reference_encoder: ReferenceEncoder | None = None) -> None:
-    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start."""
+               reference_encoder: ReferenceEncoder | None = None,
+               sockets: list[socket.socket] | None = None) -> None:
+    """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start.
+
+    sockets: already bound listening sockets (the CLI binds before loading, so a port in use
+    fails at once); None: uvicorn binds settings.host:settings.port itself."""
     # Every admitted request waits in the engine before it is scheduled, so the engine's own
     # waiting bound must cover the server's whole in-flight capacity; the server gate decides.
     options = replace(options or RuntimeOptions(),
@@ -125,14 +138,43 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
         server.should_exit = True
 
     app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="on",
-                            timeout_graceful_shutdown=settings.graceful_shutdown_s,
-                            log_level="info")
-    server = uvicorn.Server(config)
-    server.run()
+    server = draining_server(app, settings.host, settings.port, log_level="info")
+    server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error
     if error is not None:
         raise error
+
+
+SHUTDOWN_ABORT_WINDOW_S = 2  # after the grace period: for aborted requests to answer
+
+
+def draining_server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
+    """uvicorn for `app`, whose shutdown aborts what is left after the grace period."""
+    grace_s = server_state_of(app).settings.graceful_shutdown_s
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S)
+    return DrainingServer(config, server_state_of(app), grace_s)
+
+
+class DrainingServer(uvicorn.Server):
+    """On shutdown, uvicorn stops accepting and waits for in-flight requests; when the grace
+    period ends, this aborts their engine requests, so each answers for itself (queued: an
+    OpenAI-shaped 503; SSE: a `speech.audio.error` event; raw audio: a truncated body) within
+    SHUTDOWN_ABORT_WINDOW_S, before uvicorn's own deadline cancels what is left (whose answer
+    would be a plain-text 500)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float):
+        super().__init__(config)
+        self._state = state
+        self._grace_s = grace_s
+
+    async def shutdown(self, sockets=None) -> None:
+        abort_later = asyncio.get_running_loop().call_later(self._grace_s,
+                                                            self._state.abort_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort_later.cancel()
 
 
 def server_state_of(app: FastAPI) -> ServerState:

@@ -17,10 +17,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from higgs_serve.errors import (
+    ConflictError,
     EngineDeadError,
     EngineOverloadedError,
+    InputTooLongError,
     InvalidRequestError,
 )
+from higgs_serve.server.peer_fields import explain_unknown
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ def to_api_error(error: Exception) -> ApiError:
     """Map a known exception to its ApiError; unknown exceptions become a generic 500."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, InputTooLongError):
+        return ApiError(413, str(error), param=error.param, code="input_too_long")
+    if isinstance(error, ConflictError):
+        return ApiError(409, str(error), param=error.param, code="conflict")
     if isinstance(error, InvalidRequestError):
         return ApiError(400, str(error), param=error.param)
     if isinstance(error, EngineOverloadedError):
@@ -75,9 +82,10 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     kinds = {error["type"] for error in errors}
     if "json_invalid" in kinds:
         return "request body is not valid JSON", None
-    unknown = [_field_name(error["loc"]) for error in errors if error["type"] == "extra_forbidden"]
+    unknown = [_field_name(error["loc"]) or '""' for error in errors  # "" is a legal JSON key
+               if error["type"] == "extra_forbidden"]
     if unknown:
-        return f"unknown field(s): {', '.join(unknown)}", ",".join(unknown)
+        return explain_unknown(unknown), ",".join(unknown)
     messages, params = [], []
     for error in errors:
         field = _field_name(error["loc"])

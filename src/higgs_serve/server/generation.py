@@ -29,17 +29,31 @@ class Generation:
         self.num_frames = 0
         self.num_samples = 0
         self.finish_reason: str | None = None
+        self._submitted_s: float | None = None
+        self.engine_time_s = 0.0  # submit -> final chunk (sglang-omni's X-Engine-Time)
         self._closed = False
+        state.generations.add(self)
 
     async def start(self) -> None:
         """Submit and wait for the first chunk. The caller holds an admission slot; on error the
         slot is released here and the error propagates."""
         try:
+            self._submitted_s = time.perf_counter()
             self._stream = self._state.engine.generate(self.plan.request)
             self._first = await anext(self._stream)
         except BaseException:
             self._finish(outcome=None, record=False)  # the router counts rejected vs error
             raise
+
+    @property
+    def aborted_before_audio(self) -> bool:
+        """The engine aborted the request (the server's shutdown) before it produced audio."""
+        first = self._first
+        return first is not None and first.is_final and first.finish_reason == "abort"
+
+    def abort(self) -> None:
+        """Abort the engine request: its stream ends with a final "abort" chunk."""
+        self._state.engine.abort(self.plan.request.request_id)
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         """Every chunk, in order, ending with the final one. Does not close (see `close`)."""
@@ -61,6 +75,7 @@ class Generation:
         self.num_samples += chunk.audio.shape[0]
         if chunk.is_final:
             self.finish_reason = chunk.finish_reason
+            self.engine_time_s = time.perf_counter() - self._submitted_s
 
     async def collect(self) -> np.ndarray:
         """All audio: [n] float32. `chunks` always yields at least the final chunk."""
@@ -80,6 +95,7 @@ class Generation:
             return
         self._closed = True
         state = self._state
+        state.generations.discard(self)
         if self.finish_reason is None:
             state.engine.abort(self.plan.request.request_id)
         state.gate.release()

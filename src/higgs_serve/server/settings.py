@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from higgs_serve.errors import ConfigError
+
 DEFAULT_MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
+DEFAULT_SEND_TIMEOUT_S = 30.0
+# Request bodies, counted while they arrive (server/body_limit.py): JSON room for a base64
+# ref_audio of max_ref_audio_bytes (4/3 of it) plus input and ref_text; uploads get the file
+# limit (voices/registry.py MAX_UPLOAD_BYTES) plus the multipart envelope.
+JSON_BODY_OVERHEAD_BYTES = 1024 * 1024
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+AUDIO_WORKERS = 4  # threads for decoding, resampling, encoding (server/audio_workers.py)
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
 
@@ -16,6 +25,8 @@ class ServerSettings:
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
     served_model_name: str = "higgs-audio-v3"
+    # More names the model is served (and listed) under, e.g. a hub id for a local directory.
+    extra_served_model_names: tuple[str, ...] = ()
     # Also accepted as `model` in requests (the path or hub id the server was started with).
     model_aliases: tuple[str, ...] = ()
     # Requests allowed to wait beyond the engine's running slots (max_num_seqs); past it, 429.
@@ -25,19 +36,49 @@ class ServerSettings:
     # Hosts whose http(s) URLs may be fetched for `ref_audio`; empty = URLs are refused.
     allowed_ref_audio_domains: tuple[str, ...] = ()
     max_ref_audio_bytes: int = DEFAULT_MAX_REF_AUDIO_BYTES
+    # Directory whose files may be named as reference audio (path or file:// URL); None = refused.
+    allowed_local_media_path: Path | None = None
     # Seconds uvicorn lets in-flight requests finish on shutdown before they are aborted.
     graceful_shutdown_s: int = 30
+    # A response write that waits longer (the client stopped reading) ends the response, which
+    # aborts its engine request and frees its admission slot (server/send_timeout.py).
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+
+    @property
+    def max_json_body_bytes(self) -> int:
+        """The largest JSON body accepted (413 past it)."""
+        return 4 * -(-self.max_ref_audio_bytes // 3) + JSON_BODY_OVERHEAD_BYTES
 
     def __post_init__(self) -> None:
         positive = {"port": self.port, "max_input_chars": self.max_input_chars,
-                    "max_ref_audio_bytes": self.max_ref_audio_bytes}
+                    "max_ref_audio_bytes": self.max_ref_audio_bytes,
+                    "send_timeout_s": self.send_timeout_s}
         for name, value in positive.items():
             if value <= 0:
-                raise ValueError(f"server setting {name} must be positive, got {value}")
+                raise ConfigError(f"server setting {name} must be positive, got {value}")
         if self.max_queue < 0:
-            raise ValueError(f"server setting max_queue must be >= 0, got {self.max_queue}")
+            raise ConfigError(f"server setting max_queue must be >= 0, got {self.max_queue}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("server setting api_key must not be empty (an empty key would accept "
+                              "an empty bearer token); leave --api-key out to serve without one")
+        if self.api_key is not None and not self.api_key.isascii():
+            raise ConfigError("server setting api_key must be ASCII (HTTP headers carry bytes)")
         if not self.served_model_name:
-            raise ValueError("server setting served_model_name must not be empty")
+            raise ConfigError("server setting served_model_name must not be empty")
         object.__setattr__(self, "voices_dir", Path(self.voices_dir))
+        if any(not name for name in self.extra_served_model_names):
+            raise ConfigError("--served-model-name must not hold empty names")
+        if self.allowed_local_media_path is not None:
+            # resolved once: requests compare real paths against this real directory
+            directory = Path(self.allowed_local_media_path).expanduser().resolve()
+            if not directory.is_dir():
+                raise ConfigError("--allowed-local-media-path must be an existing directory, "
+                                  f"got {self.allowed_local_media_path}")
+            object.__setattr__(self, "allowed_local_media_path", directory)
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Every name /v1/models lists (the first is the primary one)."""
+        return tuple(dict.fromkeys((self.served_model_name, *self.extra_served_model_names)))

@@ -1,36 +1,29 @@
 """A validated speech request -> `SpeechPlan`: everything checked before any response starts.
 
 The schema (schemas.py) has checked types and ranges; this module checks what needs the running
-server: the model name, the input limit, format/stream combinations, the voice, the reference
-clip and the profile's sampling limits. Every failure is an `ApiError` or `InvalidRequestError`
+server: the model name, the input limit, format/stream/rate combinations, the first-chunk size,
+the reference (clone_reference.py) and the profile's sampling limits. Every failure is an `ApiError` or `InvalidRequestError`
 naming the field, so a streaming response never opens for a request that cannot succeed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Literal
 
 from higgs_serve.audio.formats import STREAMABLE_FORMATS, check_format
-from higgs_serve.engine.speech import ReferenceAudio, SpeechRequest
+from higgs_serve.audio.output_rate import check_output_rate
+from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.sampling_params import SamplingParams
+from higgs_serve.server.clone_reference import resolve_reference
 from higgs_serve.server.errors import ApiError
-from higgs_serve.server.ref_audio import ref_audio_bytes
+from higgs_serve.server.peer_fields import AUTO
 from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.state import ServerState
-from higgs_serve.voices.reference_encoder import reference_audio
-from higgs_serve.voices.registry import normalise_reference
 
 Mode = Literal["file", "audio", "sse"]
-
-# OpenAI's stock voices: refused with a pointer to what exists, rather than silently mapped.
-OPENAI_VOICES = frozenset({
-    "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
-    "verse", "marin", "cedar",
-})
 
 
 @dataclass(frozen=True)
@@ -40,6 +33,8 @@ class SpeechPlan:
     response_format: str
     speed: float
     input_tokens: int  # text tokens of `input` (usage)
+    sample_rate_hz: int  # of the response (the engine's 24 kHz resampled when asked)
+    language: str  # "auto" or the language name the request gave (X-Language)
 
 
 async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
@@ -53,23 +48,28 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
             "instructions are not supported: Higgs-Audio V3 cannot follow free-form style "
             "instructions; leave the field out", param="instructions")
     check_format(body.response_format)
+    sample_rate_hz = body.sample_rate or state.engine.sample_rate_hz
+    check_output_rate(sample_rate_hz, body.response_format)
     mode = _mode(body)
-    reference = await _reference(body, state)
+    _check_initial_chunk(body, mode, state)
+    reference = await resolve_reference(body, state)
     sampling = SamplingParams.from_defaults(
         state.engine.deploy.stage0.default_sampling_params,
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         max_new_tokens=body.max_new_tokens, min_new_tokens=body.min_new_tokens)
     request = SpeechRequest(request_id=f"speech-{uuid.uuid4().hex}", text=body.input,
-                            sampling=sampling, stream=mode != "file", reference=reference)
+                            sampling=sampling, stream=mode != "file", reference=reference,
+                            initial_chunk_frames=body.initial_codec_chunk_frames)
     return SpeechPlan(request=request, mode=mode, response_format=body.response_format,
-                      speed=body.speed, input_tokens=_count_tokens(body.input, state))
+                      speed=body.speed, input_tokens=_count_tokens(body.input, state),
+                      sample_rate_hz=sample_rate_hz, language=body.language or AUTO)
 
 
 def _check_model(model: str | None, state: ServerState) -> None:
-    accepted = (state.settings.served_model_name, *state.settings.model_aliases)
+    accepted = (*state.settings.served_model_names, *state.settings.model_aliases)
     if model is not None and model not in accepted:
-        raise ApiError(404, f"model {model!r} is not served here; use "
-                       f"{state.settings.served_model_name!r}", param="model",
+        names = ", ".join(repr(name) for name in state.settings.served_model_names)
+        raise ApiError(404, f"model {model!r} is not served here; use {names}", param="model",
                        code="model_not_found")
 
 
@@ -94,49 +94,21 @@ def _mode(body: SpeechRequestBody) -> Mode:
     return mode
 
 
-async def _reference(body: SpeechRequestBody, state: ServerState) -> ReferenceAudio | None:
-    """The cloning reference from `voice` or `ref_audio`, or None for zero-shot."""
-    if body.voice != "default" and body.ref_audio is not None:
-        raise InvalidRequestError("give either voice or ref_audio, not both", param="ref_audio")
-    if body.ref_audio is None and body.ref_text is not None:
-        raise InvalidRequestError("ref_text needs ref_audio (the transcript of that clip)",
-                                  param="ref_text")
-    if body.ref_audio is not None:
-        data = await ref_audio_bytes(body.ref_audio, state.settings.allowed_ref_audio_domains,
-                                     state.settings.max_ref_audio_bytes)
-        audio = await asyncio.to_thread(
-            normalise_reference, data, state.engine.sample_rate_hz, "ref_audio")
-        encoder = _encoder(state, "ref_audio")
-        codes = await asyncio.to_thread(encoder, audio)
-        return reference_audio(codes, body.ref_text)
-    if body.voice == "default":
-        return None
-    return await _registered_voice(body.voice, state)
-
-
-async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
-    voice = state.voices.get(name)
-    if voice is None:
-        hint = (" OpenAI's stock voices do not exist for this model." if name in OPENAI_VOICES
-                else "")
+def _check_initial_chunk(body: SpeechRequestBody, mode: Mode, state: ServerState) -> None:
+    """initial_codec_chunk_frames shapes the first streamed chunk: streaming only, at most C."""
+    frames = body.initial_codec_chunk_frames
+    if frames is None:
+        return
+    if mode == "file":
         raise InvalidRequestError(
-            f"unknown voice {name!r}.{hint} Use 'default', a voice registered with "
-            "POST /v1/audio/voices, or ref_audio + ref_text", param="voice")
-    encoder = _encoder(state, "voice")
-    codes = state.voices.cached_codes(name)
-    if codes is None:
-        audio = state.voices.load_audio(name)
-        codes = await asyncio.to_thread(encoder, audio)
-        state.voices.store_codes(name, codes)
-    return reference_audio(codes, voice.ref_text)
-
-
-def _encoder(state: ServerState, param: str):
-    if state.reference_encoder is None:
+            "initial_codec_chunk_frames sets the first streamed chunk; it needs a streaming "
+            "request (stream or stream_format)", param="initial_codec_chunk_frames")
+    limit = state.engine.deploy.streaming.codec_chunk_frames
+    if frames > limit:
         raise InvalidRequestError(
-            "voice cloning is not enabled on this server (no reference encoder is loaded); "
-            "use voice 'default'", param=param)
-    return state.reference_encoder
+            f"initial_codec_chunk_frames {frames} is above this profile's codec_chunk_frames "
+            f"({limit}); send 0-{limit} (0 = start with {limit}-frame chunks)",
+            param="initial_codec_chunk_frames")
 
 
 def _count_tokens(text: str, state: ServerState) -> int:

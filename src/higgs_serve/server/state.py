@@ -13,10 +13,12 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
-from higgs_serve.deploy_config import DeployConfig
+from higgs_serve.config.deploy import DeployConfig
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
-from higgs_serve.server.settings import ServerSettings
+from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.settings import AUDIO_WORKERS, ServerSettings
 from higgs_serve.voices.registry import VoiceRegistry
 
 # Reference clip -> codec codes, for voice cloning: audio [n] float32 at 24 kHz -> [T, 8] int64.
@@ -37,7 +39,7 @@ class SpeechEngine(Protocol):
     @property
     def prompt_builder(self): ...  # count_text_tokens(text) -> int; None before start()
 
-    async def start(self) -> None: ...
+    async def start(self, hooks: EngineHooks | None = None) -> None: ...
 
     async def shutdown(self) -> None: ...
 
@@ -75,9 +77,17 @@ class ServerState:
     metrics: ServerMetrics
     gate: AdmissionGate
     reference_encoder: ReferenceEncoder | None
+    audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
+    # admitted requests not yet closed (server/generation.py): aborted when the shutdown's
+    # grace period ends, so each ends its own response (503 or a stream error event)
+    generations: set = field(default_factory=set)
+
+    def abort_in_flight(self) -> None:
+        for generation in list(self.generations):
+            generation.abort()
 
     def engine_dead(self) -> bool:
         """Start failed, or start finished and the engine loop has since stopped."""

@@ -1,4 +1,5 @@
-"""Reference clip -> codec codes for voice cloning (SPEC §1.3, §1.8), with a bounded cache.
+"""Reference clip -> codec codes for voice cloning, with a bounded cache (docs/model.md,
+sections Prompt layout and Reference encoder).
 
 The service the server and the CLI call: decode file bytes (soundfile: wav, flac, ogg, mp3),
 check the duration limits, resample to 24 kHz, run the codec encoder on the engine's device in
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from higgs_serve.audio.decode import read_clip
+from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.codec.encoder import CodecEncoder, prepare_reference_audio
 from higgs_serve.engine.builder import LoadedModel, load_reference_encoder
 from higgs_serve.engine.speech import ReferenceAudio
@@ -88,7 +91,7 @@ class CodesCache:
 class ReferenceEncoder:
     """Reference audio -> codes [T, 8] int64. Build with `from_loaded` (or `for_engine`: lazy)."""
 
-    def __init__(self, build: Callable[[], CodecEncoder], sample_rate_hz: int = 24000,
+    def __init__(self, build: Callable[[], CodecEncoder], sample_rate_hz: int = REQUIRED_SAMPLE_RATE,
                  limits: ReferenceLimits | None = None):
         self._build = build  # called once, on first use, under the encode lock
         self._encoder: CodecEncoder | None = None
@@ -145,7 +148,7 @@ class ReferenceEncoder:
     # ------------------------------------------------------------------ encoding
     def encode_bytes(self, data: bytes, param: str = PARAM) -> np.ndarray:
         """File bytes -> codes [T, 8] int64 (decode, check, encode or cache hit)."""
-        samples, rate = self.decode_audio_bytes(data, param)
+        samples, rate = read_clip(data, param, self.limits.max_seconds)  # bounded decode
         return self.encode(samples, rate, param)
 
     def encode(self, samples: np.ndarray, sample_rate: int, param: str = PARAM) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Per-slot delay / ramp / done state on the device, branch-free (SPEC §1.6).
+"""Per-slot delay / ramp / done state on the device, branch-free (docs/model.md#delay-pattern).
 
 Each request owns a persistent slot (a row of preallocated tensors). Every decode step the
 runner calls `step(slots, logits)`: masks from the state -> `sample_codes` -> state update,
@@ -11,7 +11,7 @@ State per slot (row index t = rows sampled so far = index of the row being sampl
 - `row_index`, `last_row` [8] (the previous delayed row: the next step's input).
 - sampling knobs (temperature, top_k, top_p, seed) and the frame limits.
 
-Rules (SPEC §1.6 and the length caps of docs/architecture.md):
+Rules (docs/model.md#delay-pattern and #length-caps):
 - normal mode: q > d forced BOC; q <= d may not emit BOC; q > 0 may not emit EOC; codebook 0
   may not emit EOC while t < min_frames, and is forced to EOC once t >= max_frames (the cap
   wins if the two overlap). After sampling d += 1 (up to 7).
@@ -33,9 +33,7 @@ from typing import Protocol
 
 import torch
 
-from higgs_serve.model.delay_pattern import (
-    CODEBOOK_VOCAB_SIZE, MAX_DELAY, NUM_CODEBOOKS, boc_id, eoc_id,
-)
+from higgs_serve.model.delay_pattern import CODEBOOK_VOCAB_SIZE, NUM_CODEBOOKS, boc_id, eoc_id
 from higgs_serve.worker.sampler import sample_codes
 
 _RAMP_NORMAL = -1
@@ -60,7 +58,8 @@ def _seed_as_int64(seed: int) -> int:
 
 class AudioState:
     def __init__(self, max_slots: int, device: torch.device | str = "cpu",
-                 vocab_size: int = CODEBOOK_VOCAB_SIZE, compile: bool = False):
+                 vocab_size: int = CODEBOOK_VOCAB_SIZE, compile: bool = False,
+                 num_codebooks: int = NUM_CODEBOOKS):
         """compile: run the masks and the sampler through `torch.compile` (fuses ~40
         elementwise kernels; on an H200 at B = 64 a graph-replayed step drops from ~300 us to
         ~90 us). Compile before capturing CUDA graphs; leave it off on CPU and in unit tests."""
@@ -69,6 +68,8 @@ class AudioState:
         self.max_slots = max_slots
         self.pad_slot = max_slots  # a spare, always-done row for padding graph batches
         self.vocab_size = vocab_size
+        self.num_codebooks = num_codebooks
+        self.max_delay = num_codebooks - 1  # the last codebook's lag
         self.boc, self.eoc = boc_id(vocab_size), eoc_id(vocab_size)
         self.device = torch.device(device)
         n, dev = max_slots + 1, self.device
@@ -76,7 +77,7 @@ class AudioState:
         self.delay = torch.zeros(n, **i64)
         self.ramp = torch.zeros(n, **i64)
         self.row_index = torch.zeros(n, **i64)
-        self.last_row = torch.zeros(n, NUM_CODEBOOKS, **i64)
+        self.last_row = torch.zeros(n, num_codebooks, **i64)
         self.max_frames = torch.zeros(n, **i64)
         self.min_frames = torch.zeros(n, **i64)
         self.temperature = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -84,7 +85,7 @@ class AudioState:
         self.top_p = torch.zeros(n, dtype=torch.float32, device=dev)
         self.seed = torch.zeros(n, **i64)
         # constants for the masks: created once so step() allocates no host data
-        self._codebook = torch.arange(NUM_CODEBOOKS, **i64)  # [8]
+        self._codebook = torch.arange(num_codebooks, **i64)  # [8]
         vocab = torch.arange(vocab_size, **i64)  # [V]
         self._is_real = vocab < self.boc
         self._is_boc = vocab == self.boc
@@ -123,7 +124,7 @@ class AudioState:
     def remove(self, slot: int) -> None:
         """Park `slot` as done with neutral knobs (so padding through it stays harmless)."""
         self._check_slot(slot, allow_pad=True)
-        self.delay[slot] = MAX_DELAY
+        self.delay[slot] = self.max_delay
         self.ramp[slot] = _RAMP_DONE
         self.row_index[slot] = 0
         self.last_row[slot] = self.eoc
@@ -145,7 +146,7 @@ class AudioState:
         return self.last_row.index_select(0, slots)
 
     def masks(self, slots: torch.Tensor) -> torch.Tensor:
-        """slots: [B] int64 -> allowed: [B, 8, V] bool, the SPEC §1.6 rules for the next row."""
+        """slots: [B] int64 -> allowed: [B, 8, V] bool, the rules of docs/model.md#delay-pattern for the next row."""
         return self._masks(slots)
 
     def _build_masks(self, slots: torch.Tensor) -> torch.Tensor:
@@ -155,7 +156,7 @@ class AudioState:
         t = self.row_index.index_select(0, slots)[:, None]
         normal = r == _RAMP_NORMAL
         # ramp row k = 8 - r forces codebooks < k; a done slot (r = 0) forces all 8
-        ramp_lock = torch.where(normal, 0, NUM_CODEBOOKS - r)  # [B, 1]
+        ramp_lock = torch.where(normal, 0, self.num_codebooks - r)  # [B, 1]
         capped = normal & (t >= self.max_frames.index_select(0, slots)[:, None])
         forced_eoc = (q < ramp_lock) | (capped & (q == 0))  # [B, 8]
         forced_boc = (q > d) & ~forced_eoc
@@ -183,8 +184,8 @@ class AudioState:
         t = self.row_index.index_select(0, slots)
         was_done = r == _RAMP_DONE
         starts_ramp = (r == _RAMP_NORMAL) & (rows[:, 0] == self.eoc)
-        new_r = torch.where(starts_ramp, MAX_DELAY, torch.where(r > 0, r - 1, r))
-        new_d = torch.where(was_done, d, (d + 1).clamp_max(MAX_DELAY))
+        new_r = torch.where(starts_ramp, self.max_delay, torch.where(r > 0, r - 1, r))
+        new_d = torch.where(was_done, d, (d + 1).clamp_max(self.max_delay))
         new_t = torch.where(was_done, t, t + 1)
         new_last = torch.where(was_done[:, None], self.last_row.index_select(0, slots), rows)
         self.ramp.index_copy_(0, slots, new_r)

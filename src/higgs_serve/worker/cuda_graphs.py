@@ -1,6 +1,6 @@
 """CUDA graph policy for Stage 0: the mode is data (an enum) and one dispatcher picks it per step.
 
-Two mutually exclusive paths (SPEC §2.1, seed/deploy_profiles.md):
+Two mutually exclusive paths (docs/model.md#deploy-profiles):
 - MLP graphs (high throughput): attention runs eagerly; each decoder layer's post-attention
   RMSNorm + SwiGLU MLP replays a graph captured per padded batch size.
 - Full decode graph (low latency): the whole decode step, audio-embedding feedback, backbone,
@@ -19,7 +19,6 @@ graph serves (mixed steps without piecewise graphs, batches above the largest si
 from __future__ import annotations
 
 import bisect
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -28,47 +27,63 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from higgs_serve.config.deploy import CudaGraphMode, TalkerStageConfig, resolve_graph_mode
+
 logger = logging.getLogger(__name__)
 
 
-class StepMode(enum.Enum):
-    EAGER = "eager"
-    MLP_GRAPHS = "mlp_graphs"  # eager step, layer MLPs replayed
-    FULL_GRAPH = "full_graph"  # whole decode step replayed
-    PIECEWISE = "piecewise"  # everything but the attention kernels replayed
+# capture(n, pool, stream): capture one size of one graph kind
+CaptureSize = Callable[[int, object, torch.cuda.Stream], None]
+# on_progress(done, total, label): called after each captured size, `total` counting every kind's
+# sizes (engine/builder.py takes it and passes it down to ModelRunner.capture_graphs)
+ProgressCallback = Callable[[int, int, str], None]
+_DECODE_GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.LOCAL_MLP)  # graphs per decode batch size
 
 
 @dataclass(frozen=True)
-class GraphPolicy:
-    """Which graphs exist. `capture_sizes`: decode batch sizes of the full decode graph or the
-    MLP graphs; `piecewise_sizes`: token counts of the piecewise graphs; both ascending."""
+class CudaGraphDispatcher:
+    """Which graphs exist (`mode`, resolved on the machine, and their sizes) and which serves a
+    step. `decode_sizes`: batch sizes of the decode mode's graphs (FULL or LOCAL_MLP), which the
+    eager steps' sampling tails share; `piecewise_sizes`: token counts of the PIECEWISE graphs;
+    both ascending."""
 
-    full_decode: bool
-    mlp: bool
-    capture_sizes: tuple[int, ...]
-    num_warmups: int = 1
+    mode: CudaGraphMode = CudaGraphMode.NONE
+    decode_sizes: tuple[int, ...] = ()
     piecewise_sizes: tuple[int, ...] = ()
+    num_warmups: int = 1
 
     def __post_init__(self) -> None:
-        if self.full_decode and self.mlp:
-            raise ValueError("the full decode graph and the MLP graphs are mutually exclusive")
-        if self.mlp and self.piecewise_sizes:
-            raise ValueError("the MLP graphs and the piecewise graphs are mutually exclusive")
+        if self.decode_sizes and self.mode.decode_mode not in _DECODE_GRAPH_MODES:
+            raise ValueError(f"decode graph sizes need a FULL or LOCAL_MLP decode mode, not {self.mode.value}")
+        if self.piecewise_sizes and not self.mode.piecewise:
+            raise ValueError(f"piecewise graph sizes need a piecewise mode, not {self.mode.value}")
 
     @classmethod
-    def eager(cls) -> GraphPolicy:
-        return cls(full_decode=False, mlp=False, capture_sizes=())
+    def from_config(cls, stage0: TalkerStageConfig, cuda_available: bool) -> CudaGraphDispatcher:
+        """The deploy profile's graphs on this machine (graph modes need CUDA)."""
+        mode, _ = resolve_graph_mode(stage0, cuda_available)
+        compilation = stage0.compilation_config
+        return cls(mode=mode,
+                   decode_sizes=stage0.decode_capture_sizes if mode.decode_mode in _DECODE_GRAPH_MODES else (),
+                   piecewise_sizes=compilation.cudagraph_capture_sizes if mode.piecewise else (),
+                   num_warmups=compilation.cudagraph_num_of_warmups)
 
-    def dispatch(self, num_tokens: int, is_pure_decode: bool) -> tuple[StepMode, int]:
-        """(mode, padded size) for a step: a decode-only step takes the full decode graph or the
-        MLP graphs when they serve its size, any step the piecewise graphs when they do."""
-        padded = padded_size(self.capture_sizes, num_tokens)
-        if is_pure_decode and padded is not None and (self.full_decode or self.mlp):
-            return (StepMode.FULL_GRAPH if self.full_decode else StepMode.MLP_GRAPHS), padded
-        padded = padded_size(self.piecewise_sizes, num_tokens)
-        if padded is not None:
-            return StepMode.PIECEWISE, padded
-        return StepMode.EAGER, num_tokens
+    def sizes(self, step_mode: CudaGraphMode) -> tuple[int, ...]:
+        """The captured sizes of a step mode's graphs."""
+        if step_mode is CudaGraphMode.PIECEWISE:
+            return self.piecewise_sizes
+        return self.decode_sizes if step_mode in _DECODE_GRAPH_MODES else ()
+
+    def dispatch(self, num_tokens: int, is_pure_decode: bool) -> tuple[CudaGraphMode, int]:
+        """(step mode, padded size) for a step: a decode-only step tries the decode mode's
+        graphs, then the mixed mode's, any other step the mixed mode's; NONE (eager, unpadded)
+        when no captured size serves it."""
+        modes = (self.mode.decode_mode, self.mode.mixed_mode) if is_pure_decode else (self.mode.mixed_mode,)
+        for mode in modes:
+            padded = padded_size(self.sizes(mode), num_tokens)
+            if padded is not None:
+                return mode, padded
+        return CudaGraphMode.NONE, num_tokens
 
 
 def padded_size(sizes: tuple[int, ...], n: int) -> int | None:
@@ -109,19 +124,23 @@ class MLPGraphs:
         self.inp = torch.zeros(max_n, hidden_size, dtype=dtype, device=device)
         self.out = torch.zeros(max_n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.padded = 0  # the size the current step replays
         self._rows: dict[int, tuple[Tensor, Tensor]] = {}  # n -> (inp[:n], out[:n]), made once
+        self._at: dict[int, MLPReplay] = {}
 
-    def capture(self, pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
-        for n in sorted(self.sizes, reverse=True):
-            inp, out = self.inp[:n], self.out[:n]
-            per_layer = []
-            for layer in self.layers:
-                def body(layer=layer, inp=inp, out=out) -> None:
-                    # the residual sum is written straight into the static output: no copy a layer
-                    layer.mlp_residual(inp, out=out)
-                per_layer.append(capture_one(body, pool, stream, num_warmups))
-            self.graphs[n] = per_layer
+    def capture_size(self, n: int, pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
+        inp, out = self.inp[:n], self.out[:n]
+        per_layer = []
+        for layer in self.layers:
+            def body(layer=layer, inp=inp, out=out) -> None:
+                # the residual sum is written straight into the static output: no copy a layer
+                layer.mlp_residual(inp, out=out)
+            per_layer.append(capture_one(body, pool, stream, num_warmups))
+        self.graphs[n] = per_layer
+        self._at[n] = MLPReplay(self, per_layer)
+
+    def at(self, padded: int) -> MLPReplay:
+        """The talker's MLP runner (model/qwen3.py `MLPRunner`) for a step padded to `padded` rows."""
+        return self._at[padded]
 
     def input_rows(self, n: int) -> Tensor:
         return self._views(n)[0]
@@ -132,12 +151,27 @@ class MLPGraphs:
             views = self._rows[n] = (self.inp[:n], self.out[:n])
         return views
 
-    def __call__(self, layer_idx: int, h: Tensor) -> Tensor:
+    def replay(self, graphs: list[torch.cuda.CUDAGraph], layer_idx: int, h: Tensor) -> Tensor:
         inp, out = self._views(h.shape[0])
         if h.data_ptr() != inp.data_ptr():
             inp.copy_(h)
-        self.graphs[self.padded][layer_idx].replay()
+        graphs[layer_idx].replay()
         return out
+
+
+class MLPReplay:
+    """The MLP graphs of one padded size, as the talker's `MLPRunner`: the size is chosen once,
+    by `MLPGraphs.at`, not set on the graphs before a call."""
+
+    def __init__(self, graphs: MLPGraphs, per_layer: list[torch.cuda.CUDAGraph]):
+        self._graphs = graphs
+        self._per_layer = per_layer
+
+    def input_rows(self, n: int) -> Tensor:
+        return self._graphs.input_rows(n)
+
+    def __call__(self, layer_idx: int, h: Tensor) -> Tensor:
+        return self._graphs.replay(self._per_layer, layer_idx, h)
 
 
 class SizedGraphs:
@@ -152,16 +186,17 @@ class SizedGraphs:
         """The captured size that serves n, or None above the largest."""
         return padded_size(self.sizes, n)
 
-    def capture(self, body: Callable[[int], None], pool, num_warmups: int, stream: torch.cuda.Stream) -> None:
-        for n in sorted(self.sizes, reverse=True):
-            self.graphs[n] = capture_one(lambda n=n: body(n), pool, stream, num_warmups)
+    def capture_size(self, n: int, body: Callable[[int], None], pool, num_warmups: int,
+                     stream: torch.cuda.Stream) -> None:
+        self.graphs[n] = capture_one(lambda: body(n), pool, stream, num_warmups)
 
     def replay(self, n: int) -> None:
         self.graphs[n].replay()
 
 
 def timed_capture(kind: str, sizes: tuple[int, ...], fn: Callable[[], None], device: torch.device) -> dict:
-    """Run the capture `fn`, log and return its wall time and the memory its graph pool took."""
+    """Run the capture `fn` (every size of one kind), log and return its wall time and the memory
+    its graph pool took."""
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_reserved(device)
     t0 = time.perf_counter()

@@ -10,18 +10,20 @@ prompts in their prefill), and one device→host copy of the sampled rows and do
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from higgs_serve.engine.outputs import NewRequestData, StepPlan, StepResult
+from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
 from higgs_serve.model.fused_ops import warm_up_gemms
 from higgs_serve.model.talker import Talker
 from higgs_serve.worker.attention.backend import AttentionBackend
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
-from higgs_serve.worker.cuda_graphs import GraphPolicy, MLPGraphs, SizedGraphs, StepMode, timed_capture
+from higgs_serve.worker.cuda_graphs import (CaptureSize, CudaGraphDispatcher, CudaGraphMode, MLPGraphs, ProgressCallback,
+                                            SizedGraphs, timed_capture)
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces
 from higgs_serve.worker.step_staging import Staged, StepStager
@@ -49,10 +51,10 @@ class ModelRunner:
         max_model_len: int,
         device: torch.device,
         dtype: torch.dtype,
-        graphs: GraphPolicy | None = None,
+        graphs: CudaGraphDispatcher | None = None,
     ):
         self.talker = talker
-        self.graphs = graphs or GraphPolicy.eager()
+        self.graphs = graphs or CudaGraphDispatcher()
         self.max_model_len = max_model_len
         self.backend = backend
         self.kv = kv
@@ -83,7 +85,8 @@ class ModelRunner:
             shape = (max_tokens, text.num_heads, text.head_dim)
             self._piece_io = PieceIO(q=torch.zeros(shape, dtype=dtype, device=device),
                                      o=torch.zeros(shape, dtype=dtype, device=device))
-        self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size)
+        self.audio_state = AudioState(max_slots=max_num_seqs, device=device, vocab_size=talker.audio_cfg.codebook_size,
+                                      num_codebooks=self.num_codebooks)
         self.stager = StepStager(self.buffers, kv.block_size, self.num_codebooks, self.audio_state.pad_slot,
                                  self.scratch_block)
         # rows [S, 8] + done flag: written on the device (inside graphs too), copied back once per step
@@ -97,7 +100,14 @@ class ModelRunner:
         self._sampler_graphs: SizedGraphs | None = None  # sampling tails of eager steps
         self._sample_hidden: torch.Tensor | None = None  # their static input rows
         self._piecewise: PiecewiseGraphs | None = None
-        self.step_modes = {mode: 0 for mode in StepMode}  # steps run per mode (metrics)
+        # how each step mode runs a staged step: (plan, staged, padded size) -> None
+        self._launchers: dict[CudaGraphMode, Callable[[StepPlan, Staged, int], None]] = {
+            CudaGraphMode.FULL: self._run_full_graph,
+            CudaGraphMode.PIECEWISE: self._run_piecewise,
+            CudaGraphMode.LOCAL_MLP: lambda plan, staged, padded: self._run_eager(plan, staged, self._mlp_graphs.at(padded)),
+            CudaGraphMode.NONE: lambda plan, staged, padded: self._run_eager(plan, staged, None),
+        }
+        self.step_modes = {mode: 0 for mode in self._launchers}  # steps run per step mode (metrics)
         self.capture_info: list[dict] = []
         # Steps run on the device's highest-priority stream: the codec's kernels (Stage 1, its own
         # default-priority stream) then fill the SMs a decode step leaves idle instead of
@@ -144,26 +154,26 @@ class ModelRunner:
         pure_decode = not staged.has_text and staged.num_tokens == len(plan.chunks)
         mode, padded = self.graphs.dispatch(staged.num_tokens, pure_decode)
         self.step_modes[mode] += 1
-        if mode is StepMode.FULL_GRAPH:
-            self.stager.fill_decode_padding(staged.num_tokens, padded)
-            self.buffers.upload(padded)
-            self._full_graphs.replay(padded)
-        elif mode is StepMode.PIECEWISE:
-            self._run_piecewise(plan, staged, padded)
-        else:
-            samples = len(staged.sample_ids)
-            sampler = self._sampler_graphs.padded(samples) if self._sampler_graphs and samples else None
-            if sampler is not None:
-                self.stager.fill_sample_padding(samples, sampler)
-            inputs = self._upload(staged, len(plan.chunks))
-            mlp = None
-            if mode is StepMode.MLP_GRAPHS:
-                self._mlp_graphs.padded = padded
-                mlp = self._mlp_graphs
-            attention = self._step_attention(inputs, staged)
-            hidden = self.talker(self._embed(inputs), inputs.positions, attention, mlp)
-            self._sample_eager(inputs, hidden, sampler)
+        self._launchers[mode](plan, staged, padded)
         return self._copy_out(plan.step_id, staged.sample_ids, out_host)
+
+    def _run_full_graph(self, plan: StepPlan, staged: Staged, padded: int) -> None:
+        """Replay the whole decode step's graph of batch `padded`."""
+        self.stager.fill_decode_padding(staged.num_tokens, padded)
+        self.buffers.upload(padded)
+        self._full_graphs.replay(padded)
+
+    def _run_eager(self, plan: StepPlan, staged: Staged, mlp: Callable | None) -> None:
+        """Run the forward op by op (with `mlp`, the layers' MLP graphs of the step's size), then
+        its sampling tail, from a graph when one serves the step's sample count."""
+        samples = len(staged.sample_ids)
+        sampler = self._sampler_graphs.padded(samples) if self._sampler_graphs and samples else None
+        if sampler is not None:
+            self.stager.fill_sample_padding(samples, sampler)
+        inputs = self._upload(staged, len(plan.chunks))
+        attention = self._step_attention(inputs, staged)
+        hidden = self.talker(self._embed(inputs), inputs.positions, attention, mlp)
+        self._sample_eager(inputs, hidden, sampler)
 
     def _upload(self, staged: Staged, num_seqs: int) -> StepInputs:
         """Copy the staged step (and a clone prefill's reference rows) to the device; its views."""
@@ -299,55 +309,75 @@ class ModelRunner:
                             writer.write, self._piece_io, finish)
 
     @torch.inference_mode()
-    def capture_graphs(self) -> list[dict]:
+    def capture_graphs(self, on_progress: ProgressCallback | None = None) -> list[dict]:
         """Compile the attention kernels for every batch size and capture every graph of the
-        policy now, at start-up (never lazily on live traffic)."""
+        mode now, at start-up (never lazily on live traffic). `on_progress(done, total, label)`
+        is called after each captured size, `total` being the sizes of every kind together."""
         self.backend.warm_up(self.kv_caches, self.talker.text_cfg.num_heads, self.max_num_seqs, self.scratch_block,
                              self.buffers.max_blocks, self.dtype)
         layer = self.talker.backbone.layers[0]
         warm_up_gemms(layer.ops, layer.run_gemms)
-        policy = self.graphs
-        if not (policy.capture_sizes or policy.piecewise_sizes) or self.device.type != "cuda":
-            self._follow_setup_work()
-            return []
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        sizes = policy.capture_sizes
-        if sizes:  # static inputs: every row a padding row (pad slot, scratch block)
-            self.stager.fill_decode_padding(0, sizes[-1])
-            self.buffers.upload(sizes[-1])
-        if policy.mlp:
-            text = self.talker.text_cfg
-            self._mlp_graphs = MLPGraphs(self.talker.backbone.layers, text.hidden_size, sizes, self.dtype, self.device)
-            info = timed_capture("MLP", sizes, lambda: self._mlp_graphs.capture(pool, policy.num_warmups, stream), self.device)
-            self.capture_info.append(info)
-        if policy.full_decode:
-            self._full_graphs = SizedGraphs(sizes)
-            info = timed_capture("full decode", sizes,
-                                 lambda: self._full_graphs.capture(self._decode_body, pool, policy.num_warmups, stream),
-                                 self.device)
-            self.capture_info.append(info)
-        if sizes:
-            self._sample_hidden = torch.zeros(sizes[-1], self.talker.text_cfg.hidden_size, dtype=self.dtype,
-                                              device=self.device)
-            self._sampler_graphs = SizedGraphs(sizes)
-            info = timed_capture("sampling", sizes,
-                                 lambda: self._sampler_graphs.capture(self._sample_body, pool, policy.num_warmups, stream),
-                                 self.device)
-            self.capture_info.append(info)
-        if policy.piecewise_sizes:
-            self._piecewise = PiecewiseGraphs(policy.piecewise_sizes)
-            largest = policy.piecewise_sizes[-1]
+        captures = self._graph_captures() if self.device.type == "cuda" else []
+        pool = torch.cuda.graph_pool_handle() if captures else None
+        stream = torch.cuda.Stream(self.device) if captures else None
+        total, done = sum(len(sizes) for _, sizes, _ in captures), 0
+        for kind, sizes, prepare in captures:  # one loop over (kind, sizes): largest size first
+            capture_size = prepare()
+
+            def capture_all(kind=kind, sizes=sizes, capture_size=capture_size) -> None:
+                nonlocal done
+                for n in sorted(sizes, reverse=True):
+                    capture_size(n, pool, stream)
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, total, f"{kind} graph, size {n}")
+
+            self.capture_info.append(timed_capture(kind, sizes, capture_all, self.device))
+        self._follow_setup_work()
+        return self.capture_info
+
+    def _graph_captures(self) -> list[tuple[str, tuple[int, ...], Callable[[], CaptureSize]]]:
+        """The graph kinds of the mode, in capture order: (kind, sizes, prepare), where
+        `prepare()` makes the kind's graph set and static inputs and returns its
+        `capture(n, pool, stream)`."""
+        graphs = self.graphs
+        decode_sizes, warmups = graphs.decode_sizes, graphs.num_warmups
+        text = self.talker.text_cfg
+
+        def prepare_mlp() -> CaptureSize:
+            self._mlp_graphs = MLPGraphs(self.talker.backbone.layers, text.hidden_size, decode_sizes, self.dtype,
+                                         self.device)
+            return lambda n, pool, stream: self._mlp_graphs.capture_size(n, pool, warmups, stream)
+
+        def prepare_full() -> CaptureSize:
+            self._full_graphs = SizedGraphs(decode_sizes)
+            return lambda n, pool, stream: self._full_graphs.capture_size(n, self._decode_body, pool, warmups, stream)
+
+        def prepare_sampling() -> CaptureSize:
+            self._sample_hidden = torch.zeros(decode_sizes[-1], text.hidden_size, dtype=self.dtype, device=self.device)
+            self._sampler_graphs = SizedGraphs(decode_sizes)
+            return lambda n, pool, stream: self._sampler_graphs.capture_size(n, self._sample_body, pool, warmups,
+                                                                             stream)
+
+        def prepare_piecewise() -> CaptureSize:
+            self._piecewise = PiecewiseGraphs(graphs.piecewise_sizes)
+            largest = graphs.piecewise_sizes[-1]
             self.stager.fill_token_padding(0, largest, 0, self._piecewise_samples(largest))
             self.buffers.upload(0)
             # at least one eager run of the whole chain: each piece's kernels must exist before any
             # piece is captured (the deploy config documents this floor)
-            info = timed_capture("piecewise", policy.piecewise_sizes,
-                                 lambda: self._piecewise.capture(self._pieces, pool, max(1, policy.num_warmups), stream),
-                                 self.device)
-            self.capture_info.append(info)
-        self._follow_setup_work()
-        return self.capture_info
+            return lambda n, pool, stream: self._piecewise.capture_size(n, self._pieces, pool, max(1, warmups), stream)
+
+        if decode_sizes:  # static inputs: every row a padding row (pad slot, scratch block)
+            self.stager.fill_decode_padding(0, decode_sizes[-1])
+            self.buffers.upload(decode_sizes[-1])
+        table = ((CudaGraphMode.LOCAL_MLP, "MLP", decode_sizes, prepare_mlp),
+                 (CudaGraphMode.FULL, "full decode", decode_sizes, prepare_full),
+                 (None, "sampling", decode_sizes, prepare_sampling),  # the eager steps' sampling tails
+                 (CudaGraphMode.PIECEWISE, "piecewise", graphs.piecewise_sizes, prepare_piecewise))
+        modes = (graphs.mode.decode_mode, graphs.mode.mixed_mode)
+        return [(kind, sizes, prepare) for mode, kind, sizes, prepare in table
+                if sizes and (mode is None or mode in modes)]
 
 
 @dataclass

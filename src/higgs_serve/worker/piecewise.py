@@ -79,19 +79,18 @@ class PiecewiseGraphs:
         self.sizes = sizes
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
 
-    def capture(self, pieces_for: Callable[[int], list[Callable[[], None]]], pool, num_warmups: int,
-                stream: torch.cuda.Stream) -> None:
-        for n in sorted(self.sizes, reverse=True):
-            pieces = pieces_for(n)
-            # Warm the whole chain up before capturing any piece: a piece's warm-up run would
-            # otherwise hand the next capture eager tensors instead of the previous capture's.
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(num_warmups):
-                    for piece in pieces:
-                        piece()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graphs[n] = [capture_one(piece, pool, stream) for piece in pieces]
+    def capture_size(self, n: int, pieces_for: Callable[[int], list[Callable[[], None]]], pool, num_warmups: int,
+                     stream: torch.cuda.Stream) -> None:
+        pieces = pieces_for(n)
+        # Warm the whole chain up before capturing any piece: a piece's warm-up run would
+        # otherwise hand the next capture eager tensors instead of the previous capture's.
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(num_warmups):
+                for piece in pieces:
+                    piece()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graphs[n] = [capture_one(piece, pool, stream) for piece in pieces]
 
     def replay(self, n: int, attention: Callable[[int], None]) -> None:
         """Replay size n's pieces with `attention(i)` (layer i, eager) between pieces i and i+1."""

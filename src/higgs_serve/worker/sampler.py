@@ -1,4 +1,4 @@
-"""Batched per-codebook sampling with a counter-based seeded RNG (SPEC §1.7).
+"""Batched per-codebook sampling with a counter-based seeded RNG (docs/model.md#sampling).
 
 Per request (the same knobs for its 8 codebooks): temperature -> top-k -> top-p -> draw.
 Temperature <= 0 or top_k == 1 is greedy: argmax of the masked logits.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from higgs_serve.engine.outputs import NewRequestData, StepPlan
+from higgs_serve.worker.step_contract import NewRequestData, StepPlan
 from higgs_serve.worker.input_buffers import InputBuffers
 
 

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.schemas import ModelList, ModelObject
 from higgs_serve.server.state import server_state
 
 router = APIRouter()
+models_router = APIRouter()  # under /v1: behind the API key, unlike health and metrics
 
 
-@router.get("/v1/models", response_model=ModelList, tags=["models"])
+@models_router.get("/v1/models", response_model=ModelList, tags=["models"])
 async def list_models(request: Request) -> ModelList:
     state = server_state(request)
-    model = ModelObject(id=state.settings.served_model_name, created=state.created_at,
-                        owned_by="higgs-serve")
-    return ModelList(data=[model])
+    return ModelList(data=[ModelObject(id=name, created=state.created_at, owned_by="higgs-serve")
+                           for name in state.settings.served_model_names])
 
 
 @router.get("/health", tags=["health"])
@@ -40,6 +40,7 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", tags=["health"])
+@router.get("/metrics", tags=["health"], response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format"}})
 async def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,9 +1,9 @@
 """POST /v1/audio/speech: one encoded file, raw chunked pcm/wav, or SSE events.
 
-Order of work: validate the body's schema, refuse at once if the engine is dead or warming up
-(before any reference clip is fetched, decoded or encoded), build the plan (speech_plan), admit
-(bounded in-flight count, 429 past it), submit and wait for the first chunk; only then does a
-response start. After that point
+Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
+admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
+encoded), build the plan (speech_plan), submit and wait for the first chunk (speech_run); only
+then does a response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
 engine request through `Generation.close`.
@@ -11,33 +11,24 @@ engine request through `Generation.close`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
-from higgs_serve.audio.time_stretch import time_stretch
-from higgs_serve.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    HiggsServeError,
-    InvalidRequestError,
-)
-from higgs_serve.server import sse
+from higgs_serve.errors import EngineDeadError, HiggsServeError, InvalidRequestError
+from higgs_serve.server import speech_run, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
-from higgs_serve.server.speech_plan import SpeechPlan, build_plan
+from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 router = APIRouter(tags=["audio"])
 
 _AUDIO_CONTENT = {media: {"schema": {"type": "string", "format": "binary"}}
@@ -51,46 +42,29 @@ _AUDIO_CONTENT[sse.MEDIA_TYPE] = {"schema": {"type": "string"}}
 async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
-    _check_engine(state)
-    try:
-        plan = await build_plan(body, state)
-    except (ApiError, InvalidRequestError):
-        state.metrics.count("invalid")
-        raise
-    if not state.gate.try_acquire():
-        state.metrics.count("rejected")
-        raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
-                                    "in flight); retry later")  # 429 + Retry-After (errors.py)
-    generation = Generation(state, plan, arrived_s)
-    try:
-        if await _unless_disconnected(generation.start(), request) is _CLIENT_GONE:
-            state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
-            return Response(status_code=499)
-    except EngineOverloadedError:
-        state.metrics.count("rejected")
-        raise
-    except InvalidRequestError:
-        state.metrics.count("invalid")
-        raise
-    except BaseException:
-        state.metrics.count("error")
-        raise
+    check_engine(state)
+    generation = await speech_run.admit(body, state, arrived_s)
+    plan = generation.plan
+    if not await speech_run.start(generation, state,
+                                  lambda work: speech_run.unless_disconnected(work, request)):
+        return Response(status_code=499)
     if plan.mode == "file":
         return await _file_response(generation, request, state)
     # the server's own share of the time to first audio, as OpenAI reports its processing time:
     # beside the client's own TTFA it tells time in the server from time on the way to it
-    headers = {**_stream_headers(plan, state), "Cache-Control": "no-cache",
+    headers = {**speech_run.audio_headers(plan), "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
-        return StreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
+        return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
                                  headers={**headers, "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(generation.close))
-    return StreamingResponse(_raw_audio(generation, state),
+    return ClosingStreamingResponse(_raw_audio(generation, state),
                              media_type=formats.MEDIA_TYPES[plan.response_format],
                              headers=headers, background=BackgroundTask(generation.close))
 
 
-def _check_engine(state: ServerState) -> None:
+def check_engine(state: ServerState) -> None:
+    """503 while the engine is dead or warming up (before any reference is fetched or encoded)."""
     if state.engine_dead():
         raise EngineDeadError()  # 503 engine_dead (errors.py)
     if not state.engine_ready():
@@ -99,74 +73,38 @@ def _check_engine(state: ServerState) -> None:
                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-def _stream_headers(plan: SpeechPlan, state: ServerState) -> dict[str, str]:
-    return {
-        "X-Request-Id": plan.request.request_id,
-        "X-Sample-Rate": str(state.engine.sample_rate_hz),
-        "X-Channels": "1",
-        "X-Bit-Depth": str(formats.PCM_BITS_PER_SAMPLE),
-    }
-
-
 async def _file_response(generation: Generation, request: Request,
                          state: ServerState) -> Response:
-    """Collect everything (aborting if the client leaves), stretch, encode, answer once."""
+    """Collect everything (aborting if the client leaves), stretch, resample, encode, answer."""
     plan = generation.plan
     try:
-        audio = await _unless_disconnected(generation.collect(), request)
-        if audio is _CLIENT_GONE:
+        audio = await speech_run.unless_disconnected(generation.collect(), request)
+        if audio is speech_run.CLIENT_GONE:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
-        if plan.speed != 1.0:
-            audio = await asyncio.to_thread(time_stretch, audio, plan.speed)
-        data = await asyncio.to_thread(formats.encode_audio, audio, plan.response_format,
-                                       state.engine.sample_rate_hz)
+        if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            generation.close()
+            raise speech_run.shutting_down()
+        data = await speech_run.render_file(audio, plan, state)
     except BaseException:
         generation.close(outcome="error")
         raise
     generation.close()
-    headers = {
-        **_stream_headers(plan, state),
-        "X-Finish-Reason": str(generation.finish_reason),
-        "X-Usage-Input-Tokens": str(plan.input_tokens),
-        "X-Usage-Output-Tokens": str(generation.num_frames),
-    }
-    return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
-
-
-_CLIENT_GONE = object()
-
-
-async def _unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | object:
-    """The awaitable's result, or _CLIENT_GONE (after cancelling it) if the client hangs up
-    first. Cancelling engine work aborts the engine request and frees its slot."""
-    work = asyncio.ensure_future(awaitable)
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
-        return _CLIENT_GONE
-    return work.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format],
+                    headers=speech_run.file_headers(plan, generation))
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
     """pcm: s16le bytes per chunk; wav: a streaming header (sizes 0xFFFFFFFF) first."""
     try:
-        if generation.plan.response_format == "wav":
-            yield formats.streaming_wav_header(state.engine.sample_rate_hz)
+        plan = generation.plan
+        pcm = speech_run.PcmChunks(plan, state)
+        if plan.response_format == "wav":
+            yield formats.streaming_wav_header(plan.sample_rate_hz)
         async for chunk in generation.chunks():
-            if chunk.audio.size:
-                yield formats.float_to_pcm16(chunk.audio)
+            data = pcm.convert(chunk.audio, chunk.is_final)
+            if data:
+                yield data
         if generation.finish_reason == "abort":
             # Aborted by the server (shutdown): end the body abruptly so it reads as truncated.
             generation.close()
@@ -185,11 +123,13 @@ async def _sse_events(generation: Generation, state: ServerState) -> AsyncIterat
     plan = generation.plan
     sent_audio = False
     try:
+        pcm = speech_run.PcmChunks(plan, state)
         if plan.response_format == "wav":
-            yield sse.audio_delta(formats.streaming_wav_header(state.engine.sample_rate_hz))
+            yield sse.audio_delta(formats.streaming_wav_header(plan.sample_rate_hz))
         async for chunk in generation.chunks():
-            if chunk.audio.size:
-                yield sse.audio_delta(formats.float_to_pcm16(chunk.audio))
+            data = pcm.convert(chunk.audio, chunk.is_final)
+            if data:
+                yield sse.audio_delta(data)
                 sent_audio = True
         if generation.finish_reason == "abort":
             generation.close()

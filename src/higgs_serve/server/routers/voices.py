@@ -3,53 +3,75 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from higgs_serve.server.errors import ApiError
-from higgs_serve.server.schemas import ERROR_RESPONSES, VoiceDeleted, VoiceList, VoiceObject
+from higgs_serve.server.schemas import (
+    ERROR_RESPONSES,
+    VoiceCreated,
+    VoiceDeleted,
+    VoiceList,
+    VoiceObject,
+)
+from higgs_serve.server.clone_reference import check_ref_text_length
 from higgs_serve.server.state import server_state
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
 
 router = APIRouter(prefix="/v1/audio/voices", tags=["voices"])
-_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
+_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text", "consent", "speaker_description",
+                  "overwrite")
 
 
 def _voice_object(voice: Voice) -> VoiceObject:
     return VoiceObject(name=voice.name, ref_text=voice.ref_text, created_at=voice.created_at,
-                       duration_s=voice.duration_s, sample_rate_hz=voice.sample_rate_hz)
+                       duration_s=voice.duration_s, sample_rate_hz=voice.sample_rate_hz,
+                       consent=voice.consent, speaker_description=voice.speaker_description)
 
 
 @router.get("", response_model=VoiceList)
 async def list_voices(request: Request) -> VoiceList:
-    return VoiceList(data=[_voice_object(v) for v in server_state(request).voices.list()])
+    voices = [_voice_object(v) for v in server_state(request).voices.list()]
+    return VoiceList(data=voices, voices=[voice.name for voice in voices],
+                     uploaded_voices=voices)
 
 
-@router.post("", response_model=VoiceObject, responses={409: ERROR_RESPONSES[400],
-                                                        **ERROR_RESPONSES})
+@router.post("", response_model=VoiceCreated, responses={409: ERROR_RESPONSES[400],
+                                                         **ERROR_RESPONSES})
 async def create_voice(
     request: Request,
     audio_sample: Annotated[UploadFile, File(description="Reference clip (wav/flac/ogg/mp3, "
                                                          "<= 10 MB, 0.5-30 s).")],
     name: Annotated[str, Form(description="Voice name: letters, digits, '_', '-', '.'.")],
     ref_text: Annotated[str | None, Form(description="Transcript of the clip.")] = None,
-) -> VoiceObject:
+    consent: Annotated[str | None, Form(description="The uploader's consent reference; "
+                                                    "kept and returned.")] = None,
+    speaker_description: Annotated[str | None, Form(description="Free text about the voice; "
+                                                                "kept and returned.")] = None,
+    overwrite: Annotated[bool, Form(description="true: replace a voice of the same name "
+                                                "(otherwise that is a 409).")] = False,
+) -> VoiceCreated:
     form = await request.form()
     unknown = sorted(set(form.keys()) - set(_UPLOAD_FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
     check_voice_name(name)
+    check_ref_text_length(ref_text, server_state(request).settings.max_input_chars)
     data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
         raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
                        param="audio_sample", code="file_too_large")
     voices = server_state(request).voices
-    if voices.get(name) is not None:
-        raise ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
-                       code="voice_exists")
-    voice = await asyncio.to_thread(voices.add, name, data, ref_text)
-    return _voice_object(voice)
+    existed = voices.get(name) is not None
+    if existed and not overwrite:
+        raise ApiError(409, f"voice {name!r} already exists; delete it first or send "
+                       "overwrite=true", param="name", code="voice_exists")
+    add = partial(voices.add, consent=consent, speaker_description=speaker_description,
+                  overwrite=overwrite)
+    voice = await server_state(request).audio_workers.run(add, name, data, ref_text)
+    return VoiceCreated(**_voice_object(voice).model_dump(), replaced=existed)
 
 
 @router.delete("/{name}", response_model=VoiceDeleted, responses={404: ERROR_RESPONSES[400]})

@@ -1,7 +1,8 @@
 """Paged attention: metadata, the backend interface, the torch reference and the Triton GPU backend."""
 
-from higgs_serve.worker.attention.backend import Attention, AttentionBackend, KVCache, get_backend
+from higgs_serve.worker.attention.backend import Attention, AttentionBackend, KVCache
 from higgs_serve.worker.attention.metadata import AttentionMetadata, build_attention_metadata
+from higgs_serve.worker.attention.selector import get_backend
 
 __all__ = [
     "Attention",

@@ -1,4 +1,4 @@
-"""The paged attention backend interface, and `get_backend` by name.
+"""The paged attention backend interface (the selector by name is `selector.get_backend`).
 
 A backend allocates the per-layer KV cache once, then per step binds the step's metadata to
 the caches and returns the `Attention` callable the model calls once per layer:
@@ -120,15 +120,3 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor)
         raise ValueError(f"k/v dtype {k.dtype} differs from the cache dtype {k_cache.dtype} (only an fp8 "
                          f"cache may differ)")
 
-
-def get_backend(name: str) -> AttentionBackend:
-    """"torch" (reference, any device) or "triton" (CUDA only)."""
-    if name == "torch":
-        from higgs_serve.worker.attention.torch_ref import TorchPagedAttention
-
-        return TorchPagedAttention()
-    if name == "triton":
-        from higgs_serve.worker.attention.triton_backend import TritonPagedAttention
-
-        return TritonPagedAttention()
-    raise ValueError(f"unknown attention backend {name!r}; expected 'torch' or 'triton'")

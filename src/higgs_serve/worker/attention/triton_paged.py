@@ -34,7 +34,7 @@ range. The merge kernel never touches the cache.
 
 Every kernel here waits (`pdl_wait`) before its first read of step data, releases its successor
 (`pdl_release`) before its final stores, and launches with programmatic dependent launch where
-the device has it (model/pdl.py): a decode step's kernels are placed while the one before
+the device has it (kernels/pdl.py): a decode step's kernels are placed while the one before
 them drains.
 """
 
@@ -51,12 +51,12 @@ try:
     import triton
     import triton.language as tl
 
-    from higgs_serve.model.pdl import pdl_release, pdl_wait
+    from higgs_serve.kernels.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs: the backend refuses to start, the module still imports
     triton = None
 
-from higgs_serve.model import pdl
-from higgs_serve.model.launcher import Launcher, cdiv, next_pow2
+from higgs_serve.kernels import pdl
+from higgs_serve.kernels.launcher import Launcher, cdiv, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32

@@ -1,17 +1,17 @@
 """Deploy config layers: find the YAML, read it strictly, stack every source, merge them.
 
 Where values come from, lowest precedence first:
-  1. the dataclass defaults in `deploy_config` (a key left out of every layer);
+  1. the dataclass defaults in `config.deploy` (a key left out of every layer);
   2. the deploy YAML, after its `base_config:` chain (base first, child over base);
   3. `--stage-overrides '{"0": {...}, "1": {...}}'` (JSON, per stage);
   4. explicit command-line flags (`cli_overrides`, built by the CLI from e.g. `--max-num-seqs`).
 Mappings merge key by key (deep); the `stages` list merges entry by entry on `stage_id`; any
 other list (e.g. `cudagraph_capture_sizes`) is replaced whole.
 
-Discovery: with no `--deploy-config`, `deploy/<model_type>.yaml` shipped in this package is used.
+Discovery: with no `--deploy-config`, `config/profiles/<model_type>.yaml` shipped in this package is used.
 `--deploy-config` takes a path, or a bare name (with or without `.yaml`) of a shipped profile.
 
-The merge also records which source set each key path, so `deploy_config`'s validation errors
+The merge also records which source set each key path, so `config.deploy`'s validation errors
 name the file (or override) to fix. This module knows nothing of the typed fields: it only
 checks what layering itself needs (mappings, stage ids, base_config).
 """
@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
+from higgs_serve.config.validators import is_int
 from higgs_serve.errors import ConfigError
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "deploy"
+SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
 TALKER_STAGE_ID = 0
 CODEC_STAGE_ID = 1
 
@@ -172,8 +173,7 @@ def _stages_by_id(doc: dict, source: str) -> dict:
 
 
 def _check_stage_id(stage_id: Any, where: str) -> None:
-    is_int = isinstance(stage_id, int) and not isinstance(stage_id, bool)
-    if not is_int or stage_id not in (TALKER_STAGE_ID, CODEC_STAGE_ID):
+    if not is_int(stage_id) or stage_id not in (TALKER_STAGE_ID, CODEC_STAGE_ID):
         raise ConfigError(f"{where}: {stage_id!r} is not a stage (0 = talker, 1 = codec)")
 
 

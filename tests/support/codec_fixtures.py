@@ -3,18 +3,15 @@ geometry and the same weights as checkpoint-style codec tensors."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.hf_reference import build_reference, randomize_, reference_codec_tensors  # noqa: E402
+from support.hf_reference import build_reference, randomize_, reference_codec_tensors
 
-from higgs_serve.codec.codec_config import CodecConfig  # noqa: E402
-from higgs_serve.codec.weights import load_codec_tensors  # noqa: E402
+from higgs_serve.codec.codec_config import CodecConfig
+from higgs_serve.codec.weights import load_codec_tensors
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The engine ↔ worker boundary: one plain dataclass per step in each direction.
+"""The engine ↔ worker boundary (the step contract, owned by the worker): one plain dataclass per
+step in each direction. The engine imports it downwards; the worker never imports the engine.
 
 The scheduler never touches tensors; the runner never re-derives policy. Per plan, the runner
 first frees `released_slots`, then adds `new_requests`, then executes `chunks` in order (a slot

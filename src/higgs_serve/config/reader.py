@@ -1,5 +1,5 @@
 """Typed reading of a merged deploy document: every read marks a key as known, every error names
-the source that set the value and the key path (`deploy_config` builds its dataclasses with it).
+the source that set the value and the key path (`config.deploy` builds its dataclasses with it).
 
     ctx = ReadContext(origins, default_origin, device_count)
     stage = Section(doc_stage, ("stages", 0), ctx)
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from higgs_serve.deploy_layers import KeyPath
+from higgs_serve.config.layers import KeyPath
 from higgs_serve.errors import ConfigError
-from higgs_serve.sampling_params import frame_count_problem
+from higgs_serve.config.validators import int_problem
 
 
 def key_text(path: KeyPath) -> str:
@@ -73,10 +73,7 @@ class Section:
         def problem_of(value: Any) -> str | None:
             if value is None and optional:
                 return None
-            problem = frame_count_problem(value, minimum)  # int, not bool, >= minimum
-            if problem is None and maximum is not None and value > maximum:
-                problem = f"{value!r} is above the maximum {maximum}"
-            return problem
+            return int_problem(value, minimum, maximum)
         return self.checked(name, default, problem_of)
 
     def boolean(self, name: str, default: bool) -> bool:

@@ -1,8 +1,8 @@
-"""Deploy profiles: YAML → frozen, validated `DeployConfig` (SPEC §2.1).
+"""Deploy profiles: YAML → frozen, validated `DeployConfig` (docs/model.md#deploy-profiles).
 
 Finding the YAML, its `base_config` chain, `--stage-overrides`, CLI flags and their precedence
-live in `deploy_layers`; `deploy_loader.load_deploy_config` reads the merged result (with
-`deploy_reader`) into the typed objects defined here. A key left out of every layer takes the
+live in `config.layers`; `config.loader.load_deploy_config` reads the merged result (with
+`config.reader`) into the typed objects defined here. A key left out of every layer takes the
 dataclass default below.
 
 YAML shape (names follow vllm-omni's deploy YAML):
@@ -12,7 +12,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
     connectors:
       talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
         extra: {codec_chunk_frames, codec_left_context_frames,
-                codec_right_holdback_frames, initial_codec_chunk_frames,   # SPEC §1.9
+                codec_right_holdback_frames, initial_codec_chunk_frames,   # docs/model.md#streaming-windows
                 codec_chunk_doubling}                                      # codec/chunker.py
     stages:
       - stage_id: 0                  # talker: see TalkerStageConfig
@@ -21,21 +21,21 @@ YAML shape (names follow vllm-omni's deploy YAML):
 Every key is read into a typed field below; anything else is an error. A bad key, type, range
 or combination raises `ConfigError` whose message starts with the file (or override) that set
 the value, then the key path, e.g.
-`deploy/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
+`profiles/x.yaml: stages[0].compilation_config.cudagraph_capture_sizes: 32 is above ...`.
 
-Stage 0 graph paths (`GraphPath`, resolved by `resolve_graph_path`):
-  * MLP_GRAPHS (`enforce_eager: true`, `cudagraph_mode: LOCAL_MLP`, the default for eager):
-    attention runs eagerly; each decoder layer's post-attention RMSNorm + MLP replays a CUDA
-    graph, captured at start-up (never lazily on live traffic) for `cudagraph_capture_sizes`.
-  * FULL_DECODE_GRAPH (`enforce_eager: false`, `cudagraph_mode: FULL_DECODE_ONLY`, the default
-    when not eager): a decode-only step replays one whole-step CUDA graph; MLP graphs are off.
-  * PIECEWISE_GRAPHS (`enforce_eager: true`, `cudagraph_mode: PIECEWISE`, an option beyond the
-    two profiles): attention kernels run eagerly, everything else of a step (prefill, mixed or
-    decode) replays per padded token count; `cudagraph_capture_sizes` are token counts and may
-    exceed max_num_seqs (up to max_num_batched_tokens).
-  * FULL_DECODE_AND_PIECEWISE (`enforce_eager: false`, `cudagraph_mode: FULL_AND_PIECEWISE`):
-    decode-only steps replay the full decode graph, every other step the piecewise graphs.
-  * EAGER (`cudagraph_mode: NONE`, or no CUDA device): no graphs.
+Stage 0 graph modes (`CudaGraphMode`, resolved on the machine by `resolve_graph_mode`):
+  * LOCAL_MLP (`enforce_eager: true`, the default for eager): attention runs eagerly; each
+    decoder layer's post-attention RMSNorm + MLP replays a CUDA graph, captured at start-up
+    (never lazily on live traffic) for `cudagraph_capture_sizes`.
+  * FULL_DECODE_ONLY (`enforce_eager: false`, the default when not eager): a decode-only step
+    replays one whole-step CUDA graph; MLP graphs are off.
+  * PIECEWISE (`enforce_eager: true`, an option beyond the two profiles): attention kernels run
+    eagerly, everything else of a step (prefill, mixed or decode) replays per padded token
+    count; `cudagraph_capture_sizes` are token counts and may exceed max_num_seqs (up to
+    max_num_batched_tokens).
+  * FULL_AND_PIECEWISE (`enforce_eager: false`): decode-only steps replay the full decode
+    graph, every other step the piecewise graphs.
+  * NONE (asked for, or no CUDA device): no graphs.
 The full decode graph and the local MLP graphs exclude each other; a config asking for both is
 an error, never a choice. (The mode names are vLLM's; PIECEWISE is vLLM's piecewise graph.)
 
@@ -52,13 +52,15 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from higgs_serve.deploy_layers import CODEC_STAGE_ID, TALKER_STAGE_ID
+from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID
 # Re-exported: callers and tests import these from here, the config's public module.
-from higgs_serve.deploy_layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
-from higgs_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
+# Re-exported: DefaultSamplingParams is a field of TalkerStageConfig (defined beside the
+# request-side defaults so `sampling_params` and this module never import each other).
+from higgs_serve.config.sampling_defaults import DefaultSamplingParams
 
 CONNECTOR_NAME = "talker_to_codec"
-MODEL_MAX_LEN = 8192  # the model's training context (SPEC §1)
+MODEL_MAX_LEN = 8192  # the model's training context (docs/model.md)
 # "tf32": float32 weights and activations, convolutions on TF32 tensor cores (measured on the
 # H200: 2x the float32 throughput at 64 windows, max error 2e-3 of peak; bf16: 3e-2 of peak).
 # "bf16x3": float32 weights and activations, the residual units' convolutions as three bf16
@@ -72,17 +74,45 @@ KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}  # one spelling downstream
 
 
 class CudaGraphMode(enum.Enum):
-    """`compilation_config.cudagraph_mode` values."""
+    """Stage 0's CUDA-graph mode, the one type for config, resolution and dispatch (vLLM's
+    `CUDAGraphMode` shape). A configured mode (`compilation_config.cudagraph_mode`) pairs the
+    mode of decode-only steps (`decode_mode`) with the mode of every other step (`mixed_mode`);
+    each step runs in one of NONE, PIECEWISE, FULL or LOCAL_MLP (worker/cuda_graphs.py picks it).
+    """
 
     NONE = "NONE"  # no CUDA graphs at all
     LOCAL_MLP = "LOCAL_MLP"  # per-layer post-attention norm + MLP graphs (needs enforce_eager)
     FULL_DECODE_ONLY = "FULL_DECODE_ONLY"  # whole decode step as one graph (needs not eager)
     PIECEWISE = "PIECEWISE"  # every step but its attention kernels, per token count (eager attention)
     FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"  # full decode graph + piecewise for other steps
+    FULL = "FULL"  # a step's mode only: the whole decode step as one graph (not a config value)
+
+    @property
+    def decode_mode(self) -> CudaGraphMode:
+        """The mode a decode-only step runs in."""
+        return _DECODE_MODE[self]
+
+    @property
+    def mixed_mode(self) -> CudaGraphMode:
+        """The mode any other step (prefill, mixed) runs in."""
+        return _MIXED_MODE[self]
 
     @property
     def piecewise(self) -> bool:
-        return self in (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
+        """Some steps replay piecewise graphs: the capture sizes are token counts."""
+        return CudaGraphMode.PIECEWISE in (self.decode_mode, self.mixed_mode)
+
+    @classmethod
+    def config_values(cls) -> tuple[str, ...]:
+        """What `cudagraph_mode` accepts: every mode but FULL (no full graphs of mixed steps)."""
+        return tuple(m.value for m in cls if m is not cls.FULL)
+
+
+_M = CudaGraphMode
+_DECODE_MODE = {_M.NONE: _M.NONE, _M.PIECEWISE: _M.PIECEWISE, _M.FULL: _M.FULL, _M.FULL_DECODE_ONLY: _M.FULL,
+                _M.FULL_AND_PIECEWISE: _M.FULL, _M.LOCAL_MLP: _M.LOCAL_MLP}
+_MIXED_MODE = {_M.NONE: _M.NONE, _M.PIECEWISE: _M.PIECEWISE, _M.FULL: _M.FULL, _M.FULL_DECODE_ONLY: _M.NONE,
+               _M.FULL_AND_PIECEWISE: _M.PIECEWISE, _M.LOCAL_MLP: _M.NONE}
 
 
 class CodecGraphPath(enum.Enum):
@@ -92,29 +122,17 @@ class CodecGraphPath(enum.Enum):
     CUDA_GRAPHS = "CUDA_GRAPHS"  # whole-decoder graphs per warmed (window length, batch size)
 
 
-class GraphPath(enum.Enum):
-    """What Stage 0 actually runs, after the mode meets the machine."""
-
-    EAGER = "EAGER"
-    MLP_GRAPHS = "MLP_GRAPHS"
-    FULL_DECODE_GRAPH = "FULL_DECODE_GRAPH"
-    PIECEWISE_GRAPHS = "PIECEWISE_GRAPHS"
-    FULL_DECODE_AND_PIECEWISE = "FULL_DECODE_AND_PIECEWISE"
+DEFAULT_MAX_NUM_SEQS = 16  # running requests (decode slots); the capture sizes default from it
+PIECEWISE_TOKEN_SIZES = (96, 128, 192, 256, 384, 512)
 
 
-@dataclass(frozen=True)
-class DefaultSamplingParams:
-    """Profile defaults a request's own fields override (sampling_params.from_defaults).
-
-    `seed: null` means a random seed per request. A fixed profile seed would make every request
-    without its own seed produce identical audio for the same text (vllm-omni ships one; we don't).
-    """
-
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = DEFAULT_TOP_P
-    top_k: int = DEFAULT_TOP_K
-    max_tokens: int = DEFAULT_MAX_NEW_TOKENS  # frames; also the ceiling for max_new_tokens
-    seed: int | None = None
+def default_capture_sizes(max_num_seqs: int, max_tokens: int) -> tuple[int, ...]:
+    """Decode batch sizes up to max_num_seqs; piecewise modes (max_tokens > max_num_seqs) add
+    token counts for prefill and mixed steps."""
+    sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}
+    sizes = {s for s in sizes if s <= max_num_seqs}
+    sizes |= {s for s in PIECEWISE_TOKEN_SIZES if max_num_seqs < s <= max_tokens}
+    return tuple(sorted(sizes))
 
 
 @dataclass(frozen=True)
@@ -124,7 +142,7 @@ class CompilationConfig:
     # the next size; a batch above the largest runs eagerly. Default: 1, 2, 4, 8, then every 8,
     # then max_num_seqs itself. Piecewise modes: token counts (<= max_num_batched_tokens); the
     # default adds 96, 128, 192, 256, 384, 512 above max_num_seqs for prefill and mixed steps.
-    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    cudagraph_capture_sizes: tuple[int, ...] = default_capture_sizes(DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)
     cudagraph_num_of_warmups: int = 1  # eager runs per size before its capture (piecewise: at least 1)
 
 
@@ -132,7 +150,7 @@ class CompilationConfig:
 class TalkerStageConfig:
     """Stage 0 (talker, autoregressive, KV cache)."""
 
-    max_num_seqs: int = 16  # running requests (decode slots)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # running requests (decode slots)
     gpu_memory_utilization: float = 0.8  # fraction of device memory for weights + KV + work
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
@@ -171,7 +189,8 @@ class CodecStageConfig:
     enforce_eager: bool = False
     max_batch_windows: int = 64  # most streaming windows decoded in one batched codec call
     devices: str = "0"
-    dtype: str = "float32"  # SPEC §1.8: float32 unless bf16 is measured transparent (CODEC_DTYPES)
+    # docs/model.md#codec-geometry: float32 unless another precision is measured transparent
+    dtype: str = "float32"  # one of CODEC_DTYPES
 
     @property
     def device(self) -> str:
@@ -180,14 +199,14 @@ class CodecStageConfig:
 
 @dataclass(frozen=True)
 class StreamingWindowConfig:
-    """SPEC §1.9 window rule (`connectors.talker_to_codec.extra`), in frames."""
+    """The streaming window rule (docs/model.md#streaming-windows; `connectors.talker_to_codec.extra`), in frames."""
 
     codec_chunk_frames: int = 25  # C: steady-state chunk size
     codec_left_context_frames: int = 25  # L: frames re-decoded before a chunk, then cut
     codec_right_holdback_frames: int = 4  # H: frames held back until more arrive
     initial_codec_chunk_frames: int = 1  # I: first chunk size (time to first audio)
     # later chunks as long as all audio sent before them, up to C: no stream runs dry at start
-    # (false: SPEC §1.9's plain rule, C after the first chunk; see codec/chunker.py)
+    # (false: the plain window rule (docs/model.md#chunk-doubling), C after the first chunk; see codec/chunker.py)
     codec_chunk_doubling: bool = True
 
 
@@ -202,7 +221,7 @@ class DeployConfig:
 
     def to_dict(self, cuda_available: bool = True) -> dict[str, Any]:
         """The fully resolved config in the YAML's shape, for `config show` (JSON-ready)."""
-        path, reason = resolve_graph_path(self.stage0, cuda_available)
+        mode, reason = resolve_graph_mode(self.stage0, cuda_available)
         codec_path, codec_reason = resolve_codec_graph_path(self.stage1, cuda_available)
         stage0 = _plain(asdict(self.stage0))
         stage1 = _plain(asdict(self.stage1))
@@ -213,15 +232,16 @@ class DeployConfig:
             "connectors": {CONNECTOR_NAME: {"extra": asdict(self.streaming)}},
             "stages": [
                 {"stage_id": TALKER_STAGE_ID, **stage0,
-                 "resolved_graph_path": {"path": path.value, "reason": reason}},
+                 "resolved_graph_path": {"path": mode.value, "reason": reason}},
                 {"stage_id": CODEC_STAGE_ID, **stage1,
                  "resolved_graph_path": {"path": codec_path.value, "reason": codec_reason}},
             ],
         }
 
 
-def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple[GraphPath, str]:
-    """The graph path Stage 0 uses on this machine, and why (the caller logs the reason once).
+def resolve_graph_mode(stage0: TalkerStageConfig, cuda_available: bool) -> tuple[CudaGraphMode, str]:
+    """The graph mode Stage 0 uses on this machine (NONE off CUDA), and why (the caller logs the
+    reason once).
 
     The config was validated at load, so the mode and enforce_eager never conflict here.
     """
@@ -229,30 +249,30 @@ def resolve_graph_path(stage0: TalkerStageConfig, cuda_available: bool) -> tuple
     mode = compilation.cudagraph_mode
     sizes = list(compilation.cudagraph_capture_sizes)
     if mode is CudaGraphMode.NONE:
-        return GraphPath.EAGER, "compilation_config.cudagraph_mode is NONE: no CUDA graphs"
+        return CudaGraphMode.NONE, "compilation_config.cudagraph_mode is NONE: no CUDA graphs"
     if stage0.devices == "cpu":
-        return GraphPath.EAGER, (f"devices is \"cpu\": cudagraph_mode {mode.value} needs a CUDA "
+        return CudaGraphMode.NONE, (f"devices is \"cpu\": cudagraph_mode {mode.value} needs a CUDA "
                                  "device, falling back to eager")
     if not cuda_available:
-        return GraphPath.EAGER, (f"CUDA is not available: cudagraph_mode {mode.value} falls back "
+        return CudaGraphMode.NONE, (f"CUDA is not available: cudagraph_mode {mode.value} falls back "
                                  "to eager")
     if mode is CudaGraphMode.LOCAL_MLP:
-        return GraphPath.MLP_GRAPHS, (
+        return mode, (
             f"enforce_eager: true, cudagraph_mode: LOCAL_MLP: attention runs eagerly; each "
             f"decoder layer's post-attention RMSNorm + MLP replays a CUDA graph captured at "
             f"start-up for batch sizes {sizes}")
     if mode is CudaGraphMode.PIECEWISE:
-        return GraphPath.PIECEWISE_GRAPHS, (
+        return mode, (
             f"enforce_eager: true, cudagraph_mode: PIECEWISE: the attention kernels run eagerly; "
             f"the rest of every step (prefill, mixed, decode) replays CUDA graphs captured at "
             f"start-up for token counts {sizes}")
     if mode is CudaGraphMode.FULL_AND_PIECEWISE:
-        return GraphPath.FULL_DECODE_AND_PIECEWISE, (
+        return mode, (
             f"enforce_eager: false, cudagraph_mode: FULL_AND_PIECEWISE: each decode-only step "
             f"replays one whole-step CUDA graph (batch sizes {list(stage0.decode_capture_sizes)}); "
             f"prefill and mixed steps replay piecewise graphs, attention eager (token counts "
             f"{sizes}); the local MLP graphs are off")
-    return GraphPath.FULL_DECODE_GRAPH, (
+    return mode, (
         f"enforce_eager: false, cudagraph_mode: FULL_DECODE_ONLY: each decode-only step replays "
         f"one whole-step CUDA graph captured at start-up for batch sizes {sizes}; other steps run "
         f"eagerly; the local MLP graphs are off (the two paths are mutually exclusive)")

@@ -1,0 +1,173 @@
+"""Output processing: each step's delayed rows → frames → codec windows → audio chunks.
+
+Contract (the engine loop is the only caller of `emit`; any thread may call the others):
+- `open(request_id, stream, sink, max_frames, prompt_tokens)`: start collecting a request's
+  rows; its chunks go to `sink`. `stream` picks the streaming window rule, else the exact
+  file-chunk rule (codec/chunker.py: `file_window_params`).
+- `emit(rows, finished)`: once per step: append each request's row, hand every window the rule
+  says is due to the codec (Stage 1, its own thread), and for a finished request hand its rows
+  and frames to the sink (`ChunkSink.finish`) and forget it. Rows of unknown (aborted) requests
+  are dropped.
+- `close(request_id)` / `close_all()`: forget requests (abort, engine death), returning their
+  sinks so the caller can tell them.
+Chunks reach the sink from the codec thread, in order, the last with `is_final` and the finish
+reason ("stop": natural end, "length": the frame cap). No tensors here: rows are a growing int64
+NumPy array per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams, widen_final
+from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
+from higgs_serve.engine.speech import AudioChunk, SpeechRequest
+from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frames, revert_delay, sanitize_codes
+
+
+class ChunkSink(Protocol):
+    """Where one request's output goes. Called from the engine and codec threads."""
+
+    def put(self, chunk: AudioChunk) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None: ...
+
+
+class RequestOutput:
+    """One request's delayed rows on the host and its window state."""
+
+    def __init__(self, params: WindowParams, streaming: bool, num_codebooks: int, codebook_size: int):
+        self.chunker = StreamChunker(params, streaming=streaming)
+        self.codebook_size = codebook_size
+        self._rows = np.zeros((64, num_codebooks), dtype=np.int64)
+        self.num_rows = 0
+
+    def append(self, row: tuple[int, ...]) -> None:
+        if self.num_rows == len(self._rows):
+            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
+        self._rows[self.num_rows] = row
+        self.num_rows += 1
+
+    @property
+    def rows(self) -> np.ndarray:
+        """[N, 8] int64: the delayed rows exactly as sampled."""
+        return self._rows[: self.num_rows]
+
+    def frames_available(self, finished: bool) -> int:
+        """Complete de-delayed frames; once finished, the EOC frame of a natural end is dropped."""
+        complete = num_complete_frames(self.num_rows, self._rows.shape[1])
+        # the EOC frame (natural end, or the forced end at the frame cap) is never decoded
+        return frames_until_eoc(self._rows, complete, self.codebook_size) if finished else complete
+
+    def next_window(self, finished: bool) -> tuple[Window, np.ndarray] | None:
+        """The next codec window (if the rule says one is due) and its frames [T, 8]."""
+        window = self.chunker.push(self.frames_available(finished), finished)
+        if window is None:
+            return None
+        window = widen_final(window, self.chunker.params)
+        return window, self.frames(window.start_frame, window.end_frame)
+
+    def all_frames(self) -> np.ndarray:
+        """[T, 8] int64: every frame handed to the codec (specials replaced by 0)."""
+        return self.frames(0, self.frames_available(True))
+
+    def frames(self, start: int, end: int) -> np.ndarray:
+        """Frames [start, end) as [T, 8] int64, any special code left (BOC/EOC) replaced by 0."""
+        frames = revert_delay(self._rows, start, end, self._rows.shape[1])
+        return sanitize_codes(frames, self.codebook_size)
+
+
+@dataclass
+class _Open:
+    out: RequestOutput
+    sink: ChunkSink
+    max_frames: int
+    prompt_tokens: int
+
+
+class OutputProcessor:
+    def __init__(self, codec: CodecRunner, window: WindowParams, file_window: WindowParams, async_chunk: bool,
+                 num_codebooks: int, codebook_size: int):
+        self.codec = codec
+        self.window = window
+        # a request answered as one file is decoded in exact chunks as it is generated
+        # (chunker.file_window_params); its sink collects them
+        self.file_window = file_window
+        # async_chunk false: codes go to the codec only once a request ends (one chunk each)
+        self.async_chunk = async_chunk
+        self.num_codebooks = num_codebooks
+        self.codebook_size = codebook_size
+        self._lock = threading.Lock()
+        self._open: dict[str, _Open] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._open
+
+    def request_ids(self) -> list[str]:
+        return list(self._open)
+
+    def open(self, speech: SpeechRequest, sink: ChunkSink, max_frames: int, prompt_tokens: int) -> None:
+        window = speech.stream_window(self.window) if speech.stream else self.file_window
+        out = RequestOutput(window, self.async_chunk, self.num_codebooks, self.codebook_size)
+        with self._lock:  # the caller has checked the id is not open already
+            self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens)
+
+    def close(self, request_id: str) -> ChunkSink | None:
+        with self._lock:
+            entry = self._open.pop(request_id, None)
+        return entry.sink if entry is not None else None
+
+    def close_all(self) -> list[ChunkSink]:
+        with self._lock:
+            entries, self._open = list(self._open.values()), {}
+        return [e.sink for e in entries]
+
+    def emit(self, rows: dict[str, tuple[int, ...]], finished: set[str]) -> None:
+        for rid in rows.keys() | finished:
+            entry = self._open.get(rid)
+            if entry is None:  # aborted while its step was in flight
+                continue
+            if rid in rows:
+                entry.out.append(rows[rid])
+            done = rid in finished
+            nxt = entry.out.next_window(done)
+            reason = self._finish(rid, entry) if done else None  # a finished request's window is final
+            if nxt is not None:
+                self._submit_window(rid, entry.sink, *nxt, reason)
+
+    def _finish(self, request_id: str, entry: _Open) -> str:
+        """Hand the finished request's rows and frames to its sink; returns the finish reason."""
+        frames = entry.out.all_frames()
+        reason = "length" if len(frames) >= entry.max_frames else "stop"
+        self.close(request_id)
+        entry.sink.finish(entry.out.rows.copy(), frames, reason, entry.prompt_tokens)
+        return reason
+
+    def _submit_window(self, request_id: str, sink: ChunkSink, window: Window, frames: np.ndarray,
+                       reason: str | None) -> None:
+        def deliver(job: CodecJob, audio: np.ndarray | None, error: BaseException | None = None) -> None:
+            if error is not None:
+                sink.fail(error)
+                return
+            sink.put(AudioChunk(audio, job.is_final, window.new_frames, reason))
+
+        self.codec.submit(
+            CodecJob(
+                request_id=request_id,
+                frames=frames,
+                trim_front_frames=window.trim_front_frames,
+                trim_back_frames=window.trim_back_frames,
+                is_final=window.is_final,
+                deliver=deliver,
+                decode_from_frames=window.decode_from_frame,
+            )
+        )

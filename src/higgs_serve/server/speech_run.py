@@ -1,0 +1,146 @@
+"""The steps one admitted speech request goes through, shared by /speech and /speech/batch.
+
+admit (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk; outcomes counted) ->
+collect -> `render_file` (time stretch, output rate, one int16 conversion, encode) or stream
+chunk by chunk through `PcmChunks`. Headers are built here so every response says the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import numpy as np
+from fastapi import Request
+
+from higgs_serve.audio import formats
+from higgs_serve.audio.output_rate import StreamResampler, resample
+from higgs_serve.audio.time_stretch import time_stretch
+from higgs_serve.errors import EngineOverloadedError, InvalidRequestError
+from higgs_serve.server.errors import RETRY_AFTER_S, ApiError
+from higgs_serve.server.generation import Generation
+from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.speech_plan import SpeechPlan, build_plan
+from higgs_serve.server.state import ServerState
+
+CLIENT_GONE = object()  # what `unless_disconnected` returns when the client hung up
+T = TypeVar("T")
+
+
+async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -> Generation:
+    """Take an admission slot, then plan the request: the slot comes first, so no reference clip
+    is fetched, decoded or encoded for a request the server has no room for (429, counted
+    "rejected"). A plan that fails frees the slot and is counted "invalid"."""
+    if not state.gate.try_acquire():
+        state.metrics.count("rejected")
+        raise EngineOverloadedError(f"the server is at capacity ({state.gate.capacity} requests "
+                                    "in flight); retry later")  # 429 + Retry-After (errors.py)
+    try:
+        plan = await build_plan(body, state)
+    except BaseException as error:
+        state.gate.release()
+        if isinstance(error, (ApiError, InvalidRequestError)):
+            state.metrics.count("invalid")
+        raise
+    return Generation(state, plan, arrived_s)
+
+
+async def start(generation: Generation, state: ServerState,
+                wrap: Callable[[Awaitable], Awaitable] | None = None) -> bool:
+    """Submit and wait for the first chunk; False if `wrap` reports the client gone (counted
+    "abort"; the slot is freed). Failures are counted by kind and re-raised."""
+    try:
+        work = generation.start() if wrap is None else wrap(generation.start())
+        if await work is CLIENT_GONE:
+            state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
+            return False
+    except EngineOverloadedError:
+        state.metrics.count("rejected")
+        raise
+    except InvalidRequestError:
+        state.metrics.count("invalid")
+        raise
+    except asyncio.CancelledError:  # the batch it belongs to was abandoned
+        state.metrics.count("abort")
+        raise
+    except BaseException:
+        state.metrics.count("error")
+        raise
+    if generation.aborted_before_audio:  # queued past the shutdown's grace period
+        generation.close()
+        raise shutting_down()
+    return True
+
+
+def shutting_down() -> ApiError:
+    """What a request cut by the shutdown's grace period gets (OpenAI's error shape, 503)."""
+    return ApiError(503, "the server is shutting down and aborted this request; retry later",
+                    type="server_error", code="shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> bytes:
+    """Finished 24 kHz audio -> the response file (stretched, resampled, encoded off-loop)."""
+    def render() -> bytes:
+        signal = time_stretch(audio, plan.speed) if plan.speed != 1.0 else audio
+        signal = resample(signal, state.engine.sample_rate_hz, plan.sample_rate_hz)
+        return formats.encode_audio(signal, plan.response_format, plan.sample_rate_hz)
+
+    return await state.audio_workers.run(render)
+
+
+class PcmChunks:
+    """Engine chunks -> s16le bytes at the plan's rate, one stream's resampler state kept."""
+
+    def __init__(self, plan: SpeechPlan, state: ServerState):
+        self._resampler = StreamResampler(state.engine.sample_rate_hz, plan.sample_rate_hz)
+
+    def convert(self, audio: np.ndarray, is_final: bool) -> bytes:
+        return formats.float_to_pcm16(self._resampler.push(audio, last=is_final))
+
+
+def audio_headers(plan: SpeechPlan) -> dict[str, str]:
+    """Every audio response: what the bytes are, and the language the request was checked for."""
+    return {
+        "X-Request-Id": plan.request.request_id,
+        "X-Sample-Rate": str(plan.sample_rate_hz),
+        "X-Channels": "1",
+        "X-Bit-Depth": str(formats.PCM_BITS_PER_SAMPLE),
+        "X-Language": plan.language,
+    }
+
+
+def file_headers(plan: SpeechPlan, generation: Generation) -> dict[str, str]:
+    """A finished file: ours (X-Usage-*) and sglang-omni's usage names, same numbers."""
+    return {
+        **audio_headers(plan),
+        "X-Finish-Reason": str(generation.finish_reason),
+        "X-Usage-Input-Tokens": str(plan.input_tokens),
+        "X-Usage-Output-Tokens": str(generation.num_frames),
+        "X-Prompt-Tokens": str(plan.input_tokens),
+        "X-Completion-Tokens": str(generation.num_frames),
+        "X-Engine-Time": f"{generation.engine_time_s:.4f}",
+    }
+
+
+async def unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | object:
+    """The awaitable's result, or CLIENT_GONE (after cancelling it) if the client hangs up
+    first. Cancelling engine work aborts the engine request and frees its slot."""
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return CLIENT_GONE
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

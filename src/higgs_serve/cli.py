@@ -220,7 +220,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
                   else ServerSettings().voices_dir)
     run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
                 voices_dir=Path(voices_dir), sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
-                api_key=args.api_key, log_level=args.log_level)
+                api_key=args.api_key, log_level=args.log_level, max_input_chars=args.max_input_chars)
     return 0
 
 

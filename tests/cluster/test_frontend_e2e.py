@@ -161,6 +161,13 @@ def test_a_voice_registered_once_is_used_on_every_replica(cluster):
     assert _metric(http, "higgs_serve_router_affinity_ratio") == 1.0
     assert http.post("/v1/audio/voices", data={"name": "narrator"},
                      files={"audio_sample": ("c.wav", _clip(), "audio/wav")}).status_code == 409
+    replaced = http.post("/v1/audio/voices", data={"name": "narrator", "overwrite": "true",
+                                                   "consent": "rec-42", "ref_text": "A tone."},
+                         files={"audio_sample": ("c.wav", _clip(), "audio/wav")})
+    assert replaced.status_code == 200 and replaced.json()["replaced"] is True
+    for replica in _replicas(http):  # the replacement and its fields reached every replica
+        listed = httpx.get(f"{replica['url']}/v1/audio/voices").json()["data"]
+        assert [(v["name"], v["consent"]) for v in listed] == [("narrator", "rec-42")]
 
 
 def _summed(http: httpx.Client, name: str) -> float:

@@ -21,7 +21,6 @@ from websockets.sync.client import connect
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_frontend
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router
-from higgs_serve.voices.registry import VoiceRegistry
 
 
 def _upstream(name: str, events: list) -> FastAPI:
@@ -81,7 +80,7 @@ def relay(tmp_path_factory):
     upstreams = [_serve(_upstream(name, events)) for name in ("A", "B")]
     replicas = {name: Replica(id=name, url=url) for name, (_, _, url) in zip("AB", upstreams)}
     router = Router({name: 8 for name in replicas}, rng=random.Random(0))
-    frontend = Frontend(replicas, router, VoiceRegistry(tmp_path_factory.mktemp("voices")),
+    frontend = Frontend(replicas, router, tmp_path_factory.mktemp("voices"), 24000,
                         FrontendSettings(), poll_interval_s=0.05)
     server, thread, url = _serve(build_frontend(frontend))
     deadline = time.monotonic() + 10
@@ -146,7 +145,7 @@ def test_the_api_key_guards_the_front_end(tmp_path):
     from starlette.websockets import WebSocketDisconnect
 
     replicas = {"A": Replica(id="A", url="http://127.0.0.1:9")}  # never reached
-    frontend = Frontend(replicas, Router({"A": 1}), VoiceRegistry(tmp_path / "voices"),
+    frontend = Frontend(replicas, Router({"A": 1}), tmp_path / "voices", 24000,
                         FrontendSettings(api_key="sekret"))
     with TestClient(build_frontend(frontend)) as client:
         assert client.get("/v1/audio/voices").status_code == 401

@@ -17,30 +17,23 @@ import json
 import logging
 import secrets
 from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from pathlib import Path
 
 import httpx
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile, WebSocket
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import Replica, Supervisor
 from higgs_serve.cluster.routing import Router, routing_key
-from higgs_serve.cluster.voice_sync import (
-    fan_out,
-    push_voice,
-    read_upload,
-    reconcile,
-    remove_voice,
-    stored_audio,
-    voice_exists,
-    voice_json,
-    voice_missing,
-)
+from higgs_serve.cluster.voice_sync import FanOutRegistry, reconcile, stored_audio, upload_fields
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
-from higgs_serve.voices.registry import VoiceRegistry
+from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.routers import voices as voices_router
+from higgs_serve.server.settings import DEFAULT_MAX_INPUT_CHARS, ServerSettings
 
 logger = logging.getLogger(__name__)
 # Not passed on either way: they describe one hop, not the message.
@@ -53,16 +46,17 @@ _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgr
 class FrontendSettings:
     api_key: str | None = None
     graceful_shutdown_s: int = 30
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS  # also bounds a voice's ref_text
 
 
 class Frontend:
     """Router + replicas + canonical voices: what the endpoints share."""
 
-    def __init__(self, replicas: dict[str, Replica], router: Router, voices: VoiceRegistry,
-                 settings: FrontendSettings, poll_interval_s: float = 0.5):
+    def __init__(self, replicas: dict[str, Replica], router: Router, voices_dir: Path,
+                 sample_rate_hz: int, settings: FrontendSettings, poll_interval_s: float = 0.5):
         self.replicas = replicas
         self.router = router
-        self.voices = voices
+        self.voices = FanOutRegistry(voices_dir, sample_rate_hz, voice_fan_out(self))
         self.settings = settings
         self.poll_interval_s = poll_interval_s
         self.client: httpx.AsyncClient | None = None
@@ -72,7 +66,9 @@ class Frontend:
         async def audio(name: str) -> bytes:
             return stored_audio(self.voices, name)
 
-        await reconcile(self.client, replica.url, {v.name: v for v in self.voices.list()}, audio)
+        # everything again: the replica may have missed a replacement while it was away
+        await reconcile(self.client, replica.url, {v.name: v for v in self.voices.list()}, audio,
+                        push_all=True)
 
     def ready_replicas(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.ready]
@@ -100,7 +96,9 @@ def build_frontend(frontend: Frontend) -> FastAPI:
     install_error_handlers(app)
     protected = [Depends(_api_key_checker(frontend.settings.api_key))]
     _add_speech(app, frontend, protected)
-    _add_voices(app, frontend, protected)
+    app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
+        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2))
+    app.include_router(voices_router.router, dependencies=protected)
     _add_health(app, frontend, protected)
     ws_relay.add_websocket(app, frontend)
     return app
@@ -226,45 +224,45 @@ def response_headers(headers: httpx.Headers) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- voices
-def _add_voices(app: FastAPI, frontend: Frontend, protected: list) -> None:
-    @app.get("/v1/audio/voices", dependencies=protected)
-    async def list_voices() -> JSONResponse:
-        return JSONResponse({"object": "list",
-                             "data": [voice_json(v) for v in frontend.voices.list()]})
+@dataclass
+class _VoiceRoutes:
+    """What the single server's voices router reads from `app.state.server`: the same endpoints,
+    checks and shapes, over the fan-out registry."""
 
-    @app.post("/v1/audio/voices", dependencies=protected)
-    async def create_voice(request: Request,
-                           audio_sample: Annotated[UploadFile, File()],
-                           name: Annotated[str, Form()],
-                           ref_text: Annotated[str | None, Form()] = None) -> JSONResponse:
-        data = await read_upload((await request.form()).keys(), name, audio_sample)
-        if frontend.voices.get(name) is not None:
-            raise voice_exists(name)
-        voice = await asyncio.to_thread(frontend.voices.add, name, data, ref_text)
-        audio = stored_audio(frontend.voices, name)
-        await _fan_out(frontend, lambda r: push_voice(frontend.client, r.url, voice, audio))
-        return JSONResponse(voice_json(voice))
-
-    @app.delete("/v1/audio/voices/{name}", dependencies=protected)
-    async def delete_voice(name: str) -> JSONResponse:
-        if not await asyncio.to_thread(frontend.voices.delete, name):
-            raise voice_missing(name)
-        await _fan_out(frontend, lambda r: remove_voice(frontend.client, r.url, name))
-        return JSONResponse({"object": "voice.deleted", "name": name, "deleted": True})
+    voices: FanOutRegistry
+    settings: ServerSettings
+    audio_workers: AudioWorkers
 
 
-async def _fan_out(frontend: Frontend, call) -> None:
-    """Apply a voice change on every ready replica; one that misses it (down, or the call failed)
-    is reconciled by the supervisor before it serves again."""
-    ready = frontend.ready_replicas()
-    for replica in frontend.replicas.values():
-        if replica not in ready:
-            replica.voices_synced = False
-    failed = await fan_out({r.id: call(r) for r in ready})
-    for replica_id in failed:
-        replica = frontend.replicas[replica_id]
-        replica.voices_synced = False
-        frontend.supervisor.mark_down(replica)
+def voice_fan_out(frontend: Frontend) -> Callable[[str, object], None]:
+    """The registry's on_change: apply an add/delete on every ready replica (sync, in the
+    registry's worker thread). A replica that misses it is marked for a full resync, done by the
+    supervisor before it serves again."""
+    def apply(kind: str, subject) -> None:
+        ready = frontend.ready_replicas()
+        for replica in frontend.replicas.values():
+            if replica not in ready:
+                replica.voices_synced = False
+        if kind == "add":
+            audio = stored_audio(frontend.voices, subject.name)
+        for replica in ready:
+            try:
+                with httpx.Client(timeout=120) as client:
+                    if kind == "add":
+                        client.post(f"{replica.url}/v1/audio/voices", data=upload_fields(subject),
+                                    files={"audio_sample": ("audio.wav", audio, "audio/wav")}
+                                    ).raise_for_status()
+                    else:
+                        response = client.delete(f"{replica.url}/v1/audio/voices/{subject}")
+                        if response.status_code != 404:
+                            response.raise_for_status()
+            except httpx.HTTPError:
+                logger.warning("voice %s on replica %s failed; it resyncs before serving again",
+                               kind, replica.id, exc_info=True)
+                replica.voices_synced = False
+                replica.ready = False
+                frontend.router.set_healthy(replica.id, False)
+    return apply
 
 
 # ----------------------------------------------------------------------------- health, metrics

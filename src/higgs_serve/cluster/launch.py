@@ -15,7 +15,6 @@ from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_front
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router
 from higgs_serve.errors import HiggsServeError
-from higgs_serve.voices.registry import VoiceRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +78,16 @@ def make_replicas(plan: ClusterPlan, model: str, serve_args: list[str], log_leve
 
 def run_cluster(plan: ClusterPlan, model: str, serve_args: list[str], *, host: str, port: int,
                 voices_dir: Path, sample_rate_hz: int, api_key: str | None, log_level: str,
-                graceful_shutdown_s: int = 30) -> None:
+                max_input_chars: int, graceful_shutdown_s: int = 30) -> None:
     """Serve the front end until SIGINT/SIGTERM; the replicas stop with it."""
     work_dir = Path(tempfile.mkdtemp(prefix="higgs-serve-dp-"))
     try:
         replicas = make_replicas(plan, model, serve_args, log_level, work_dir)
         router = Router({rid: plan.capacity for rid in replicas}, policy=plan.routing,
                         load_bound=plan.load_bound)
-        frontend = Frontend(replicas, router, VoiceRegistry(voices_dir, sample_rate_hz),
-                            FrontendSettings(api_key=api_key, graceful_shutdown_s=graceful_shutdown_s))
+        frontend = Frontend(replicas, router, voices_dir, sample_rate_hz,
+                            FrontendSettings(api_key=api_key, graceful_shutdown_s=graceful_shutdown_s,
+                                             max_input_chars=max_input_chars))
         logger.info("data parallel: %d replicas on %s, routing %s", len(replicas),
                     ",".join(plan.devices), plan.routing)
         config = uvicorn.Config(build_frontend(frontend), host=host, port=port, lifespan="on",

@@ -10,7 +10,6 @@ same normalised 24 kHz clip, so all of them encode it to the same reference code
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -23,16 +22,42 @@ logger = logging.getLogger(__name__)
 UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
 
 
+def upload_fields(voice: Voice) -> dict[str, str]:
+    """The form fields that recreate `voice` on a replica (replacing one of the same name)."""
+    data = {"name": voice.name, "overwrite": "true"}
+    for key in ("ref_text", "consent", "speaker_description"):
+        value = getattr(voice, key, None)
+        if value:
+            data[key] = value
+    return data
+
+
 async def push_voice(client: httpx.AsyncClient, url: str, voice: Voice, audio: bytes) -> None:
     """Register `voice` (its normalised clip `audio`, wav bytes) on the replica at `url`."""
-    data = {"name": voice.name}
-    if voice.ref_text:
-        data["ref_text"] = voice.ref_text
-    response = await client.post(f"{url}/v1/audio/voices", data=data,
+    response = await client.post(f"{url}/v1/audio/voices", data=upload_fields(voice),
                                  files={"audio_sample": ("audio.wav", audio, "audio/wav")})
-    if response.status_code == 409:  # already there (a retried fan-out)
-        return
     response.raise_for_status()
+
+
+class FanOutRegistry(VoiceRegistry):
+    """The front end's canonical registry: every successful add or delete is then applied to
+    the replicas by `on_change(kind, voice_or_name)`, in the same worker thread, before the
+    upload or delete request is answered."""
+
+    def __init__(self, directory, sample_rate_hz: int, on_change: Callable[[str, object], None]):
+        super().__init__(directory, sample_rate_hz)
+        self.on_change = on_change
+
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None = None, **options) -> Voice:
+        voice = super().add(name, audio_bytes, ref_text, **options)
+        self.on_change("add", voice)
+        return voice
+
+    def delete(self, name: str) -> bool:
+        deleted = super().delete(name)
+        if deleted:
+            self.on_change("delete", name)
+        return deleted
 
 
 def stored_audio(registry: VoiceRegistry, name: str) -> bytes:
@@ -47,15 +72,16 @@ async def remove_voice(client: httpx.AsyncClient, url: str, name: str) -> None:
 
 
 async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Voice],
-                    audio: Callable[[str], Awaitable[bytes]]) -> None:
+                    audio: Callable[[str], Awaitable[bytes]], *, push_all: bool = False) -> None:
     """Make the replica at `url` hold exactly the voices `wanted` (name -> Voice); `audio(name)`
-    fetches a clip it lacks."""
+    fetches a clip. push_all: send every wanted voice again (overwriting), for a replica that may
+    have missed a replacement; else only the ones it lacks."""
     listed = await client.get(f"{url}/v1/audio/voices")
     listed.raise_for_status()
     present = {item["name"] for item in listed.json()["data"]}
     for name in sorted(present - wanted.keys()):
         await remove_voice(client, url, name)
-    for name in sorted(wanted.keys() - present):
+    for name in sorted(wanted.keys() if push_all else wanted.keys() - present):
         await push_voice(client, url, wanted[name], await audio(name))
 
 
@@ -86,14 +112,3 @@ def voice_json(voice: Voice) -> dict:
     return {"object": "voice", "name": voice.name, "ref_text": voice.ref_text,
             "created_at": voice.created_at, "duration_s": voice.duration_s,
             "sample_rate_hz": voice.sample_rate_hz}
-
-
-async def fan_out(calls: dict[str, asyncio.Future]) -> list[str]:
-    """Run per-replica calls together; the ids of the replicas that failed (logged)."""
-    results = await asyncio.gather(*calls.values(), return_exceptions=True)
-    failed = []
-    for replica_id, result in zip(calls, results):
-        if isinstance(result, BaseException):
-            logger.warning("voice fan-out to replica %s failed: %r", replica_id, result)
-            failed.append(replica_id)
-    return failed

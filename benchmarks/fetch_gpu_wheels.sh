@@ -21,7 +21,7 @@ BINARY=(
   soundfile==0.14.0
   soxr==1.1.0
   sentencex==1.0.32  # text segmentation (long-form, WebSocket)
-  websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client
+  websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client; the front end's relay (cluster/ws_relay.py)
 )
 # pure-python wheels
 PURE=(

@@ -177,6 +177,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from higgs_serve.server.settings import ServerSettings
 
     preflight.check_device(args.device)
+    if args.data_parallel_size is not None or args.devices:
+        return _serve_data_parallel(args)
     voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
     sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
     port = sock.getsockname()[1]  # the real one when --port 0
@@ -198,6 +200,39 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "(Ctrl-C stops at any time)", args.host, port)
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
     run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock])
+    return 0
+
+
+def _serve_data_parallel(args: argparse.Namespace) -> int:
+    """One engine process per device behind one front end (higgs_serve.cluster)."""
+    import torch
+
+    from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
+    from higgs_serve.model.hf_config import load_model_spec
+    from higgs_serve.server.settings import ServerSettings
+
+    devices = plan_devices(args.data_parallel_size, args.devices, args.device,
+                           torch.cuda.device_count())
+    model_dir, deploy = _model_and_deploy(args, args.load_format)
+    plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
+                       routing=args.routing)
+    # every single-server flag except where it listens, its key and its voices directory
+    # (the front end owns those); the device comes from the plan
+    passed = {"--max-queue": args.max_queue, "--max-input-chars": args.max_input_chars,
+              "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
+              "--allowed-local-media-path": args.allowed_local_media_path,
+              "--send-timeout-s": args.send_timeout_s,
+              "--load-format": args.load_format, "--dtype": args.dtype,
+              "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
+              "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype}
+    serve_args = ["--served-model-name", *args.served_model_name]
+    serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
+                   for x in (flag, value)]
+    voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir
+                  else ServerSettings().voices_dir)
+    run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
+                voices_dir=Path(voices_dir), sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
+                api_key=args.api_key, log_level=args.log_level, max_input_chars=args.max_input_chars)
     return 0
 
 
@@ -309,6 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
     p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
                    help="a client that reads nothing for this long loses its response and slot")
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
+                        "behind one front end on --host/--port (default: one server, no front end)")
+    p.add_argument("--devices", default=None,
+                   help="GPU indices of the replicas, e.g. 0,1,2,3; a repeated index shares a GPU "
+                        "(default: 0..N-1 with --data-parallel-size N)")
+    p.add_argument("--routing", choices=["affinity", "least-loaded"], default="affinity",
+                   help="with several replicas: route a voice to the replica that has it cached "
+                        "(affinity) or every request to the less loaded of two (least-loaded)")
     add_model_options(p)
 
     p = sub.add_parser("config", help="deploy config tools", description="deploy config tools",

@@ -52,6 +52,10 @@ CODEC_COUNTERS: dict[str, tuple[str, str]] = {
     "codec_windows": ("codec_windows", "Streaming windows the codec decoded."),
     "codec_graph_calls": ("codec_graph_calls", "Codec decodes that replayed a CUDA graph."),
     "codec_busy_seconds": ("codec_busy_seconds", "Wall seconds the codec thread spent decoding."),
+    # the prefix cache's hit rate (hits / queries, in prompt tokens): what voice-affinity routing
+    # across replicas is meant to raise
+    "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
 }
 
 

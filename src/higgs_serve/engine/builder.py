@@ -159,6 +159,19 @@ def kv_bytes_per_block(spec: ModelSpec, block_size: int, cache_dtype: torch.dtyp
     return block_size * kv_bytes_per_token(spec.text, cache_dtype)
 
 
+def kv_budget_bytes(total: int, free: int, own: int, fraction: float, reserve: int) -> int:
+    """Bytes this engine may give its KV cache on a GPU of `total` bytes with `free` unused.
+
+    gpu_memory_utilization is this instance's share of the device, as in vLLM: the KV cache gets
+    `fraction x total` minus what this process already holds (`own`: weights, codec, graph pools)
+    minus the activation reserve. Memory of other processes on the device does not count against
+    the fraction, so engines sharing a GPU by fractions (0.45 + 0.45) each get their share; the
+    budget still never exceeds what is actually free (less the reserve).
+    """
+    share = int(total * fraction) - own - reserve
+    return min(share, free - reserve)
+
+
 def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     s0 = deploy.stage0
     block_size = s0.kv_block_size
@@ -171,7 +184,8 @@ def size_kv_cache(loaded: LoadedModel, deploy: DeployConfig) -> KVCacheSpec:
     useful = s0.max_num_seqs * blocks_per_seq + 1
     if loaded.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(loaded.device)
-        budget = int(total * s0.gpu_memory_utilization) - (total - free) - _GPU_RESERVE_BYTES
+        budget = kv_budget_bytes(total, free, torch.cuda.memory_reserved(loaded.device),
+                                 s0.gpu_memory_utilization, _GPU_RESERVE_BYTES)
     else:
         budget = _CPU_KV_BUDGET_BYTES
     num_blocks = min(useful, budget // per_block)

@@ -133,6 +133,8 @@ class EngineCore:
                 "codec_windows": codec.windows,
                 "codec_graph_calls": codec.graph_calls,
                 "codec_busy_seconds": codec.busy_s,
+                "prefix_cache_queries": self.scheduler.kv.prefix_cache_queries,
+                "prefix_cache_hits": self.scheduler.kv.prefix_cache_hits,
             }
 
     # ------------------------------------------------------------------ the loop

@@ -1,0 +1,228 @@
+"""Two tiny-model CPU replicas behind the data-parallel front end (`higgs-serve serve
+--data-parallel-size 2 --device cpu`), on loopback, driven by the official openai client and
+httpx: streaming and file requests, a voice registered once and used on every replica, a burst
+spread over both, a killed replica routed around and restarted, aggregated /metrics.
+One front end (and two replicas) for the module.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+FRAMES = 8
+FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+# long enough that its text-derived frame cap allows the long requests below
+LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
+             "so that the frame cap that follows from its text stays above four hundred frames.")
+PCM_BYTES = FRAMES * 960 * 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clip() -> bytes:
+    t = np.arange(int(1.2 * 24000)) / 24000
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1250 * t)).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, 24000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def _wait(predicate, timeout_s: float, what: str, log: Path):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("dp")
+    port = _free_port()
+    log = work / "frontend.log"
+    command = [sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
+               str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+               "--data-parallel-size", "2", "--voices-dir", str(work / "voices"),
+               "--served-model-name", "higgs-tiny-dp", "--max-queue", "16"]
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    http = httpx.Client(base_url=url, timeout=60)
+    try:
+        _wait(lambda: http.get("/ready").json().get("replicas_ready") == 2, 240, "2 replicas ready", log)
+        yield url, http, log
+    finally:
+        http.close()
+        process.terminate()
+        try:
+            assert process.wait(timeout=60) in (0, -15), log.read_text()[-4000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def _replicas(http: httpx.Client) -> list[dict]:
+    return http.get("/health").json()["replicas"]
+
+
+def _speech(http: httpx.Client, **body) -> httpx.Response:
+    return http.post("/v1/audio/speech", json={"input": "Hello there.", **FIXED, **body})
+
+
+def test_ready_says_how_many_replicas(cluster):
+    _, http, _ = cluster
+    assert http.get("/ready").json() == {"status": "ready", "replicas_ready": 2, "replicas_total": 2}
+    assert http.get("/v1/models").json()["data"][0]["id"] == "higgs-tiny-dp"
+
+
+def test_streaming_and_file_requests_pass_through(cluster):
+    url, _, _ = cluster
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    with client.audio.speech.with_streaming_response.create(
+            model="higgs-tiny-dp", voice="default", input="Hello there.", response_format="pcm",
+            stream_format="audio", extra_body=FIXED) as response:
+        assert response.headers["x-sample-rate"] == "24000"
+        pcm = b"".join(response.iter_bytes())
+    assert len(pcm) == PCM_BYTES
+    with client.audio.speech.with_streaming_response.create(
+            model="higgs-tiny-dp", voice="default", input="Hello there.", response_format="pcm",
+            stream_format="sse", extra_body=FIXED) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert '"speech.audio.done"' in events[-1]
+    audio = client.audio.speech.create(model="higgs-tiny-dp", voice="default", input="Hello.",
+                                       response_format="wav", extra_body=FIXED)
+    samples, rate = sf.read(io.BytesIO(audio.content))
+    assert rate == 24000 and len(samples) == FRAMES * 960
+
+
+def test_errors_of_a_replica_reach_the_client_unchanged(cluster):
+    _, http, _ = cluster
+    response = http.post("/v1/audio/speech", json={"input": "x", "voice": "alloy"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+
+
+def test_a_burst_is_spread_over_both_replicas(cluster):
+    _, http, _ = cluster
+    before = _served_per_replica(http)
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: _speech(http, response_format="pcm").status_code, range(8)))
+    assert statuses == [200] * 8
+    after = _served_per_replica(http)
+    gained = {r: after[r] - before.get(r, 0) for r in after}
+    assert sum(gained.values()) == 8 and min(gained.values()) >= 1, gained
+
+
+def _served_per_replica(http: httpx.Client) -> dict[str, float]:
+    return _outcomes(http, "length")
+
+
+def test_a_voice_registered_once_is_used_on_every_replica(cluster):
+    _, http, _ = cluster
+    created = http.post("/v1/audio/voices", data={"name": "narrator", "ref_text": "A tone."},
+                        files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
+    assert created.status_code == 200, created.text
+    assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+    for replica in _replicas(http):  # straight to each replica: the voice is there and works
+        direct = httpx.Client(base_url=replica["url"], timeout=60)
+        assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+        assert _speech(direct, voice="narrator", response_format="pcm").status_code == 200
+    before = _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}')
+    hits = _summed(http, "higgs_serve_prefix_cache_hits_total")
+    for _ in range(3):  # through the front end: always the same (home) replica
+        assert _speech(http, voice="narrator", response_format="pcm").status_code == 200
+    assert _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}') == before + 3
+    # the voice's prompt blocks are reused from the prefix cache of its home replica
+    assert _summed(http, "higgs_serve_prefix_cache_hits_total") > hits
+    assert _metric(http, "higgs_serve_router_affinity_ratio") == 1.0
+    assert http.post("/v1/audio/voices", data={"name": "narrator"},
+                     files={"audio_sample": ("c.wav", _clip(), "audio/wav")}).status_code == 409
+    replaced = http.post("/v1/audio/voices", data={"name": "narrator", "overwrite": "true",
+                                                   "consent": "rec-42", "ref_text": "A tone."},
+                         files={"audio_sample": ("c.wav", _clip(), "audio/wav")})
+    assert replaced.status_code == 200 and replaced.json()["replaced"] is True
+    for replica in _replicas(http):  # the replacement and its fields reached every replica
+        listed = httpx.get(f"{replica['url']}/v1/audio/voices").json()["data"]
+        assert [(v["name"], v["consent"]) for v in listed] == [("narrator", "rec-42")]
+
+
+def _summed(http: httpx.Client, name: str) -> float:
+    """A per-replica series summed over the replicas."""
+    return sum(float(line.split()[-1]) for line in http.get("/metrics").text.splitlines()
+               if line.startswith(name + "{"))
+
+
+def _metric(http: httpx.Client, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_a_killed_replica_is_routed_around_and_restarted(cluster):
+    _, http, log = cluster
+    victim = _replicas(http)[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    for _ in range(4):  # meanwhile every request is served by the other replica
+        assert _speech(http, response_format="pcm").status_code == 200
+    assert http.get("/ready").status_code == 200
+    restarted = _wait(lambda: next((r for r in _replicas(http) if r["id"] == victim["id"]
+                                    and r["restarts"] >= 1 and r["ready"]), None),
+                      240, "the killed replica back", log)
+    assert restarted["pid"] != victim["pid"]
+    direct = httpx.Client(base_url=restarted["url"], timeout=60)  # it has the voices again
+    assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+    assert 'higgs_serve_router_replica_restarts_total{replica="0"} 1.0' in http.get("/metrics").text
+
+
+def test_deleting_a_voice_removes_it_everywhere(cluster):
+    _, http, _ = cluster
+    assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
+    for replica in _replicas(http):
+        listed = httpx.get(f"{replica['url']}/v1/audio/voices").json()["data"]
+        assert listed == []
+    assert http.delete("/v1/audio/voices/narrator").status_code == 404
+
+
+def test_a_client_that_hangs_up_aborts_the_replica_request(cluster):
+    url, http, log = cluster
+    aborted = sum(_outcomes(http, "abort").values())
+    body = {"input": LONG_TEXT, "max_new_tokens": 400, "min_new_tokens": 400,
+            "response_format": "pcm", "stream": True}
+    with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        next(response.iter_raw())  # first audio, then hang up
+    _wait(lambda: sum(_outcomes(http, "abort").values()) == aborted + 1, 60, "the abort", log)
+    _wait(lambda: all(r["in_flight"] == 0 for r in _replicas(http)), 10, "nothing in flight", log)
+
+
+def _outcomes(http: httpx.Client, outcome: str) -> dict[str, float]:
+    counts = {}
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("higgs_serve_requests_total{") and f'outcome="{outcome}"' in line:
+            counts[line.split('replica="')[1].split('"')[0]] = float(line.split()[-1])
+    return counts

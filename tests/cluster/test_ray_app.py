@@ -1,0 +1,217 @@
+"""The Ray Serve application on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
+CPU per node, one tiny-model CPU engine replica per node): audio streams through the Serve
+ingress, files too, a registered voice keeps to one replica (and works on the other), zero-shot
+requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from higgs_serve.cluster.ray_app import RayAppArgs, build_app  # noqa: E402
+from higgs_serve.cluster.routing import affinity_rank  # noqa: E402
+
+FRAMES = 8
+FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+# long enough that its text-derived frame cap allows the long requests below
+LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
+             "so that the frame cap that follows from its text stays above four hundred frames.")
+PCM_BYTES = FRAMES * 960 * 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clip() -> bytes:
+    t = np.arange(int(1.2 * 24000)) / 24000
+    audio = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, 24000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ray_serve(tiny_model_dir, tmp_path_factory):
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    port = _free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = build_app({"model": str(tiny_model_dir), "device": "cpu",
+                         "serve_args": ["--max-queue", "16"],
+                         "engine_options": {"num_replicas": 2},
+                         "voices_dir": str(tmp_path_factory.mktemp("ray-voices"))})
+        serve.run(app, name="higgs", route_prefix="/",
+                  blocking=False)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if http.get("/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the Serve app did not become ready"
+            time.sleep(0.5)
+        _wait_for_replicas(2, deadline)
+        yield http
+        http.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _wait_for_replicas(count: int, deadline: float) -> None:
+    while True:
+        status = serve.status().applications["higgs"]
+        engine = status.deployments["HiggsEngine"]
+        if engine.replica_states.get("RUNNING", 0) >= count:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+
+
+def _speech(http: httpx.Client, **body) -> httpx.Response:
+    return http.post("/v1/audio/speech", json={"input": "Hello there.", **FIXED, **body})
+
+
+def test_audio_streams_through_the_serve_ingress(ray_serve):
+    http = ray_serve
+    body = {"input": "Hello there.", **FIXED, "response_format": "pcm", "stream": True}
+    with http.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["x-sample-rate"] == "24000"
+        chunks = list(response.iter_raw())
+    assert sum(map(len, chunks)) == PCM_BYTES
+    wav = _speech(http, response_format="wav")
+    samples, rate = sf.read(io.BytesIO(wav.content))
+    assert rate == 24000 and len(samples) == FRAMES * 960
+    bad = http.post("/v1/audio/speech", json={"input": "x", "voice": "alloy"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+
+
+def test_zero_shot_requests_use_both_replicas(ray_serve):
+    http = ray_serve
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda _: _speech(http, response_format="pcm"), range(12)))
+    assert all(r.status_code == 200 for r in responses)
+    assert len({r.headers["x-higgs-replica"] for r in responses}) == 2
+
+
+def test_voice_affinity_holds(ray_serve):
+    http = ray_serve
+    created = http.post("/v1/audio/voices", data={"name": "narrator"},
+                        files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
+    assert created.status_code == 200, created.text
+    assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+    with ThreadPoolExecutor(4) as pool:  # the replica ids, as the router knows them
+        ids = {r.headers["x-higgs-replica"]
+               for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))}
+    assert len(ids) == 2, serve.status().applications["higgs"].deployments["HiggsEngine"]
+    home = max(ids, key=lambda rid: affinity_rank("voice:narrator", rid))  # its rendezvous-hash home
+    replicas = set()
+    for _ in range(5):
+        response = _speech(http, voice="narrator", response_format="pcm")
+        assert response.status_code == 200, response.text
+        assert len(response.content) == PCM_BYTES
+        replicas.add(response.headers["x-higgs-replica"])
+    assert replicas == {home}  # VoiceAffinityRouter placed it, not Ray's default router
+    assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
+    gone = _speech(http, voice="narrator", response_format="pcm")
+    assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"
+
+
+def test_unknown_app_arguments_are_refused():
+    with pytest.raises(ValueError, match="unknown"):
+        RayAppArgs.parse({"model": "m", "num_gpu": 1})
+    with pytest.raises(ValueError, match="device"):
+        RayAppArgs.parse({"model": "m", "device": "tpu"})
+
+
+def test_the_example_config_is_a_valid_serve_config():
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "ray_serve.yaml"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    app = config.applications[0]
+    assert app.import_path == "higgs_serve.cluster.ray_app:build_app"
+    RayAppArgs.parse(app.args)
+    engine = next(d for d in app.deployments if d.name == "HiggsEngine")
+    assert engine.ray_actor_options.num_gpus == 1
+    assert engine.graceful_shutdown_timeout_s == 300
+
+
+def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir, tmp_path_factory):
+    """Scale 2 -> 1 while each replica streams a long request: both streams end complete.
+    (Last in the module: it leaves one replica.)"""
+    import base64
+
+    http = ray_serve
+    with ThreadPoolExecutor(4) as pool:
+        ids = sorted({r.headers["x-higgs-replica"]
+                      for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))})
+    # two reference clips whose homes are different replicas: one long stream on each
+    clips, homes = [], set()
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        buffer = io.BytesIO()
+        sf.write(buffer, (0.2 * rng.standard_normal(24000)).astype(np.float32), 24000,
+                 format="WAV", subtype="PCM_16")
+        ref = base64.b64encode(buffer.getvalue()).decode()
+        home = max(ids, key=lambda rid: affinity_rank(_key(ref), rid))
+        if home not in homes:
+            homes.add(home)
+            clips.append(ref)
+        if len(clips) == 2:
+            break
+    frames = 150
+    body = {"input": LONG_TEXT, "max_new_tokens": frames, "min_new_tokens": frames,
+            "response_format": "pcm", "stream": True}
+
+    def stream(ref: str) -> tuple[str, int]:
+        with http.stream("POST", "/v1/audio/speech", json={**body, "ref_audio": ref}) as response:
+            assert response.status_code == 200
+            return response.headers["x-higgs-replica"], sum(map(len, response.iter_raw()))
+
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(stream, ref) for ref in clips]
+        time.sleep(1.0)  # both streams under way
+        serve.run(build_app({"model": str(tiny_model_dir), "device": "cpu",
+                             "serve_args": ["--max-queue", "16"],
+                             "engine_options": {"num_replicas": 1},
+                             "voices_dir": str(tmp_path_factory.mktemp("ray-voices-2"))}),
+                  name="higgs", route_prefix="/", blocking=False)
+        results = [future.result(timeout=120) for future in running]
+    assert {replica for replica, _ in results} == set(ids)
+    assert all(size == frames * 960 * 2 for _, size in results), results
+    deadline = time.monotonic() + 60
+    while serve.status().applications["higgs"].deployments["HiggsEngine"].replica_states != {"RUNNING": 1}:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+
+def _key(ref: str) -> str:
+    from higgs_serve.cluster.routing import routing_key
+
+    return routing_key({"ref_audio": ref})

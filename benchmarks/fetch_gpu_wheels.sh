@@ -22,6 +22,7 @@ BINARY=(
   soxr==1.1.0
   sentencex==1.0.32  # text segmentation (long-form, WebSocket)
   websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client; the front end's relay (cluster/ws_relay.py)
+  av==18.1.0  # bounded decoding of aac / m4a / webm references (audio/decode.py imports it); 36 MB
 )
 # pure-python wheels
 PURE=(

@@ -6,7 +6,6 @@ requests use both. Skipped only where Ray is not installed; CI installs it (the 
 from __future__ import annotations
 
 import io
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,33 +14,19 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip
+
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from higgs_serve.cluster.ray_app import RayAppArgs, build_app  # noqa: E402
+from higgs_serve.cluster.replicas import free_port  # noqa: E402
 from higgs_serve.cluster.routing import affinity_rank  # noqa: E402
-
-FRAMES = 8
-FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
-# long enough that its text-derived frame cap allows the long requests below
-LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
-             "so that the frame cap that follows from its text stays above four hundred frames.")
-PCM_BYTES = FRAMES * 960 * 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _clip() -> bytes:
-    t = np.arange(int(1.2 * 24000)) / 24000
-    audio = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
-    buffer = io.BytesIO()
-    sf.write(buffer, audio, 24000, format="WAV", subtype="PCM_16")
-    return buffer.getvalue()
+    return tone_clip((330, 0.3))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +36,7 @@ def ray_serve(tiny_model_dir, tmp_path_factory):
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    port = _free_port()
+    port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app({"model": str(tiny_model_dir), "device": "cpu",

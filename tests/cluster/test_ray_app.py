@@ -103,10 +103,14 @@ def test_zero_shot_requests_use_both_replicas(ray_serve):
 
 def test_voice_affinity_holds(ray_serve):
     http = ray_serve
-    created = http.post("/v1/audio/voices", data={"name": "narrator"},
+    created = http.post("/v1/audio/voices", data={"name": "narrator", "consent": "rec-1",
+                                                  "speaker_description": "a steady tone"},
                         files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
     assert created.status_code == 200, created.text
-    assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+    assert (created.json()["consent"], created.json()["replaced"]) == ("rec-1", False)
+    listed = http.get("/v1/audio/voices").json()  # the single server's list shape and fields
+    assert listed["voices"] == ["narrator"] and listed["uploaded_voices"] == listed["data"]
+    assert listed["data"][0]["speaker_description"] == "a steady tone"
     with ThreadPoolExecutor(4) as pool:  # the replica ids, as the router knows them
         ids = {r.headers["x-higgs-replica"]
                for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))}
@@ -119,6 +123,19 @@ def test_voice_affinity_holds(ray_serve):
         assert len(response.content) == PCM_BYTES
         replicas.add(response.headers["x-higgs-replica"])
     assert replicas == {home}  # VoiceAffinityRouter placed it, not Ray's default router
+    before = _speech(http, voice="narrator", response_format="pcm", seed=11).content
+    again = http.post("/v1/audio/voices", data={"name": "narrator"},
+                      files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "voice_exists"
+    replaced = http.post("/v1/audio/voices", data={"name": "narrator", "overwrite": "true",
+                                                   "consent": "rec-2"},
+                         files={"audio_sample": ("clip.wav", tone_clip((550, 0.3)), "audio/wav")})
+    assert replaced.status_code == 200 and replaced.json()["replaced"] is True
+    assert http.get("/v1/audio/voices").json()["data"][0]["consent"] == "rec-2"
+    # the home replica had the old clip: it takes the replacement before speaking with it
+    after = _speech(http, voice="narrator", response_format="pcm", seed=11)
+    assert after.status_code == 200 and len(after.content) == len(before) == PCM_BYTES
+    assert after.content != before  # same seed and text, the new reference
     assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
     gone = _speech(http, voice="narrator", response_format="pcm")
     assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"

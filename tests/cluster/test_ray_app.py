@@ -1,10 +1,11 @@
 """The Ray Serve application on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
 CPU per node, one tiny-model CPU engine replica per node): audio streams through the Serve
-ingress, files too, a registered voice keeps to one replica (and works on the other), zero-shot
-requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
+ingress, files and batches too, a registered voice keeps to one replica (and works on the
+other; a replacement reaches it), zero-shot requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
 
 from __future__ import annotations
 
+import base64
 import io
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +92,13 @@ def test_audio_streams_through_the_serve_ingress(ray_serve):
     assert rate == 24000 and len(samples) == FRAMES * 960
     bad = http.post("/v1/audio/speech", json={"input": "x", "voice": "alloy"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+    batch = http.post("/v1/audio/speech/batch", json={
+        "items": [{"input": "One."}, {"input": "Two.", "voice": "alloy"}], **FIXED})
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == ["success", "error"] and results[1]["param"] == "voice"
+    samples, _ = sf.read(io.BytesIO(base64.b64decode(results[0]["audio_data"])))
+    assert len(samples) == FRAMES * 960
 
 
 def test_zero_shot_requests_use_both_replicas(ray_serve):
@@ -167,8 +175,6 @@ def test_the_example_config_is_a_valid_serve_config():
 def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir, tmp_path_factory):
     """Scale 2 -> 1 while each replica streams a long request: both streams end complete.
     (Last in the module: it leaves one replica.)"""
-    import base64
-
     http = ray_serve
     with ThreadPoolExecutor(4) as pool:
         ids = sorted({r.headers["x-higgs-replica"]

@@ -10,7 +10,7 @@ Deployments:
   server's voices up to date whenever the store's version moved, before a request that names a
   voice (voices it lacks or that were replaced since, by each voice's revision), so a voice
   registered once is usable on every replica, also one started later.
-- `HiggsIngress`: the FastAPI ingress (speech, voices, models, health). It computes the request's
+- `HiggsIngress`: the FastAPI ingress (speech, speech batch, voices, models, health). It computes the request's
   affinity key (cluster/routing.py) and passes it as the handle's multiplexed model id, which
   `VoiceAffinityRouter` (cluster/ray_router.py), the engines' request router, reads.
 
@@ -41,7 +41,12 @@ from ray.serve.handle import DeploymentHandle
 
 from higgs_serve.cluster.frontend import forward_headers, response_headers
 from higgs_serve.cluster.replicas import Replica, parse_load
-from higgs_serve.cluster.routing import DEFAULT_LOAD_BOUND, RETRYABLE_STATUS, routing_key
+from higgs_serve.cluster.routing import (
+    DEFAULT_LOAD_BOUND,
+    RETRYABLE_STATUS,
+    batch_routing_key,
+    routing_key,
+)
 from higgs_serve.cluster.voice_sync import (
     read_upload,
     reconcile,
@@ -170,11 +175,13 @@ class HiggsEngine:
             self.voices_pushed = revisions
             self.voices_version = version
 
-    async def speech(self, body: bytes, headers: dict[str, str], uses_voice: bool):
-        """Yields {"status", "headers"} first, then the body's bytes as they come."""
+    async def speech(self, body: bytes, headers: dict[str, str], uses_voice: bool,
+                     path: str = "/v1/audio/speech"):
+        """POST `path` (speech or speech/batch) to the server. Yields {"status", "headers"}
+        first, then the body's bytes as they come."""
         if uses_voice:
             await self._sync_voices()
-        request = self.client.build_request("POST", f"{self.server.url}/v1/audio/speech",
+        request = self.client.build_request("POST", f"{self.server.url}{path}",
                                             content=body, headers=headers)
         response = await self.client.send(request, stream=True)
         try:  # cancelled when the client leaves: closing the connection aborts the engine request
@@ -232,25 +239,36 @@ class HiggsIngress:
 
     @api.post("/v1/audio/speech")
     async def speech(self, request: Request) -> Response:
+        return await self._relay(request, routing_key)
+
+    @api.post("/v1/audio/speech/batch")
+    async def speech_batch(self, request: Request) -> Response:
+        """The whole batch to one engine replica, as in the one-host front end."""
+        return await self._relay(request, batch_routing_key)
+
+    async def _relay(self, request: Request, key_of) -> Response:
         self._check_key(request)
         body = await request.body()
         try:
             parsed = json.loads(body)
         except ValueError:
             parsed = None
-        key = routing_key(parsed) if isinstance(parsed, dict) else None
-        stream, meta = await self._first_byte(body, forward_headers(request.headers), key)
+        key = key_of(parsed) if isinstance(parsed, dict) else None
+        stream, meta = await self._first_byte(body, forward_headers(request.headers), key,
+                                              request.url.path)
         if meta["status"] != 200:
             content = b"".join([chunk async for chunk in stream])
             return Response(content, status_code=meta["status"], headers=meta["headers"])
         return StreamingResponse(stream, status_code=200, headers=meta["headers"])
 
-    async def _first_byte(self, body: bytes, headers: dict, key: str | None):
+    async def _first_byte(self, body: bytes, headers: dict, key: str | None, path: str):
         """Send, and try again (the router picks again) on a 429/503 or a lost replica, only
         until the response's status and headers came back."""
         handle = self.engine.options(stream=True, multiplexed_model_id=key or "")
+        # a batch's items may name voices its key does not: its replica syncs them regardless
+        uses_voice = (key or "").startswith("voice:") or path.endswith("/batch")
         for attempt in range(_ATTEMPTS):
-            stream = handle.speech.remote(body, headers, (key or "").startswith("voice:"))
+            stream = handle.speech.remote(body, headers, uses_voice, path)
             try:
                 meta = await stream.__anext__()
             except (HiggsServeError, ApiError):

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from higgs_serve.cluster.routing import Router, batch_routing_key, routing_key
+from higgs_serve.cluster.routing import Router, batch_routing_key, body_key, routing_key
 
 
 def _router(n=4, capacity=100, **kwargs) -> Router:
@@ -42,6 +42,12 @@ def test_batch_key_is_the_key_all_items_use_else_the_envelope_key():
     assert batch_routing_key({"voice": "bob", "items": mixed}) == "voice:bob"
     assert batch_routing_key({"items": plain}) is None
     assert batch_routing_key({"items": "x", "voice": "bob"}) == "voice:bob"  # the replica's 400
+
+
+def test_body_key_of_raw_json():
+    assert body_key(b'{"voice": "alice"}') == "voice:alice"
+    assert body_key(b'{"items": [{"voice": "a"}]}', batch_routing_key) == "voice:a"
+    assert body_key(b"not json") is None and body_key(b'["voice"]') is None
 
 
 def test_a_key_stays_on_its_home_replica():

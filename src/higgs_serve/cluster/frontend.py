@@ -14,7 +14,6 @@ router's own.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from contextlib import asynccontextmanager
@@ -28,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import Replica, Supervisor
-from higgs_serve.cluster.routing import Router, batch_routing_key, routing_key
+from higgs_serve.cluster.routing import Router, batch_routing_key, body_key, routing_key
 from higgs_serve.cluster.voice_sync import FanOutRegistry, reconcile, stored_audio, upload_fields
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
@@ -125,11 +124,7 @@ async def _relay_post(frontend: Frontend, request: Request,
     """Route the request's JSON body by `key_of(body)` and relay it to the same path on the
     chosen replica."""
     body = await request.body()
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None  # the replica answers the 400 in its own words
-    key = key_of(parsed) if isinstance(parsed, dict) else None
+    key = body_key(body, key_of)
     headers = forward_headers(request.headers)
     upstream = await unless_disconnected(
         _send(frontend, key, request.url.path, body, headers), request)

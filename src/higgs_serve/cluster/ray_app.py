@@ -21,7 +21,6 @@ annotations, and string annotations turn `request: Request` into a query paramet
 
 
 import asyncio
-import json
 import logging
 import secrets
 import shutil
@@ -45,6 +44,7 @@ from higgs_serve.cluster.routing import (
     DEFAULT_LOAD_BOUND,
     RETRYABLE_STATUS,
     batch_routing_key,
+    body_key,
     routing_key,
 )
 from higgs_serve.cluster.voice_sync import (
@@ -249,11 +249,7 @@ class HiggsIngress:
     async def _relay(self, request: Request, key_of) -> Response:
         self._check_key(request)
         body = await request.body()
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        key = key_of(parsed) if isinstance(parsed, dict) else None
+        key = body_key(body, key_of)
         stream, meta = await self._first_byte(body, forward_headers(request.headers), key,
                                               request.url.path)
         if meta["status"] != 200:

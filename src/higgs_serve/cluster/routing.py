@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 POLICIES = ("affinity", "least-loaded")
@@ -99,6 +99,16 @@ def batch_routing_key(body: Mapping) -> str | None:
     keys = {routing_key({**defaults, **{k: v for k, v in item.items() if v is not None}})
             for item in items}
     return keys.pop() if len(keys) == 1 else routing_key(defaults)
+
+
+def body_key(body: bytes, key_of: Callable[[Mapping], str | None] = routing_key) -> str | None:
+    """`key_of` of a raw JSON request body; None when it is not a JSON object (the replica then
+    answers the 400 in its own words)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return key_of(parsed) if isinstance(parsed, dict) else None
 
 
 def affinity_rank(key: str, replica: str) -> int:

@@ -2,8 +2,8 @@
 
 Speech requests (single and batch) are routed by cluster/routing.py and relayed byte for byte:
 the upstream body is passed on as it arrives (raw audio, SSE, files), so streaming keeps its
-latency. A client that
-hangs up closes the upstream connection, which the replica's server turns into an engine abort.
+latency. A client that hangs up closes the upstream connection, which the replica's server turns
+into an engine abort.
 A request is tried on another replica only before its first byte (refused connection, 429, 503);
 once every replica is full the client gets 429 with Retry-After. The WebSocket endpoint is relayed
 frame by frame, one replica per session. Voices go through the canonical registry

@@ -219,6 +219,8 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     # every single-server flag except where it listens, its key and its voices directory
     # (the front end owns those); the device comes from the plan
     passed = {"--max-queue": args.max_queue, "--max-input-chars": args.max_input_chars,
+              "--segment-max-chars": args.segment_max_chars, "--max-audio-s": args.max_audio_s,
+              "--ws-idle-timeout-s": args.ws_idle_timeout_s,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
               "--send-timeout-s": args.send_timeout_s,

@@ -2,7 +2,7 @@
 --data-parallel-size 2 --device cpu`), on loopback, driven by the official openai client and
 httpx: streaming and file requests, a voice registered once and used on every replica, a burst
 spread over both, a killed replica routed around and restarted, aggregated /metrics.
-One front end (and two replicas) for the module.
+The front end and its replicas are conftest.py's `cluster`, shared with test_frontend_e2e_*.py.
 """
 
 from __future__ import annotations
@@ -10,80 +10,17 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
-import pytest
 import soundfile as sf
 
-FRAMES = 8
-FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
-# long enough that its text-derived frame cap allows the long requests below
-LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
-             "so that the frame cap that follows from its text stays above four hundred frames.")
-PCM_BYTES = FRAMES * 960 * 2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip, wait_for
 
 
 def _clip() -> bytes:
-    t = np.arange(int(1.2 * 24000)) / 24000
-    audio = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1250 * t)).astype(np.float32)
-    buffer = io.BytesIO()
-    sf.write(buffer, audio, 24000, format="WAV", subtype="PCM_16")
-    return buffer.getvalue()
-
-
-def _wait(predicate, timeout_s: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout_s} s:\n{log.read_text()[-4000:]}")
-
-
-@pytest.fixture(scope="module")
-def cluster(tiny_model_dir, tmp_path_factory):
-    work = tmp_path_factory.mktemp("dp")
-    port = _free_port()
-    log = work / "frontend.log"
-    command = [sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
-               str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-               "--data-parallel-size", "2", "--voices-dir", str(work / "voices"),
-               "--served-model-name", "higgs-tiny-dp", "--max-queue", "16"]
-    with open(log, "w") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    http = httpx.Client(base_url=url, timeout=60)
-    try:
-        _wait(lambda: http.get("/ready").json().get("replicas_ready") == 2, 240, "2 replicas ready", log)
-        yield url, http, log
-    finally:
-        http.close()
-        process.terminate()
-        try:
-            assert process.wait(timeout=60) in (0, -15), log.read_text()[-4000:]
-        finally:
-            if process.poll() is None:
-                process.kill()
+    return tone_clip((220, 0.3), (1250, 0.2))
 
 
 def _replicas(http: httpx.Client) -> list[dict]:
@@ -190,7 +127,7 @@ def test_a_killed_replica_is_routed_around_and_restarted(cluster):
     for _ in range(4):  # meanwhile every request is served by the other replica
         assert _speech(http, response_format="pcm").status_code == 200
     assert http.get("/ready").status_code == 200
-    restarted = _wait(lambda: next((r for r in _replicas(http) if r["id"] == victim["id"]
+    restarted = wait_for(lambda: next((r for r in _replicas(http) if r["id"] == victim["id"]
                                     and r["restarts"] >= 1 and r["ready"]), None),
                       240, "the killed replica back", log)
     assert restarted["pid"] != victim["pid"]
@@ -216,8 +153,8 @@ def test_a_client_that_hangs_up_aborts_the_replica_request(cluster):
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=60) as response:
         assert response.status_code == 200
         next(response.iter_raw())  # first audio, then hang up
-    _wait(lambda: sum(_outcomes(http, "abort").values()) == aborted + 1, 60, "the abort", log)
-    _wait(lambda: all(r["in_flight"] == 0 for r in _replicas(http)), 10, "nothing in flight", log)
+    wait_for(lambda: sum(_outcomes(http, "abort").values()) == aborted + 1, 60, "the abort", log)
+    wait_for(lambda: all(r["in_flight"] == 0 for r in _replicas(http)), 10, "nothing in flight", log)
 
 
 def _outcomes(http: httpx.Client, outcome: str) -> dict[str, float]:

@@ -1,12 +1,12 @@
 """The Ray Serve application on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
 CPU per node, one tiny-model CPU engine replica per node): audio streams through the Serve
-ingress, files too, a registered voice keeps to one replica (and works on the other), zero-shot
-requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
+ingress, files and batches too, a registered voice keeps to one replica (and works on the
+other; a replacement reaches it), zero-shot requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
 
 from __future__ import annotations
 
+import base64
 import io
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,33 +15,19 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip
+
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from higgs_serve.cluster.ray_app import RayAppArgs, build_app  # noqa: E402
+from higgs_serve.cluster.replicas import free_port  # noqa: E402
 from higgs_serve.cluster.routing import affinity_rank  # noqa: E402
-
-FRAMES = 8
-FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
-# long enough that its text-derived frame cap allows the long requests below
-LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
-             "so that the frame cap that follows from its text stays above four hundred frames.")
-PCM_BYTES = FRAMES * 960 * 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _clip() -> bytes:
-    t = np.arange(int(1.2 * 24000)) / 24000
-    audio = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
-    buffer = io.BytesIO()
-    sf.write(buffer, audio, 24000, format="WAV", subtype="PCM_16")
-    return buffer.getvalue()
+    return tone_clip((330, 0.3))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +37,7 @@ def ray_serve(tiny_model_dir, tmp_path_factory):
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    port = _free_port()
+    port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app({"model": str(tiny_model_dir), "device": "cpu",
@@ -106,6 +92,13 @@ def test_audio_streams_through_the_serve_ingress(ray_serve):
     assert rate == 24000 and len(samples) == FRAMES * 960
     bad = http.post("/v1/audio/speech", json={"input": "x", "voice": "alloy"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+    batch = http.post("/v1/audio/speech/batch", json={
+        "items": [{"input": "One."}, {"input": "Two.", "voice": "alloy"}], **FIXED})
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == ["success", "error"] and results[1]["param"] == "voice"
+    samples, _ = sf.read(io.BytesIO(base64.b64decode(results[0]["audio_data"])))
+    assert len(samples) == FRAMES * 960
 
 
 def test_zero_shot_requests_use_both_replicas(ray_serve):
@@ -118,10 +111,14 @@ def test_zero_shot_requests_use_both_replicas(ray_serve):
 
 def test_voice_affinity_holds(ray_serve):
     http = ray_serve
-    created = http.post("/v1/audio/voices", data={"name": "narrator"},
+    created = http.post("/v1/audio/voices", data={"name": "narrator", "consent": "rec-1",
+                                                  "speaker_description": "a steady tone"},
                         files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
     assert created.status_code == 200, created.text
-    assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+    assert (created.json()["consent"], created.json()["replaced"]) == ("rec-1", False)
+    listed = http.get("/v1/audio/voices").json()  # the single server's list shape and fields
+    assert listed["voices"] == ["narrator"] and listed["uploaded_voices"] == listed["data"]
+    assert listed["data"][0]["speaker_description"] == "a steady tone"
     with ThreadPoolExecutor(4) as pool:  # the replica ids, as the router knows them
         ids = {r.headers["x-higgs-replica"]
                for r in pool.map(lambda _: _speech(http, response_format="pcm"), range(8))}
@@ -134,6 +131,19 @@ def test_voice_affinity_holds(ray_serve):
         assert len(response.content) == PCM_BYTES
         replicas.add(response.headers["x-higgs-replica"])
     assert replicas == {home}  # VoiceAffinityRouter placed it, not Ray's default router
+    before = _speech(http, voice="narrator", response_format="pcm", seed=11).content
+    again = http.post("/v1/audio/voices", data={"name": "narrator"},
+                      files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "voice_exists"
+    replaced = http.post("/v1/audio/voices", data={"name": "narrator", "overwrite": "true",
+                                                   "consent": "rec-2"},
+                         files={"audio_sample": ("clip.wav", tone_clip((550, 0.3)), "audio/wav")})
+    assert replaced.status_code == 200 and replaced.json()["replaced"] is True
+    assert http.get("/v1/audio/voices").json()["data"][0]["consent"] == "rec-2"
+    # the home replica had the old clip: it takes the replacement before speaking with it
+    after = _speech(http, voice="narrator", response_format="pcm", seed=11)
+    assert after.status_code == 200 and len(after.content) == len(before) == PCM_BYTES
+    assert after.content != before  # same seed and text, the new reference
     assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
     gone = _speech(http, voice="narrator", response_format="pcm")
     assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"
@@ -165,8 +175,6 @@ def test_the_example_config_is_a_valid_serve_config():
 def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir, tmp_path_factory):
     """Scale 2 -> 1 while each replica streams a long request: both streams end complete.
     (Last in the module: it leaves one replica.)"""
-    import base64
-
     http = ray_serve
     with ThreadPoolExecutor(4) as pool:
         ids = sorted({r.headers["x-higgs-replica"]

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from higgs_serve.cluster.routing import Router, routing_key
+from higgs_serve.cluster.routing import Router, batch_routing_key, body_key, routing_key
 
 
 def _router(n=4, capacity=100, **kwargs) -> Router:
@@ -24,6 +24,30 @@ def test_routing_key_from_voice_reference_or_none():
     a = routing_key({"ref_audio": "AAAA"})
     assert a == routing_key({"ref_audio": "AAAA"}) != routing_key({"ref_audio": "BBBB"})
     assert routing_key({"reference_codes": [[1, 2]]}).startswith("reference_codes:")
+    # the peers' spellings of the same things
+    assert routing_key({"voice": {"id": "alice"}}) == routing_key({"speaker": "alice"}) == "voice:alice"
+    clip = [{"audio_path": "/srv/a.wav", "text": "Hi."}]
+    assert routing_key({"references": clip}).startswith("references:")
+    assert routing_key({"references": clip}) != routing_key({"references": [{"audio_path": "/b"}]})
+
+
+def test_batch_key_is_the_key_all_items_use_else_the_envelope_key():
+    items = [{"input": "a", "voice": "alice"}, {"input": "b", "voice": "alice"}]
+    assert batch_routing_key({"items": items}) == "voice:alice"
+    assert batch_routing_key({"voice": "bob", "items": items}) == "voice:alice"  # items win
+    plain = [{"input": "a"}, {"input": "b", "voice": None}]  # null: the default applies
+    assert batch_routing_key({"voice": "bob", "items": plain}) == "voice:bob"
+    mixed = [*items, {"input": "c", "voice": "carol"}]
+    assert batch_routing_key({"items": mixed}) is None
+    assert batch_routing_key({"voice": "bob", "items": mixed}) == "voice:bob"
+    assert batch_routing_key({"items": plain}) is None
+    assert batch_routing_key({"items": "x", "voice": "bob"}) == "voice:bob"  # the replica's 400
+
+
+def test_body_key_of_raw_json():
+    assert body_key(b'{"voice": "alice"}') == "voice:alice"
+    assert body_key(b'{"items": [{"voice": "a"}]}', batch_routing_key) == "voice:a"
+    assert body_key(b"not json") is None and body_key(b'["voice"]') is None
 
 
 def test_a_key_stays_on_its_home_replica():

@@ -1,7 +1,8 @@
-"""The front end's WebSocket relay against two small upstream WebSocket servers (stand-ins for
-replicas that speak `/v1/audio/speech/stream`): frames both ways unchanged, one replica per
-session chosen by the session's voice, closes passed on in both directions. Real uvicorn
-servers on loopback and the real `websockets` client."""
+"""The front end's relays against two small upstream servers (stand-ins for replicas): WebSocket
+frames both ways unchanged, one replica per session chosen by the session's voice, closes passed
+on in both directions; a batch retried on the other replica when its home answers 503, and 429
+or 503 from the front end itself when no replica can take it. Real uvicorn servers on loopback
+and the real `websockets` client. (The real replicas: test_frontend_e2e_streaming.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from websockets.sync.client import connect
 
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_frontend
 from higgs_serve.cluster.replicas import Replica
-from higgs_serve.cluster.routing import Router
+from higgs_serve.cluster.routing import Router, affinity_rank
 
 
 def _upstream(name: str, events: list) -> FastAPI:
@@ -37,6 +38,13 @@ def _upstream(name: str, events: list) -> FastAPI:
     @app.get("/v1/audio/voices")
     async def voices():
         return JSONResponse({"object": "list", "data": []})
+
+    @app.post("/v1/audio/speech/batch")
+    async def batch():  # replica A is shutting down: retryable before the first byte
+        if name == "A":
+            return JSONResponse({"error": {"message": "shutting down", "code": "shutting_down"}},
+                                status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"object": "speech.batch", "replica": name}, headers={"X-Up": name})
 
     @app.websocket("/v1/audio/speech/stream")
     async def stream(ws: WebSocket):
@@ -161,3 +169,44 @@ def test_the_api_key_guards_the_front_end(tmp_path):
             with client.websocket_connect("/v1/audio/speech/stream") as ws:
                 ws.receive_text()
         assert closed.value.code == 1008
+        # the single server's other form of the key: past the check, then no replica is ready
+        with client.websocket_connect("/v1/audio/speech/stream?api_key=sekret") as ws:
+            ws.send_text(json.dumps({"type": "session.config"}))
+            assert json.loads(ws.receive_text())["error"]["code"] == "queue_full"
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_text()
+        assert closed.value.code == 1013
+
+
+def test_a_batch_is_retried_on_another_replica_before_its_first_byte(relay):
+    import httpx
+
+    url, frontend, _ = relay
+    http_url = url.replace("ws://", "http://").removesuffix("/v1/audio/speech/stream")
+    voice = next(f"v{i}" for i in range(100)  # a voice whose home is A, which answers 503
+                 if affinity_rank(f"voice:v{i}", "A") > affinity_rank(f"voice:v{i}", "B"))
+    retries = frontend.router.stats.retries
+    answer = httpx.post(f"{http_url}/v1/audio/speech/batch",
+                        json={"voice": voice, "items": [{"input": "x"}]})
+    assert answer.status_code == 200 and answer.json() == {"object": "speech.batch", "replica": "B"}
+    assert answer.headers["x-up"] == "B"  # the replica's headers, passed on
+    assert frontend.router.stats.retries == retries + 1
+
+
+def test_a_batch_gets_429_when_every_replica_is_full_and_503_before_any_is_ready(tmp_path):
+    from fastapi.testclient import TestClient
+
+    replicas = {"A": Replica(id="A", url="http://127.0.0.1:9")}  # never reached
+    router = Router({"A": 1})
+    frontend = Frontend(replicas, router, tmp_path / "voices", 24000, FrontendSettings())
+    body = {"items": [{"input": "x"}]}
+    # no lifespan, so no supervisor: the replica's state is what the test sets
+    client = TestClient(build_frontend(frontend))
+    unready = client.post("/v1/audio/speech/batch", json=body)
+    assert unready.status_code == 503 and unready.json()["error"]["code"] == "not_ready"
+    replicas["A"].ready = True  # ready, and at its capacity
+    router.set_healthy("A", True)
+    router.dispatched("A")
+    full = client.post("/v1/audio/speech/batch", json=body)
+    assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+    assert full.headers["retry-after"]

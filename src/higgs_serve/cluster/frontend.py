@@ -1,8 +1,9 @@
 """The public API process in front of N engine replicas on one host.
 
-Speech requests are routed by cluster/routing.py and relayed byte for byte: the upstream body is
-passed on as it arrives (raw audio, SSE, files), so streaming keeps its latency. A client that
-hangs up closes the upstream connection, which the replica's server turns into an engine abort.
+Speech requests (single and batch) are routed by cluster/routing.py and relayed byte for byte:
+the upstream body is passed on as it arrives (raw audio, SSE, files), so streaming keeps its
+latency. A client that hangs up closes the upstream connection, which the replica's server turns
+into an engine abort.
 A request is tried on another replica only before its first byte (refused connection, 429, 503);
 once every replica is full the client gets 429 with Retry-After. The WebSocket endpoint is relayed
 frame by frame, one replica per session. Voices go through the canonical registry
@@ -13,7 +14,6 @@ router's own.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from contextlib import asynccontextmanager
@@ -27,13 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import Replica, Supervisor
-from higgs_serve.cluster.routing import Router, routing_key
+from higgs_serve.cluster.routing import Router, batch_routing_key, body_key, routing_key
 from higgs_serve.cluster.voice_sync import FanOutRegistry, reconcile, stored_audio, upload_fields
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.audio_workers import AudioWorkers
 from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.settings import DEFAULT_MAX_INPUT_CHARS, ServerSettings
+from higgs_serve.server.speech_run import CLIENT_GONE, unless_disconnected
 
 logger = logging.getLogger(__name__)
 # Not passed on either way: they describe one hop, not the message.
@@ -108,28 +109,39 @@ def build_frontend(frontend: Frontend) -> FastAPI:
 def _add_speech(app: FastAPI, frontend: Frontend, protected: list) -> None:
     @app.post("/v1/audio/speech", dependencies=protected)
     async def speech(request: Request) -> Response:
-        body = await request.body()
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None  # the replica answers the 400 in its own words
-        key = routing_key(parsed) if isinstance(parsed, dict) else None
-        headers = forward_headers(request.headers)
-        upstream = await _unless_disconnected(_send(frontend, key, body, headers), request)
-        if upstream is _CLIENT_GONE:
-            return Response(status_code=499)
-        response, replica_id = upstream
-        out_headers = response_headers(response.headers)
-        if response.status_code != 200:  # an error: small, read whole
-            content = await response.aread()
-            await response.aclose()
-            frontend.router.finished(replica_id)
-            return Response(content, status_code=response.status_code, headers=out_headers)
-        return StreamingResponse(_relay(frontend, response, replica_id), status_code=200,
-                                 headers=out_headers)
+        return await _relay_post(frontend, request, routing_key)
+
+    # The whole batch goes to one replica, which runs its items concurrently (at most
+    # max_num_seqs at a time) and answers once, so the rules above hold unchanged: retried only
+    # before the answer's first byte, which for a batch is after its last item.
+    @app.post("/v1/audio/speech/batch", dependencies=protected)
+    async def speech_batch(request: Request) -> Response:
+        return await _relay_post(frontend, request, batch_routing_key)
 
 
-async def _send(frontend: Frontend, key: str | None, body: bytes,
+async def _relay_post(frontend: Frontend, request: Request,
+                      key_of: Callable[[dict], str | None]) -> Response:
+    """Route the request's JSON body by `key_of(body)` and relay it to the same path on the
+    chosen replica."""
+    body = await request.body()
+    key = body_key(body, key_of)
+    headers = forward_headers(request.headers)
+    upstream = await unless_disconnected(
+        _send(frontend, key, request.url.path, body, headers), request)
+    if upstream is CLIENT_GONE:
+        return Response(status_code=499)
+    response, replica_id = upstream
+    out_headers = response_headers(response.headers)
+    if response.status_code != 200:  # an error: small, read whole
+        content = await response.aread()
+        await response.aclose()
+        frontend.router.finished(replica_id)
+        return Response(content, status_code=response.status_code, headers=out_headers)
+    return StreamingResponse(_relay(frontend, response, replica_id), status_code=200,
+                             headers=out_headers)
+
+
+async def _send(frontend: Frontend, key: str | None, path: str, body: bytes,
                 headers: dict[str, str]) -> tuple[httpx.Response, str]:
     """Send to the routed replica; before any byte came back, try another on a refused
     connection, 429 or 503. Returns the response (headers read, body not) and its replica."""
@@ -143,7 +155,7 @@ async def _send(frontend: Frontend, key: str | None, body: bytes,
             raise _no_replica(frontend)
         replica = frontend.replicas[decision.replica]
         frontend.router.dispatched(replica.id)
-        request = frontend.client.build_request("POST", f"{replica.url}/v1/audio/speech",
+        request = frontend.client.build_request("POST", f"{replica.url}{path}",
                                                 content=body, headers=headers)
         try:
             response = await frontend.client.send(request, stream=True)
@@ -185,31 +197,6 @@ async def _relay(frontend: Frontend, response: httpx.Response, replica_id: str):
     finally:
         await response.aclose()
         frontend.router.finished(replica_id)
-
-
-_CLIENT_GONE = object()
-
-
-async def _unless_disconnected(awaitable, request: Request):
-    """The awaitable's result, or _CLIENT_GONE after cancelling it when the client hangs up
-    first (a file request that is still generating: the upstream connection is closed)."""
-    work = asyncio.ensure_future(awaitable)
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
-        return _CLIENT_GONE
-    return work.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def forward_headers(headers) -> dict[str, str]:

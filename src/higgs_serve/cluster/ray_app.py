@@ -8,8 +8,9 @@ Deployments:
   requests before the server is stopped.
 - `VoiceStore`: the canonical registered voices (one replica). An engine replica brings its own
   server's voices up to date whenever the store's version moved, before a request that names a
-  voice, so a voice registered once is usable on every replica, also one started later.
-- `HiggsIngress`: the FastAPI ingress (speech, voices, models, health). It computes the request's
+  voice (voices it lacks or that were replaced since, by each voice's revision), so a voice
+  registered once is usable on every replica, also one started later.
+- `HiggsIngress`: the FastAPI ingress (speech, speech batch, voices, models, health). It computes the request's
   affinity key (cluster/routing.py) and passes it as the handle's multiplexed model id, which
   `VoiceAffinityRouter` (cluster/ray_router.py), the engines' request router, reads.
 
@@ -20,7 +21,6 @@ annotations, and string annotations turn `request: Request` into a query paramet
 
 
 import asyncio
-import json
 import logging
 import secrets
 import shutil
@@ -40,7 +40,13 @@ from ray.serve.handle import DeploymentHandle
 
 from higgs_serve.cluster.frontend import forward_headers, response_headers
 from higgs_serve.cluster.replicas import Replica, parse_load
-from higgs_serve.cluster.routing import DEFAULT_LOAD_BOUND, RETRYABLE_STATUS, routing_key
+from higgs_serve.cluster.routing import (
+    DEFAULT_LOAD_BOUND,
+    RETRYABLE_STATUS,
+    batch_routing_key,
+    body_key,
+    routing_key,
+)
 from higgs_serve.cluster.voice_sync import (
     read_upload,
     reconcile,
@@ -49,7 +55,7 @@ from higgs_serve.cluster.voice_sync import (
     voice_json,
     voice_missing,
 )
-from higgs_serve.errors import HiggsServeError, InvalidRequestError
+from higgs_serve.errors import ConflictError, HiggsServeError, InvalidRequestError
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.voices.registry import Voice, VoiceRegistry
 
@@ -66,6 +72,7 @@ class VoiceStore:
         self.registry = VoiceRegistry(voices_dir or tempfile.mkdtemp(prefix="higgs-voices-"),
                                       sample_rate_hz)
         self.version = 0
+        self.revisions: dict[str, int] = {}  # name -> the version that last set it
 
     def get_version(self) -> int:
         return self.version
@@ -73,21 +80,34 @@ class VoiceStore:
     def list(self) -> list[Voice]:
         return self.registry.list()
 
-    def add(self, name: str, data: bytes, ref_text: str | None) -> dict:
-        """{"voice": json} or {"error": message, "status", "param"}: errors travel as data."""
-        if self.registry.get(name) is not None:
-            error = voice_exists(name)
-            return {"error": error.message, "status": 409}
+    def snapshot(self) -> "tuple[int, list[Voice], dict[str, int]]":  # `list` is a method here
+        return self.version, self.registry.list(), dict(self.revisions)
+
+    def add(self, name: str, data: bytes, ref_text: str | None, consent: str | None = None,
+            speaker_description: str | None = None, overwrite: bool = False) -> dict:
+        """{"voice": json} or {"error": message, "status", "param", "code"}: errors travel as
+        data."""
+        existed = self.registry.get(name) is not None
         try:
-            voice = self.registry.add(name, data, ref_text)
+            if existed and not overwrite:
+                raise voice_exists(name)
+            voice = self.registry.add(name, data, ref_text, consent=consent,
+                                      speaker_description=speaker_description, overwrite=overwrite)
+        except ApiError as error:
+            return {"error": error.message, "status": error.status, "param": "name",
+                    "code": error.code}
+        except ConflictError as error:  # another upload of the name won the race
+            return {"error": str(error), "status": 409, "param": "name", "code": "voice_exists"}
         except InvalidRequestError as error:
             return {"error": str(error), "status": 400, "param": error.param}
         self.version += 1
-        return {"voice": voice_json(voice)}
+        self.revisions[name] = self.version
+        return {"voice": {**voice_json(voice), "replaced": existed}}
 
     def delete(self, name: str) -> bool:
         deleted = self.registry.delete(name)
         self.version += deleted
+        self.revisions.pop(name, None)
         return deleted
 
     def audio(self, name: str) -> bytes:
@@ -115,6 +135,7 @@ class HiggsEngine:
         self._wait_ready(start_timeout_s)
         self.voices = voices
         self.voices_version = -1
+        self.voices_pushed: dict[str, int] = {}  # name -> the store revision this server holds
         self.voices_lock = asyncio.Lock()
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -142,19 +163,25 @@ class HiggsEngine:
         async with self.voices_lock:
             if version == self.voices_version:
                 return
-            wanted = {v.name: v for v in await self.voices.list.remote()}
+            version, listed, revisions = await self.voices.snapshot.remote()
+            replaced = {name for name, revision in revisions.items()
+                        if self.voices_pushed.get(name) != revision}
 
             async def audio(name: str) -> bytes:
                 return await self.voices.audio.remote(name)
 
-            await reconcile(self.client, self.server.url, wanted, audio)
+            await reconcile(self.client, self.server.url, {v.name: v for v in listed}, audio,
+                            again=replaced)
+            self.voices_pushed = revisions
             self.voices_version = version
 
-    async def speech(self, body: bytes, headers: dict[str, str], uses_voice: bool):
-        """Yields {"status", "headers"} first, then the body's bytes as they come."""
+    async def speech(self, body: bytes, headers: dict[str, str], uses_voice: bool,
+                     path: str = "/v1/audio/speech"):
+        """POST `path` (speech or speech/batch) to the server. Yields {"status", "headers"}
+        first, then the body's bytes as they come."""
         if uses_voice:
             await self._sync_voices()
-        request = self.client.build_request("POST", f"{self.server.url}/v1/audio/speech",
+        request = self.client.build_request("POST", f"{self.server.url}{path}",
                                             content=body, headers=headers)
         response = await self.client.send(request, stream=True)
         try:  # cancelled when the client leaves: closing the connection aborts the engine request
@@ -212,25 +239,32 @@ class HiggsIngress:
 
     @api.post("/v1/audio/speech")
     async def speech(self, request: Request) -> Response:
+        return await self._relay(request, routing_key)
+
+    @api.post("/v1/audio/speech/batch")
+    async def speech_batch(self, request: Request) -> Response:
+        """The whole batch to one engine replica, as in the one-host front end."""
+        return await self._relay(request, batch_routing_key)
+
+    async def _relay(self, request: Request, key_of) -> Response:
         self._check_key(request)
         body = await request.body()
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        key = routing_key(parsed) if isinstance(parsed, dict) else None
-        stream, meta = await self._first_byte(body, forward_headers(request.headers), key)
+        key = body_key(body, key_of)
+        stream, meta = await self._first_byte(body, forward_headers(request.headers), key,
+                                              request.url.path)
         if meta["status"] != 200:
             content = b"".join([chunk async for chunk in stream])
             return Response(content, status_code=meta["status"], headers=meta["headers"])
         return StreamingResponse(stream, status_code=200, headers=meta["headers"])
 
-    async def _first_byte(self, body: bytes, headers: dict, key: str | None):
+    async def _first_byte(self, body: bytes, headers: dict, key: str | None, path: str):
         """Send, and try again (the router picks again) on a 429/503 or a lost replica, only
         until the response's status and headers came back."""
         handle = self.engine.options(stream=True, multiplexed_model_id=key or "")
+        # a batch's items may name voices its key does not: its replica syncs them regardless
+        uses_voice = (key or "").startswith("voice:") or path.endswith("/batch")
         for attempt in range(_ATTEMPTS):
-            stream = handle.speech.remote(body, headers, (key or "").startswith("voice:"))
+            stream = handle.speech.remote(body, headers, uses_voice, path)
             try:
                 meta = await stream.__anext__()
             except (HiggsServeError, ApiError):
@@ -253,18 +287,24 @@ class HiggsIngress:
     @api.get("/v1/audio/voices")
     async def list_voices(self, request: Request) -> JSONResponse:
         self._check_key(request)
-        voices = await self.voices.list.remote()
-        return JSONResponse({"object": "list", "data": [voice_json(v) for v in voices]})
+        voices = [voice_json(v) for v in await self.voices.list.remote()]
+        return JSONResponse({"object": "list", "data": voices,  # the single server's list shape
+                             "voices": [v["name"] for v in voices], "uploaded_voices": voices})
 
     @api.post("/v1/audio/voices")
     async def create_voice(self, request: Request, audio_sample: Annotated[UploadFile, File()],
                            name: Annotated[str, Form()],
-                           ref_text: Annotated[str | None, Form()] = None) -> JSONResponse:
+                           ref_text: Annotated[str | None, Form()] = None,
+                           consent: Annotated[str | None, Form()] = None,
+                           speaker_description: Annotated[str | None, Form()] = None,
+                           overwrite: Annotated[bool, Form()] = False) -> JSONResponse:
         self._check_key(request)
         data = await read_upload((await request.form()).keys(), name, audio_sample)
-        result = await self.voices.add.remote(name, data, ref_text)
+        result = await self.voices.add.remote(name, data, ref_text, consent, speaker_description,
+                                              overwrite)
         if "error" in result:
-            raise ApiError(result["status"], result["error"], param=result.get("param", "name"))
+            raise ApiError(result["status"], result["error"], param=result.get("param", "name"),
+                           code=result.get("code"))
         return JSONResponse(result["voice"])
 
     @api.delete("/v1/audio/voices/{name}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 POLICIES = ("affinity", "least-loaded")
@@ -71,16 +71,44 @@ class RouterStats:
 
 
 def routing_key(body: Mapping) -> str | None:
-    """The affinity key of a speech request body: the voice, else the reference; None = zero-shot."""
+    """The affinity key of a speech request body: the voice (`voice`, vllm-omni's {"id": name}
+    or its `speaker` alias), else the reference (`ref_audio`, `reference_codes`, `references`);
+    None = zero-shot."""
     voice = body.get("voice")
+    if isinstance(voice, Mapping):
+        voice = voice.get("id")
+    voice = voice or body.get("speaker")
     if isinstance(voice, str) and voice and voice != "default":
         return f"voice:{voice}"
-    for field_name in ("ref_audio", "reference_codes"):
+    for field_name in ("ref_audio", "reference_codes", "references"):
         value = body.get(field_name)
         if value:
             data = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
             return f"{field_name}:{hashlib.sha256(data.encode()).hexdigest()[:32]}"
     return None
+
+
+def batch_routing_key(body: Mapping) -> str | None:
+    """The affinity key of a batch (`items` over envelope defaults): the key every item has
+    (its own fields over the defaults), else the envelope's own key (the default some items
+    use), else None."""
+    items = body.get("items")
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        return routing_key(body)
+    defaults = {name: value for name, value in body.items() if name != "items"}
+    keys = {routing_key({**defaults, **{k: v for k, v in item.items() if v is not None}})
+            for item in items}
+    return keys.pop() if len(keys) == 1 else routing_key(defaults)
+
+
+def body_key(body: bytes, key_of: Callable[[Mapping], str | None] = routing_key) -> str | None:
+    """`key_of` of a raw JSON request body; None when it is not a JSON object (the replica then
+    answers the 400 in its own words)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return key_of(parsed) if isinstance(parsed, dict) else None
 
 
 def affinity_rank(key: str, replica: str) -> int:

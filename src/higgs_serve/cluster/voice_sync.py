@@ -11,7 +11,7 @@ same normalised 24 kHz clip, so all of them encode it to the same reference code
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import httpx
 
@@ -19,7 +19,8 @@ from higgs_serve.server.errors import ApiError
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, VoiceRegistry, check_voice_name
 
 logger = logging.getLogger(__name__)
-UPLOAD_FIELDS = ("audio_sample", "name", "ref_text")
+# the single server's upload form (server/routers/voices.py)
+UPLOAD_FIELDS = ("audio_sample", "name", "ref_text", "consent", "speaker_description", "overwrite")
 
 
 def upload_fields(voice: Voice) -> dict[str, str]:
@@ -72,16 +73,19 @@ async def remove_voice(client: httpx.AsyncClient, url: str, name: str) -> None:
 
 
 async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Voice],
-                    audio: Callable[[str], Awaitable[bytes]], *, push_all: bool = False) -> None:
+                    audio: Callable[[str], Awaitable[bytes]], *, push_all: bool = False,
+                    again: Collection[str] = ()) -> None:
     """Make the replica at `url` hold exactly the voices `wanted` (name -> Voice); `audio(name)`
     fetches a clip. push_all: send every wanted voice again (overwriting), for a replica that may
-    have missed a replacement; else only the ones it lacks."""
+    have missed a replacement; else the ones it lacks and those named in `again` (replaced since
+    it last got them)."""
     listed = await client.get(f"{url}/v1/audio/voices")
     listed.raise_for_status()
     present = {item["name"] for item in listed.json()["data"]}
     for name in sorted(present - wanted.keys()):
         await remove_voice(client, url, name)
-    for name in sorted(wanted.keys() if push_all else wanted.keys() - present):
+    pushed = wanted.keys() if push_all else (wanted.keys() - present) | (wanted.keys() & set(again))
+    for name in sorted(pushed):
         await push_voice(client, url, wanted[name], await audio(name))
 
 
@@ -100,8 +104,8 @@ async def read_upload(form_keys, name: str, audio_sample) -> bytes:
 
 
 def voice_exists(name: str) -> ApiError:
-    return ApiError(409, f"voice {name!r} already exists; delete it first", param="name",
-                    code="voice_exists")
+    return ApiError(409, f"voice {name!r} already exists; delete it first or send "
+                    "overwrite=true", param="name", code="voice_exists")
 
 
 def voice_missing(name: str) -> ApiError:
@@ -111,4 +115,5 @@ def voice_missing(name: str) -> ApiError:
 def voice_json(voice: Voice) -> dict:
     return {"object": "voice", "name": voice.name, "ref_text": voice.ref_text,
             "created_at": voice.created_at, "duration_s": voice.duration_s,
-            "sample_rate_hz": voice.sample_rate_hz}
+            "sample_rate_hz": voice.sample_rate_hz, "consent": voice.consent,
+            "speaker_description": voice.speaker_description}

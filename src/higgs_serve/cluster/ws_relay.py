@@ -44,12 +44,9 @@ def session_key(first_frame: str | bytes) -> str | None:
 def add_websocket(app: FastAPI, frontend) -> None:
     @app.websocket(PATH)
     async def relay(client: WebSocket) -> None:
-        api_key = frontend.settings.api_key
-        if api_key is not None:
-            scheme, _, token = client.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
-                await client.close(code=1008, reason="missing or invalid API key")
-                return
+        if not _authorized(client, frontend.settings.api_key):
+            await client.close(code=1008, reason="missing or invalid API key")
+            return
         await client.accept()
         try:
             first = await _receive(client)
@@ -58,6 +55,20 @@ def add_websocket(app: FastAPI, frontend) -> None:
         if first is None:
             return
         await _session(frontend, client, first)
+
+
+def _authorized(client: WebSocket, api_key: str | None) -> bool:
+    """The single server's rule: `Authorization: Bearer KEY` or the `api_key` query parameter
+    (browsers cannot set headers on a WebSocket)."""
+    if api_key is None:
+        return True
+    expected = api_key.encode()
+    scheme, _, token = client.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode("latin-1"),
+                                                             expected):
+        return True
+    query = client.query_params.get("api_key", "")
+    return bool(query) and secrets.compare_digest(query.encode(), expected)
 
 
 async def _receive(client: WebSocket) -> str | bytes | None:

@@ -1,0 +1,49 @@
+"""What the end-to-end tests of tests/cluster share: request sizes, a reference clip, waiting."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import numpy as np
+import soundfile as sf
+
+T = TypeVar("T")
+FRAMES = 8
+FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+PCM_BYTES = FRAMES * 960 * 2  # one FIXED request as s16le at 24 kHz
+# the replicas' --segment-max-chars in tests/cluster/conftest.py: below the default (300), so a
+# long-form request proves the flag reached them; above LONG_TEXT's length (one segment)
+SEGMENT_MAX_CHARS = 200
+# long enough that its text-derived frame cap allows 400-frame requests
+LONG_TEXT = ("A long sentence for a long request, spoken slowly and clearly, with many words in it, "
+             "so that the frame cap that follows from its text stays above four hundred frames.")
+
+
+def tone_clip(*tones: tuple[float, float], seconds: float = 1.2) -> bytes:
+    """A 24 kHz 16-bit wav of summed sines, (frequency Hz, amplitude) each: a reference clip."""
+    t = np.arange(int(seconds * 24000)) / 24000
+    audio = sum(amplitude * np.sin(2 * np.pi * freq * t) for freq, amplitude in tones)
+    buffer = io.BytesIO()
+    sf.write(buffer, np.asarray(audio, dtype=np.float32), 24000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, log: Path | None = None) -> T:
+    """The predicate's first truthy value (a refused connection counts as not yet), or fail
+    naming `what`, with the tail of `log`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    tail = log.read_text()[-4000:] if log is not None else ""
+    raise AssertionError(f"{what} not reached in {timeout_s} s:\n{tail}")

@@ -1,5 +1,6 @@
-"""The flags every `higgs-serve` command shares, and the help format: one place, so the model
-argument, the load options and `--log-level` read the same in every command."""
+"""Every `higgs-serve` command's flags and the help format. The shared ones (the model argument,
+the load options, `--log-level`) are written once so they read the same in every command; each
+command's own flags follow, one function per command (cli.py wires them to the commands)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,96 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535; 0: any free port)")
     return port
+
+
+# ---------------------------------------------------------------------------- each command's flags
+def add_synth_flags(p: argparse.ArgumentParser) -> None:
+    """synth: the texts, the outputs, sampling, cloning, long-form, and the model options."""
+    add_model_argument(p)
+    p.add_argument("--text", action="append", required=True, help="text to speak (repeatable: one request each)")
+    p.add_argument("--output-dir", required=True, help="where OUT/NNNN.wav and OUT/NNNN.npz go (created if missing)")
+    p.add_argument("--temperature", type=float, help="sampling temperature; 0 = greedy (default: the profile's)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass (default: the profile's)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely codes (default: the profile's)")
+    p.add_argument("--seed", type=int, help="sampling seed, the same for every --text (default: a random one per request)")
+    p.add_argument("--max-new-tokens", type=int, help="frame cap per request, 25 frames = 1 s (default: the profile's)")
+    p.add_argument("--min-new-tokens", type=int, help="frames before the model may stop, for benchmarks (default: 0)")
+    p.add_argument("--stream", action="store_true",
+                   help="stream chunks to OUT/NNNN.stream.f32 as they arrive and check them against the final audio")
+    p.add_argument("--ref-audio", default=None,
+                   help="clone this voice (wav/flac/ogg/mp3, 0.5-30 s) for every --text (default: none)")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio / --ref-codes (default: none)")
+    p.add_argument("--ref-codes", default=None,
+                   help="clone from codes [T, 8] saved by encode-voice (.npy) instead of --ref-audio (default: none)")
+    add_model_options(p)
+    p.add_argument("--segment-max-chars", type=int, default=300,
+                   help="a longer --text is split into segments of at most this many characters and "
+                        "spoken as one recording (NNNN.wav + NNNN.segments.json)")
+    p.add_argument("--max-audio-s", type=float, default=7200.0, help="longest audio of one long-form --text (seconds)")
+
+
+def add_encode_voice_flags(p: argparse.ArgumentParser) -> None:
+    """encode-voice: the clip and the exact output path; no engine, so no engine flags."""
+    add_model_argument(p)
+    p.add_argument("file", metavar="FILE", help="reference audio (wav/flac/ogg/mp3, 0.5-30 s)")
+    p.add_argument("-o", "--output", required=True, help="the .npy file to write, exactly this path")
+    add_model_options(p, engine=False)
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """serve: listening, auth, limits, reference media, replicas."""
+    from higgs_serve.server.settings import ServerSettings  # its defaults are the flags' defaults
+
+    add_model_argument(p)
+    p.add_argument("--host", default=ServerSettings.host, help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=port_number, default=ServerSettings.port, help="TCP port (0: any free port)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: open)")
+    p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
+                   help="one or more names requests may use; /v1/models lists them all")
+    p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
+                   help="requests allowed to wait beyond the running ones; past it, 429")
+    p.add_argument("--max-input-chars", type=int, default=ServerSettings.max_input_chars,
+                   help="longest input (characters); inputs past --segment-max-chars are split "
+                        "and spoken as one recording; longer is a 413")
+    p.add_argument("--segment-max-chars", type=int, default=ServerSettings.segment_max_chars,
+                   help="long-form: sentences are grouped into engine requests of at most this many characters")
+    p.add_argument("--max-audio-s", type=float, default=ServerSettings.max_audio_s,
+                   help="longest audio of one long-form response or WebSocket session (seconds)")
+    p.add_argument("--ws-idle-timeout-s", type=float, default=ServerSettings.ws_idle_timeout_s,
+                   help="close a WebSocket session idle this long with nothing left to speak")
+    p.add_argument("--voices-dir", default=None,
+                   help=f"where registered voices persist (default: {ServerSettings().voices_dir})")
+    p.add_argument("--allowed-ref-audio-domains", default="",
+                   help="comma-separated hosts whose http(s) URLs may be given as ref_audio (default: none)")
+    p.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                   help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
+    p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
+                   help="a client that reads nothing for this long loses its response and slot")
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
+                        "behind one front end on --host/--port (default: one server, no front end)")
+    p.add_argument("--devices", default=None,
+                   help="GPU indices of the replicas, e.g. 0,1,2,3; a repeated index shares a GPU "
+                        "(default: 0..N-1 with --data-parallel-size N)")
+    p.add_argument("--routing", choices=["affinity", "least-loaded"], default="affinity",
+                   help="with several replicas: route a voice to the replica that has it cached "
+                        "(affinity) or every request to the less loaded of two (least-loaded)")
+    add_model_options(p)
+
+
+def add_config_show_flags(show: argparse.ArgumentParser) -> None:
+    """config show: the device to resolve the profile for, and the deploy options."""
+    add_model_argument(show)
+    show.add_argument("--device", default=None,
+                      help="cpu, cuda or cuda:N: resolve the profile for this device (default: cuda when available)")
+    add_deploy_options(show)
+
+
+def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:
+    """make-tiny-model: where, which seed and geometry, weights or config only."""
+    p.add_argument("dir", metavar="DIR", help="directory to write (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--preset", choices=["tiny", "4b"], default="tiny",
+                   help="tiny: milliseconds a step on CPU; 4b: the real geometry (needs --config-only)")
+    p.add_argument("--config-only", action="store_true",
+                   help="write config.json and tokenizer only (load it with --load-format dummy)")

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -28,14 +29,39 @@ MODEL_NAME = "higgs-test"
 @dataclass
 class ThreadedServer:
     app: FastAPI
-    engine: FakeEngine
+    engine: Any  # FakeEngine here; live_engine.RecordingEngine for the real engine
     server: uvicorn.Server
     thread: threading.Thread
     url: str
+    join_timeout_s: float = 10.0
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=self.join_timeout_s)
+
+
+def plain_uvicorn(app: FastAPI) -> uvicorn.Server:
+    """uvicorn on 127.0.0.1, port chosen by the OS, with a 2 s grace period on shutdown."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
+                            timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
+
+
+def run_in_thread(app: FastAPI, engine: Any, server: uvicorn.Server, ready: Callable[[], bool],
+                  timeout_s: float, why_not: Callable[[], str] = lambda: "",
+                  name: str = "test-uvicorn", poll_s: float = 0.01,
+                  join_timeout_s: float = 10.0) -> ThreadedServer:
+    """Run `server` in a daemon thread; return once it listens and `ready()` holds, or raise
+    (with `why_not()`) if the thread dies or `timeout_s` passes first."""
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not (server.started and ready()):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the test server did not start{why_not()}")
+        time.sleep(poll_s)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return ThreadedServer(app, engine, server, thread, f"http://127.0.0.1:{port}", join_timeout_s)
 
 
 def start_threaded_server(engine: FakeEngine, settings: ServerSettings, draining: bool = False,
@@ -44,21 +70,9 @@ def start_threaded_server(engine: FakeEngine, settings: ServerSettings, draining
     wait until ready. draining: run_server's uvicorn (settings.graceful_shutdown_s, then abort)
     instead of a plain one with a 2 s grace period."""
     app = build_app(engine, settings, **app_options)
-    if draining:
-        server = draining_server(app, "127.0.0.1", 0, log_level="warning")
-    else:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
-                                log_level="warning", timeout_graceful_shutdown=2)
-        server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not (server.started and app.state.server.engine_started):
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return ThreadedServer(app, engine, server, thread, f"http://127.0.0.1:{port}")
+    server = (draining_server(app, "127.0.0.1", 0, log_level="warning") if draining
+              else plain_uvicorn(app))
+    return run_in_thread(app, engine, server, lambda: app.state.server.engine_started, timeout_s=10)
 
 
 def fake_settings(tmp_path, **overrides) -> ServerSettings:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 
@@ -16,3 +19,12 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def clip(tmp_path) -> Path:
+    """A 1 s 180 Hz tone at 24 kHz: a reference clip for the CLI commands that clone."""
+    path = tmp_path / "me.wav"
+    t = np.arange(24000) / 24000
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
+    return path

@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from higgs_serve import cli
 
@@ -94,14 +93,6 @@ def test_encode_voice_takes_the_shared_load_options():
     flags = {s for a in _parser_for(["encode-voice"])._actions for s in a.option_strings}
     assert {"--load-format", "--device", "--dtype", "--deploy-config", "--stage-overrides"} <= flags
     assert not {"--max-num-seqs", "--kv-cache-dtype"} & flags  # no engine here: they would change nothing
-
-
-@pytest.fixture
-def clip(tmp_path):
-    path = tmp_path / "me.wav"
-    t = np.arange(24000) / 24000
-    sf.write(path, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
-    return path
 
 
 def test_encode_voice_writes_exactly_the_path_given(tiny_model_dir, tmp_path, clip, capsys, caplog):

@@ -45,14 +45,6 @@ def _error(capsys, *argv: str) -> str:
     return err
 
 
-@pytest.fixture
-def clip(tmp_path):
-    path = tmp_path / "me.wav"
-    t = np.arange(24000) / 24000
-    sf.write(path, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
-    return path
-
-
 def _synth(tiny_model_dir, out, *extra) -> list[str]:
     return ["synth", str(tiny_model_dir), "--text", "hi", "--output-dir", str(out), "--device", "cpu", *extra]
 

@@ -36,6 +36,8 @@ from higgs_serve.server.state import ServerState
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
+# A chain that fails before its first audio: overload is "rejected", anything else "error".
+LONG_FORM_START_FAILURES = ((EngineOverloadedError, "rejected"), (BaseException, "error"))
 
 
 def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
@@ -141,14 +143,8 @@ async def create_long_form(body: SpeechRequestBody, segments: list[Segment], req
     (see module doc)."""
     plan = await speech_run.admit_plan(body, state)
     run = LongFormRun(state, plan, segments, arrived_s)
-    try:
+    with speech_run.counted_failures(state, LONG_FORM_START_FAILURES):
         await run.start()
-    except EngineOverloadedError:
-        state.metrics.count("rejected")
-        raise
-    except BaseException:
-        state.metrics.count("error")
-        raise
     headers = {**speech_run.audio_headers(plan), "X-Segment-Count": str(len(segments))}
     if plan.mode == "file":
         return await _file(run, request, state, headers)

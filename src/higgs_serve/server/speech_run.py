@@ -8,7 +8,8 @@ chunk by chunk through `PcmChunks`. Headers are built here so every response say
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import numpy as np
@@ -51,27 +52,35 @@ async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -
     return Generation(state, await admit_plan(body, state), arrived_s)
 
 
+# A start that fails is counted under the label of the first type it matches.
+START_FAILURES = (
+    (EngineOverloadedError, "rejected"),
+    (InvalidRequestError, "invalid"),
+    (asyncio.CancelledError, "abort"),  # the batch it belongs to was abandoned
+    (BaseException, "error"),
+)
+
+
+@contextmanager
+def counted_failures(state: ServerState,
+                     labels: tuple[tuple[type[BaseException], str], ...] = START_FAILURES) -> Iterator[None]:
+    """Count an exception raised inside the block (by `labels`, first match) and re-raise it."""
+    try:
+        yield
+    except BaseException as error:
+        state.metrics.count(next(label for kind, label in labels if isinstance(error, kind)))
+        raise
+
+
 async def start(generation: Generation, state: ServerState,
                 wrap: Callable[[Awaitable], Awaitable] | None = None) -> bool:
     """Submit and wait for the first chunk; False if `wrap` reports the client gone (counted
     "abort"; the slot is freed). Failures are counted by kind and re-raised."""
-    try:
+    with counted_failures(state):
         work = generation.start() if wrap is None else wrap(generation.start())
         if await work is CLIENT_GONE:
             state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
             return False
-    except EngineOverloadedError:
-        state.metrics.count("rejected")
-        raise
-    except InvalidRequestError:
-        state.metrics.count("invalid")
-        raise
-    except asyncio.CancelledError:  # the batch it belongs to was abandoned
-        state.metrics.count("abort")
-        raise
-    except BaseException:
-        state.metrics.count("error")
-        raise
     if generation.aborted_before_audio:  # queued past the shutdown's grace period
         generation.close()
         raise shutting_down()

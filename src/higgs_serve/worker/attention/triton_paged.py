@@ -1,4 +1,6 @@
 """Paged attention on CUDA with Triton kernels (no flash-attn / flashinfer).
+(Just over 400 lines on purpose: each kernel sits beside its launch wrapper, whose grid and
+constexprs must match it; apart they would be read and changed out of step.)
 
 Three kernels, one concept each:
 - `_kv_write_kernel`: scatter this step's k/v rows into the page pool at `slot_mapping`

@@ -156,6 +156,24 @@ def test_session_options(live):
     asyncio.run(run())
 
 
+def test_session_sample_rate_resamples_each_sentence(live):
+    """sample_rate in session.config is honoured, as over REST: audio.start names the rate and
+    each sentence's pcm is that rate's length (30 frames of 40 ms at 16 kHz: 19,200 samples)."""
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "max_new_tokens": 30, "sample_rate": 16000}))
+            await ws.send(json.dumps({"type": "input.text", "text": "First one. Second one."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            return await _receive_all(ws)
+
+    events, audio, _ = asyncio.run(run())
+    starts = [e for e in events if e["type"] == "audio.start"]
+    dones = [e for e in events if e["type"] == "audio.done"]
+    assert [e["sample_rate"] for e in starts] == [16000, 16000]
+    assert [e["total_bytes"] for e in dones] == [30 * 640 * 2, 30 * 640 * 2]
+    assert len(audio) == 2 * 30 * 640 * 2
+
+
 def test_malformed_messages_get_errors_and_the_session_goes_on(live):
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:

@@ -1,12 +1,16 @@
 """PNG charts from the benchmark JSON files.
 
 - serving.png: TTFA p50 and audio s/s versus concurrency, one line per bench_serving file
-  (e.g. the low-latency and high-throughput profiles).
+  (e.g. the low-latency and high-throughput profiles); with `--group-by profile`, one line per
+  deploy config, so single-concurrency files of one profile join into one line. `FILE:16,64`
+  keeps only those levels of a file. Where several runs give one point, the line goes through
+  the first given and a bar spans them all.
 - step.png: Stage 0 step time (median) versus batch, one panel per context length, one line per
   graph path and step kind (decode solid; mixed = decodes + one prefill chunk, dotted), with the
-  bandwidth floor dashed.
+  bandwidth floor dashed; `--step-gpu` adds the GPU-only time (dash-dot) where the file has it.
 
 Usage: python benchmarks/plot.py --serving ll.json ht.json --step step.json --out-dir plots/
+       python benchmarks/plot.py --group-by profile --serving fp_c1.json fp_c16.json ll.json:1,16 ...
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on the GPU machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 _PATH_STYLE = {"eager": "tab:red", "mlp_graphs": "tab:blue", "full_graph": "tab:green", "piecewise": "tab:purple"}
 
@@ -55,19 +60,58 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_serving(files: list[str], out: Path) -> Path:
-    runs = [_load(f, "bench_serving") for f in files]
+def _serving_spec(arg: str) -> tuple[str, set[int] | None]:
+    """'run.json' -> (path, None); 'run.json:16,64' -> (path, {16, 64}): only those levels."""
+    path, sep, tail = arg.rpartition(":")
+    if sep and tail and all(part.isdigit() for part in tail.split(",")):
+        return path, {int(part) for part in tail.split(",")}
+    return arg, None
+
+
+def _profile(run: dict) -> str:
+    """The deploy config a run served (a bundled name without its model prefix, or a YAML's stem)."""
+    config = (run.get("settings") or {}).get("deploy_config") or run["label"]
+    name = Path(config).stem if config.endswith((".yaml", ".yml")) else config
+    return name.removeprefix("higgs_multimodal_qwen3_")
+
+
+def serving_series(specs: list[str], group_by: str = "file") -> list[tuple[str, dict[int, list[dict]]]]:
+    """[(line label, {concurrency: [completed levels, in the order given]})]: one line per file
+    (its label), or with group_by="profile" one line per deploy config, in first-seen order."""
+    series: dict = {}
+    for i, spec in enumerate(specs):
+        path, keep = _serving_spec(spec)
+        run = _load(path, "bench_serving")
+        key = _profile(run) if group_by == "profile" else (i, run["label"])
+        points = series.setdefault(key, {})
+        for lv in run["levels"]:
+            if lv["completed"] and (keep is None or lv["concurrency"] in keep):
+                points.setdefault(lv["concurrency"], []).append(lv)
+    return [(key if isinstance(key, str) else key[1], dict(sorted(points.items()))) for key, points in series.items()]
+
+
+def _plot_series(ax, points: dict[int, list[dict]], metric: str, label: str) -> None:
+    c = list(points)
+    y = [points[x][0][metric] for x in c]  # the first run given for each point
+    low = [yi - min(lv[metric] for lv in points[x]) for x, yi in zip(c, y)]
+    high = [max(lv[metric] for lv in points[x]) - yi for x, yi in zip(c, y)]
+    ax.errorbar(c, y, yerr=[low, high] if any(low) or any(high) else None, marker="o", capsize=4, label=label)
+
+
+def plot_serving(files: list[str], out: Path, group_by: str = "file") -> Path:
+    series = serving_series(files, group_by)
+    runs = [_load(_serving_spec(f)[0], "bench_serving") for f in files]
     fig, (ax_ttfa, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
     all_c: set[int] = set()
-    for run in runs:
-        levels = [lv for lv in run["levels"] if lv["completed"]]
-        c = [lv["concurrency"] for lv in levels]
-        all_c.update(c)
-        ax_ttfa.plot(c, [lv["ttfa_ms_p50"] for lv in levels], marker="o", label=run["label"])
-        ax_tput.plot(c, [lv["audio_s_per_s"] for lv in levels], marker="o", label=run["label"])
+    for label, points in series:
+        all_c.update(points)
+        _plot_series(ax_ttfa, points, "ttfa_ms_p50", label)
+        _plot_series(ax_tput, points, "audio_s_per_s", label)
     for ax in (ax_ttfa, ax_tput):
         _log2_concurrency_axis(ax, sorted(all_c))
         ax.legend()
+    if group_by == "profile":
+        ax_ttfa.set_yscale("log")  # tens of ms at c = 1 beside seconds of queueing
     ax_ttfa.set_ylabel("TTFA p50 (ms)")
     ax_ttfa.set_title("Time to first audio")
     ax_tput.set_ylabel("audio seconds / wall second")
@@ -77,8 +121,10 @@ def plot_serving(files: list[str], out: Path) -> Path:
     return _save(fig, out / "serving.png")
 
 
-def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[str] | None = None) -> Path:
-    """Step time against batch per (path, step kind, variant); `paths` / `kinds` keep only those."""
+def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[str] | None = None,
+              gpu: bool = False) -> Path:
+    """Step time against batch per (path, step kind, variant); `paths` / `kinds` keep only those;
+    `gpu` adds each line's GPU-only time where the file has it."""
     data = _load(file, "bench_step")
     data["rows"] = [r for r in data["rows"] if (not paths or r["path"] in paths)
                     and (not kinds or r.get("step", "decode") in kinds)]
@@ -87,7 +133,7 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
         row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"), row.get("pdl"))
     by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
-    fig, axes = plt.subplots(1, len(contexts), figsize=(4.6 * len(contexts), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(max(6.4, 4.6 * len(contexts)), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
         for (path, kind, gemm, pdl), prow in _group_by(rows, "line").items():
@@ -98,6 +144,10 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
             ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow],
                     marker="x" if baseline else "o", alpha=0.5 if baseline else 1.0,
                     color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-", label=label)
+            gpu_rows = [r for r in prow if r.get("gpu_ms") is not None]
+            if gpu and gpu_rows:
+                ax.plot([r["batch"] for r in gpu_rows], [r["gpu_ms"] for r in gpu_rows], marker="s",
+                        color=_PATH_STYLE.get(path), linestyle="-.", label=f"{label}, GPU only")
         floor = {r["batch"]: r["floor_ms"] for r in rows}
         batches = sorted(floor)
         ax.plot(batches, [floor[b] for b in batches], "k--", label="bandwidth floor")
@@ -105,6 +155,8 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
         ax.set_xlabel("batch")
         ax.set_ylabel("step (ms, median)")
         ax.set_yscale("log")  # eager vs graph vs floor span more than 10x
+        ax.yaxis.set_major_formatter(ScalarFormatter())  # 2, 3, 4 ms rather than 2x10^0
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_title(f"context {context}")
         ax.legend(fontsize=8)
     name = data["device"].get("cuda_name") or data["device"].get("torch_device")
@@ -114,11 +166,15 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--serving", nargs="*", default=[], help="bench_serving JSON files (one line each)")
+    p.add_argument("--serving", nargs="*", default=[],
+                   help="bench_serving JSON files (one line each), FILE:C,C for only those levels")
+    p.add_argument("--group-by", choices=["file", "profile"], default="file",
+                   help="one serving line per file, or per deploy config (profile)")
     p.add_argument("--step", default=None, help="a bench_step JSON file")
     p.add_argument("--step-paths", nargs="*", default=None, help="only these graph paths of --step")
     p.add_argument("--step-kinds", nargs="*", choices=["decode", "mixed"], default=None,
                    help="only these step kinds of --step")
+    p.add_argument("--step-gpu", action="store_true", help="also draw the GPU-only step time")
     p.add_argument("--out-dir", default=".")
     args = p.parse_args(argv)
     if not args.serving and not args.step:
@@ -126,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if args.serving:
-        print(f"wrote {plot_serving(args.serving, out)}")
+        print(f"wrote {plot_serving(args.serving, out, args.group_by)}")
     if args.step:
-        print(f"wrote {plot_step(args.step, out, args.step_paths, args.step_kinds)}")
+        print(f"wrote {plot_step(args.step, out, args.step_paths, args.step_kinds, args.step_gpu)}")
     return 0
 
 

@@ -310,6 +310,42 @@ def test_plots_are_written(step_json: Path, serving_json: Path, tmp_path: Path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _serving_run(path: Path, label: str, deploy_config: str, levels: list[tuple[int, float, float]]) -> str:
+    path.write_text(json.dumps({
+        "tool": "bench_serving", "label": label, "settings": {"frames": 250, "deploy_config": deploy_config},
+        "levels": [{"concurrency": c, "completed": 8, "ttfa_ms_p50": t, "audio_s_per_s": a} for c, t, a in levels]}))
+    return str(path)
+
+
+def test_serving_plot_groups_single_concurrency_files_by_profile(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    plot = load_bench("plot")
+    fp = "higgs_multimodal_qwen3_full_and_piecewise"
+    files = [
+        _serving_run(tmp_path / "fp64.json", "fp_c64", fp, [(64, 157.0, 390.0)]),
+        _serving_run(tmp_path / "ll.json", "ll_sweep", "higgs_multimodal_qwen3_low_latency",
+                     [(1, 80.0, 10.0), (16, 200.0, 117.0), (64, 3900.0, 123.0)]),
+        _serving_run(tmp_path / "fp1.json", "fp_c1", fp, [(1, 43.6, 12.8)]),
+        _serving_run(tmp_path / "fp16.json", "fp_c16", fp, [(16, 98.0, 151.7)]),
+        _serving_run(tmp_path / "fp64b.json", "fp_c64_rerun", fp, [(64, 172.0, 386.5)]),
+        _serving_run(tmp_path / "bf.json", "bf", "benchmarks/configs/full_and_piecewise_bf16x3.yaml", [(16, 76.0, 163.5)]),
+    ]
+    files[1] += ":1,64"  # only those levels of the sweep
+    series = dict(plot.serving_series(files, group_by="profile"))
+    assert list(series) == ["full_and_piecewise", "low_latency", "full_and_piecewise_bf16x3"]  # first seen
+    fp_points = series["full_and_piecewise"]
+    assert list(fp_points) == [1, 16, 64]  # sorted by concurrency, whatever the file order
+    assert [lv["audio_s_per_s"] for lv in fp_points[64]] == [390.0, 386.5]  # both runs, first given first
+    assert [lvs[0]["ttfa_ms_p50"] for lvs in fp_points.values()] == [43.6, 98.0, 157.0]
+    assert {c: [lv["audio_s_per_s"] for lv in lvs] for c, lvs in series["low_latency"].items()} == {1: [10.0], 64: [123.0]}
+    # the default keeps one line per file, every level
+    per_file = plot.serving_series(files[1:3])
+    assert [(label, list(points)) for label, points in per_file] == [("ll_sweep", [1, 64]), ("fp_c1", [1])]
+    assert [(label, list(pts)) for label, pts in plot.serving_series([files[1][:-5]])] == [("ll_sweep", [1, 16, 64])]
+    assert plot.main(["--group-by", "profile", "--serving", *files, "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "serving.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ------------------------------------------------------------------------------ GEMM sweep space
 def test_gemm_sweep_space_past_16_rows_fits_shared_memory_and_holds_the_tuned_buckets():
     bench_gemm = load_bench("bench_gemm")

@@ -47,7 +47,7 @@ ERR_BATCH = 4  # windows compared against the float64 decode
 CONTEXT_FRAMES = 29  # L + H of the default streaming window (docs/model.md#streaming-windows)
 
 
-def _decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True) -> CodecDecoder:
+def build_decoder(spec, tensors, precision: str, device: torch.device, gemm_convs: bool = True) -> CodecDecoder:
     """The decoder as the engine builds it for `precision` (`gemm_convs` False: every k7 conv on
     cuDNN, as before the float32 GEMM form)."""
     dtype = torch.float64 if precision == "float64" else PRECISION_DTYPES[precision]
@@ -157,7 +157,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     err_batch = min(ERR_BATCH, max(args.batch))
     codes = torch.randint(0, 1024, (max(args.batch), max(args.windows), 8), generator=gen).to(device)
-    ref64 = _decoder(spec, codec_tensors, "float64", device)
+    ref64 = build_decoder(spec, codec_tensors, "float64", device)
     references = {w: ref64(codes[:err_batch, :w]).double() for w in args.windows}
     del ref64
     shapes = [window_shape(w, new, args.holdback, keep) for keep in args.keep for w, new in zip(args.windows, new_frames)]
@@ -170,7 +170,7 @@ def main() -> None:
             continue  # the GEMM form is float32's only: one row per other precision
         torch.backends.cudnn.benchmark = tuned == "on"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
-        dec = _decoder(spec, codec_tensors, precision, device, gemm == "on")
+        dec = build_decoder(spec, codec_tensors, precision, device, gemm == "on")
         if split is not None:
             dec.split_conv_min_channels = split
         label = precision if split is None else f"{precision}>={split}"

@@ -14,6 +14,9 @@
 #   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
 #   longform    bench_seam (joins with and without the seam ramp), then  est. 3-5 min
 #               bench_ws_stream against a server (WebSocket TTFA at LLM text speed, c = 1/4/16)
+#   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
+#               against float32 and of float32 against float64, 4 random
+#               codecs x (64 streaming windows + 4 whole clips)
 # A device call is limited to 10 min (keep a margin: <= 9): e.g. `tests step`, then
 # `serving plots` (or `serving_ll` and `serving_ht plots` in separate calls if serving runs long).
 #
@@ -30,7 +33,7 @@
 #    its JSON after every level, so a cut-short run still returns what it measured.
 #
 # Output in $OUT (at most 8 files come back): gpu_suite.log (everything, appended), step.json,
-# serving_ll.json, serving_ht.json, serving_fp.json, serving.png, step.png.
+# serving_ll.json, serving_ht.json, serving_fp.json, serving.png, step.png (codec_snr: codec_snr.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -134,6 +137,12 @@ stage_longform() {
   return $rc
 }
 
+stage_codec_snr() {
+  # the JSON is rewritten after every seed: a run cut by the limit keeps the seeds it finished
+  run codec_snr 170 python3 benchmarks/bench_codec_snr.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+    --device "$DEVICE" --out "$OUT/codec_snr.json"
+}
+
 stage_plots() {
   local serving=()
   for f in "$OUT"/serving_ll.json "$OUT"/serving_ht.json "$OUT"/serving_fp.json; do [ -f "$f" ] && serving+=("$f"); done
@@ -148,13 +157,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|longform|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|serving|serving_ll|serving_ht|serving_fp|longform|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, longform, plots)" >&2
+    tests|step|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, longform, codec_snr, plots)" >&2
        exit 2 ;;
   esac
 done

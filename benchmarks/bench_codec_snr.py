@@ -14,13 +14,13 @@ convolutions; the few linear layers stay float32, as in the server).
 Per window: SNR = 10·log10(Σ ref² / Σ (out − ref)²) dB, ref the float32 decode (float64 for the
 float32 row), and max |out − ref| / max |ref|. Rows give the mean (over windows, in dB), the
 minimum and the 5th percentile. For scale ("16-bit SNR"): the SNR of the same float32 output
-scaled to full scale (peak 1.0) and put through the server's 16-bit PCM conversion
-(`pcm16`): the best 16-bit PCM can do for that waveform, ~98 dB for a sine,
-less for a higher crest factor. The JSON also has it at the output's own level, as the server
-sends it ("pcm16_snr_*"; random weights set that level, and a peak past 1.0 clips).
-Verdict: "transparent" when the smallest SNR is at least 90 dB, well under one 16-bit step of a
-full-scale signal. A window decoded bit-identically has infinite SNR: counted as identical and left
-out of the mean and percentile. On CPU there is no TF32: the "tf32" row is plain float32 there.
+scaled to full scale (peak 1.0) and put through the server's 16-bit PCM conversion (`pcm16`):
+the best 16-bit PCM can do for that waveform, ~98 dB for a sine, less for a higher crest factor.
+The JSON also has it at the output's own level, as the server sends it ("pcm16_snr_*"; random
+weights set that level, and a peak past 1.0 clips). Verdict: "transparent" when the smallest SNR
+is at least 90 dB, an error no louder than the 16-bit quantisation of a full-scale signal. A
+window decoded bit-identically has infinite SNR: counted as identical and left out of the mean
+and percentile. On CPU there is no TF32: the "tf32" row is plain float32 there.
 
   PYTHONPATH=src python3 benchmarks/bench_codec_snr.py --model /tmp/h4b --out codec_snr.json
 """

@@ -107,6 +107,14 @@ class LongFormRun:
         pieces = [e.audio async for e in self.events() if isinstance(e, SegmentAudio)]
         return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
+    @property
+    def finish_reason(self) -> str:
+        """The recording's: "abort" also when the shutdown stopped the chain between segments
+        (then every segment spoken ended normally, but the rest of the input was never started)."""
+        if self._aborted and not self.completed:
+            return "abort"
+        return self.session.finish_reason
+
     def abort(self) -> None:
         """Stop the chain: the segment being spoken is aborted in the engine, no other starts."""
         self._aborted = True
@@ -166,7 +174,7 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
         if audio is speech_run.CLIENT_GONE:
             await run.close()  # the client left: unfinished, counted as "abort"
             return Response(status_code=499)
-        if run.session.finish_reason == "abort":  # cut by the shutdown's grace period
+        if run.finish_reason == "abort":  # cut by the shutdown's grace period
             await run.close()
             raise speech_run.shutting_down()
         data = await speech_run.render_file(audio, plan, state)  # stretch, output rate, encode
@@ -177,7 +185,7 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
     # speed != 1 shortens the recording by 1/speed: the timestamps scale alike (exact at speed 1)
     frames = run.session.num_frames
     headers = {**headers, **_segments_header(run.timings(1.0 / plan.speed)),
-               "X-Finish-Reason": run.session.finish_reason,
+               "X-Finish-Reason": run.finish_reason,
                "X-Usage-Input-Tokens": str(plan.input_tokens), "X-Usage-Output-Tokens": str(frames),
                "X-Prompt-Tokens": str(plan.input_tokens), "X-Completion-Tokens": str(frames),
                "X-Engine-Time": f"{time.perf_counter() - run.started_s:.4f}"}
@@ -201,7 +209,9 @@ async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
             if isinstance(event, SegmentAudio):
                 yield pcm.convert(event.audio, is_final=False)
         yield pcm.convert(np.zeros(0, np.float32), is_final=True)
-        if run.session.finish_reason == "abort":
+        if run.finish_reason == "abort":
+            # aborted by the server (shutdown): counted "abort", the body ends truncated
+            await run.close()
             raise HiggsServeError("the request was aborted by the server before it finished")
     except HiggsServeError:
         await run.close(outcome="error")
@@ -227,12 +237,16 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         if tail:
             yield sse.audio_delta(tail)
         session = run.session
-        if session.finish_reason == "abort":
-            raise HiggsServeError("the request was aborted by the server before it finished")
+        if run.finish_reason == "abort":  # aborted by the server (shutdown): counted "abort"
+            await run.close()
+            yield sse.audio_error(error_object(
+                "the request was aborted by the server before it finished", "server_error",
+                code="aborted"), partial_audio=sent_audio)
+            return
         usage = {"input_tokens": plan.input_tokens, "output_tokens": session.num_frames,
                  "total_tokens": plan.input_tokens + session.num_frames}
         yield sse.encode_event("speech.audio.done", {
-            "usage": usage, "finish_reason": session.finish_reason, "segments": run.timings()})
+            "usage": usage, "finish_reason": run.finish_reason, "segments": run.timings()})
     except HiggsServeError as error:
         await run.close(outcome="error")
         api_error = to_api_error(error)

@@ -1,0 +1,60 @@
+"""The shutdown's abort (ServerState.abort_in_flight) reaches every request path and each path
+says so: nothing cut short by the server is answered as a complete recording."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from fake_engine import FakeEngine, fake_deploy
+from live_server import fake_settings
+
+from higgs_serve.server import long_form
+from higgs_serve.server.app import build_app
+from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.speech_run import admit_plan
+
+SENTENCES = "One sentence here. Another one there. A third one follows."
+
+
+def _state(tmp_path):
+    engine = FakeEngine(deploy=fake_deploy(max_tokens=2000))
+    state = build_app(engine, fake_settings(tmp_path, segment_max_chars=20,
+                                            max_input_chars=500)).state.server
+    asyncio.run(engine.start())
+    state.engine_started = True
+    return state
+
+
+def _sse_types(chunks: list[bytes]) -> list[str]:
+    lines = b"".join(chunks).decode().splitlines()
+    return [json.loads(line[6:])["type"] for line in lines if line.startswith("data: ")]
+
+
+def test_long_form_aborted_between_segments_is_not_answered_as_complete(tmp_path):
+    """The grace period ending after a segment finished and before the next started: the SSE
+    stream ends with speech.audio.error (it used to end with speech.audio.done, finish_reason
+    "stop", the rest of the input never spoken) and the request counts "abort" as a single
+    request's does (it was counted "error")."""
+    state = _state(tmp_path)
+    body = SpeechRequestBody(input=SENTENCES, response_format="pcm", stream_format="sse")
+    segments = long_form.plan_segments(body.input, state.settings)
+    assert len(segments) == 3
+
+    async def run() -> list[bytes]:
+        plan = await admit_plan(body, state)
+        chain = long_form.LongFormRun(state, plan, segments, time.perf_counter())
+        await chain.start()
+        out = []
+        async for data in long_form._sse(chain, state):
+            out.append(data)
+            if b"speech.segment.done" in data and len(out) < 100:
+                state.abort_in_flight()  # between segment 0 and segment 1
+        return out
+
+    types = _sse_types(asyncio.run(run()))
+    assert types.count("speech.segment.done") == 1
+    assert types[-1] == "speech.audio.error"
+    assert state.gate.in_flight == 0 and not state.generations
+    assert state.metrics.requests.labels("abort")._value.get() == 1

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 from fake_engine import FakeEngine, fake_deploy
 from live_server import fake_settings
 
+from higgs_serve.engine.core import EngineHooks
 from higgs_serve.server import long_form
 from higgs_serve.server.app import build_app
+from higgs_serve.server.routers import speech_batch
 from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.speech_run import admit_plan
 
@@ -56,5 +59,31 @@ def test_long_form_aborted_between_segments_is_not_answered_as_complete(tmp_path
     types = _sse_types(asyncio.run(run()))
     assert types.count("speech.segment.done") == 1
     assert types[-1] == "speech.audio.error"
+    assert state.gate.in_flight == 0 and not state.generations
+    assert state.metrics.requests.labels("abort")._value.get() == 1
+
+
+class _ChunkedFileEngine(FakeEngine):
+    """File requests in several chunks, as the real engine decodes them (the fake sends one)."""
+
+    def generate(self, request):
+        return super().generate(replace(request, stream=True))
+
+
+def test_batch_item_aborted_mid_way_is_an_error_not_a_success(tmp_path):
+    """An item the shutdown aborts after its first audio is that item's 503 shutting_down (as a
+    single file request's is), not a "success" carrying the partial audio."""
+    engine = _ChunkedFileEngine(deploy=fake_deploy(max_tokens=2000))
+    state = build_app(engine, fake_settings(tmp_path)).state.server
+    asyncio.run(engine.start())
+    state.engine_started = True
+    # the first fake step: abort everything in flight; its chunk still arrives (audio started)
+    engine.hooks = EngineHooks(on_step=lambda *_: state.abort_in_flight())
+
+    result = asyncio.run(speech_batch._run_item(
+        0, {"input": "a sentence long enough for several chunks"}, {}, state,
+        time.perf_counter(), asyncio.Semaphore(1)))
+    assert result.status == "error", result
+    assert (result.status_code, result.code) == (503, "shutting_down")
     assert state.gate.in_flight == 0 and not state.generations
     assert state.metrics.requests.labels("abort")._value.get() == 1

@@ -100,6 +100,9 @@ async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
     await speech_run.start(generation, state)
     try:
         audio = await generation.collect()
+        if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            generation.close()
+            raise speech_run.shutting_down()
         data = await speech_run.render_file(audio, plan, state)
     except asyncio.CancelledError:
         generation.close()  # unfinished: aborted in the engine, counted "abort"

@@ -174,6 +174,20 @@ def test_session_sample_rate_resamples_each_sentence(live):
     assert len(audio) == 2 * 30 * 640 * 2
 
 
+def test_sglang_session_configured_names_the_session_rate(live):
+    """protocol sglang-omni: session.configured says the rate the audio comes at (it said the
+    engine's 24 kHz while every sentence came resampled to the session's sample_rate)."""
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "protocol": "sglang-omni", "sample_rate": 16000}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            return await _receive_all(ws)
+
+    events, _, _ = asyncio.run(run())
+    assert events[0]["type"] == "session.configured"
+    assert (events[0]["sample_rate"], events[0]["format"]) == (16000, "pcm")
+
+
 def test_malformed_messages_get_errors_and_the_session_goes_on(live):
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:

@@ -137,7 +137,7 @@ class SpeechStreamSession:
                                      max_audio_samples(self.state))
         if config.options.protocol == "sglang-omni":
             await self._send_json({"type": "session.configured",
-                                   "sample_rate": self.state.engine.sample_rate_hz,
+                                   "sample_rate": config.plan.sample_rate_hz,
                                    "format": config.plan.response_format})
         return False
 

@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
-from higgs_serve.errors import EngineOverloadedError, HiggsServeError
+from higgs_serve.errors import HiggsServeError
 from higgs_serve.server import speech_run, sse
 from higgs_serve.server.errors import error_object, to_api_error
 from higgs_serve.server.schemas import SpeechRequestBody
@@ -36,8 +36,6 @@ from higgs_serve.server.state import ServerState
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
-# A chain that fails before its first audio: overload is "rejected", anything else "error".
-LONG_FORM_START_FAILURES = ((EngineOverloadedError, "rejected"), (BaseException, "error"))
 
 
 def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
@@ -151,7 +149,7 @@ async def create_long_form(body: SpeechRequestBody, segments: list[Segment], req
     (see module doc)."""
     plan = await speech_run.admit_plan(body, state)
     run = LongFormRun(state, plan, segments, arrived_s)
-    with speech_run.counted_failures(state, LONG_FORM_START_FAILURES):
+    with speech_run.counted_failures(state):  # labelled as a single request's start
         await run.start()
     headers = {**speech_run.audio_headers(plan), "X-Segment-Count": str(len(segments))}
     if plan.mode == "file":

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import httpx
+import pytest
 from fake_engine import FakeEngine, fake_deploy
-from live_server import fake_settings
+from live_server import fake_settings, start_threaded_server
 
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.server import long_form
@@ -87,3 +91,57 @@ def test_batch_item_aborted_mid_way_is_an_error_not_a_success(tmp_path):
     assert (result.status_code, result.code) == (503, "shutting_down")
     assert state.gate.in_flight == 0 and not state.generations
     assert state.metrics.requests.labels("abort")._value.get() == 1
+
+
+HELD_LONG_FORM = "HOLD on here. " + SENTENCES  # segment 0 ("HOLD on here.") waits in the fake
+
+
+def _wait_until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def held_server(tmp_path):
+    engine = FakeEngine(deploy=fake_deploy(max_tokens=2000))
+    live = start_threaded_server(engine, fake_settings(tmp_path, segment_max_chars=20,
+                                                       max_input_chars=500))
+    engine.hold.clear()
+    yield live, engine
+    engine.hold.set()
+    live.stop()
+
+
+def test_long_form_client_leaving_while_queued_frees_its_slot(held_server):
+    """A long-form request whose client hangs up before the first audio is aborted at once and
+    counted "abort", as a single request is (it held its slot until its first audio)."""
+    live, engine = held_server
+    state = live.app.state.server
+    host, port = live.url.removeprefix("http://").split(":")
+    payload = json.dumps({"input": HELD_LONG_FORM, "response_format": "pcm"}).encode()
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\n" + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                       + payload)
+        _wait_until(lambda: state.gate.in_flight == 1 and engine.requests)
+    _wait_until(lambda: state.gate.in_flight == 0)
+    assert engine.aborted == [engine.requests[0].request_id]
+    assert state.metrics.requests.labels("abort")._value.get() == 1
+
+
+def test_long_form_queued_past_the_grace_period_is_a_503(held_server):
+    """The shutdown's abort reaching a long-form request still queued: an OpenAI-shaped 503
+    shutting_down, as a single request gets (it was a 200 whose raw body was empty)."""
+    live, engine = held_server
+    state = live.app.state.server
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(httpx.post, f"{live.url}/v1/audio/speech", timeout=30, json={
+            "input": HELD_LONG_FORM, "response_format": "pcm", "stream": True})
+        _wait_until(lambda: state.generations and engine.requests)
+        state.abort_in_flight()
+        response = answer.result()
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert len(engine.requests) == 1 and state.gate.in_flight == 0

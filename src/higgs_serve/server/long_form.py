@@ -86,13 +86,20 @@ class LongFormRun:
         self.completed = True
 
     async def start(self) -> None:
-        """Wait for the first audio (errors surface before any response starts)."""
+        """Wait for the first audio (errors surface before any response starts). Cancelled
+        (the client left while queued): the chain is closed unrecorded, its slot freed."""
         try:
             self._first = await anext(self._events)
         except BaseException:
             await self.close(outcome=None, record=False)
             raise
         self._state.metrics.ttfa_seconds.observe(time.perf_counter() - self._arrived_s)
+
+    @property
+    def aborted_before_audio(self) -> bool:
+        """The shutdown aborted the first segment before it produced audio."""
+        first = self._first
+        return isinstance(first, SegmentDone) and first.finish_reason == "abort"
 
     async def events(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
         first, self._first = self._first, None
@@ -150,7 +157,13 @@ async def create_long_form(body: SpeechRequestBody, segments: list[Segment], req
     plan = await speech_run.admit_plan(body, state)
     run = LongFormRun(state, plan, segments, arrived_s)
     with speech_run.counted_failures(state):  # labelled as a single request's start
-        await run.start()
+        started = await speech_run.unless_disconnected(run.start(), request)
+    if started is speech_run.CLIENT_GONE:
+        state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
+        return Response(status_code=499)
+    if run.aborted_before_audio:  # queued past the shutdown's grace period
+        await run.close()
+        raise speech_run.shutting_down()
     headers = {**speech_run.audio_headers(plan), "X-Segment-Count": str(len(segments))}
     if plan.mode == "file":
         return await _file(run, request, state, headers)

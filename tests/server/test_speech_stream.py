@@ -258,6 +258,38 @@ def test_disconnect_frees_the_engine_at_once(live):
     assert core.stats()["num_running"] == 0
 
 
+def test_sentence_outcomes_count_as_rest_requests_do(live):
+    """A sentence the engine refuses (min_new_tokens above its frame cap) counts "invalid" (it
+    counted "error"); one cut by the client leaving counts "abort" (it counted nothing)."""
+    http = httpx.Client(base_url=live.url)
+    counts = {o: metric(http, f'higgs_serve_requests_total{{outcome="{o}"}}')
+              for o in ("invalid", "error", "abort")}
+
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200, "min_new_tokens": 200}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Hi."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, _, _ = await _receive_all(ws)
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["error"]["param"] for e in errors] == ["min_new_tokens"], events
+        ws = await websockets.connect(_ws_url(live))
+        await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+        await ws.send(json.dumps({"type": "input.text", "text": "A long one. And more"}))
+        while not isinstance(await ws.recv(), bytes):  # audio is flowing
+            pass
+        ws.transport.abort()
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 5
+    while live.app.state.server.gate.in_flight:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    after = {o: metric(http, f'higgs_serve_requests_total{{outcome="{o}"}}') for o in counts}
+    assert after == {"invalid": counts["invalid"] + 1, "error": counts["error"],
+                     "abort": counts["abort"] + 1}
+
+
 def test_text_waiting_to_be_spoken_is_bounded(live):
     gate = live.app.state.server.gate
 

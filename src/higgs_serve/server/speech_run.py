@@ -61,14 +61,18 @@ START_FAILURES = (
 )
 
 
+def failure_label(error: BaseException) -> str:
+    """The outcome a start that failed with `error` is counted under (START_FAILURES)."""
+    return next(label for kind, label in START_FAILURES if isinstance(error, kind))
+
+
 @contextmanager
-def counted_failures(state: ServerState,
-                     labels: tuple[tuple[type[BaseException], str], ...] = START_FAILURES) -> Iterator[None]:
-    """Count an exception raised inside the block (by `labels`, first match) and re-raise it."""
+def counted_failures(state: ServerState) -> Iterator[None]:
+    """Count an exception raised inside the block (`failure_label`) and re-raise it."""
     try:
         yield
     except BaseException as error:
-        state.metrics.count(next(label for kind, label in labels if isinstance(error, kind)))
+        state.metrics.count(failure_label(error))
         raise
 
 

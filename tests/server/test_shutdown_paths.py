@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
+import websockets
 from fake_engine import FakeEngine, fake_deploy
 from live_server import fake_settings, start_threaded_server
 
@@ -145,3 +146,32 @@ def test_long_form_queued_past_the_grace_period_is_a_503(held_server):
     assert response.status_code == 503, response.content
     assert response.json()["error"]["code"] == "shutting_down"
     assert len(engine.requests) == 1 and state.gate.in_flight == 0
+
+
+def test_websocket_sessions_end_when_the_shutdown_starts(tmp_path):
+    """No grace period for WebSocket sessions (uvicorn closes them with 1012 as it starts
+    shutting down): the sentence being spoken is aborted and its slot freed, so a session
+    never holds the shutdown up."""
+    engine = FakeEngine(deploy=fake_deploy(max_tokens=20000), step_delay_s=0.05)
+    live = start_threaded_server(engine, fake_settings(tmp_path, graceful_shutdown_s=30,
+                                                       max_input_chars=5000), draining=True)
+    state = live.app.state.server
+
+    async def run() -> int:
+        async with websockets.connect(live.url.replace("http://", "ws://")
+                                      + "/v1/audio/speech/stream") as ws:
+            await ws.send(json.dumps({"type": "session.config", "response_format": "pcm",
+                                      "max_new_tokens": 5000}))
+            await ws.send(json.dumps({"type": "input.text", "text": "x" * 2000 + "."}))
+            while not isinstance(await ws.recv(), bytes):  # the sentence is being spoken
+                pass
+            live.server.should_exit = True
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    await ws.recv()
+            return closed.value.rcvd.code
+
+    assert asyncio.run(run()) == 1012
+    live.thread.join(timeout=10)
+    assert not live.thread.is_alive()  # well inside the 30 s grace period
+    assert len(engine.aborted) == 1 and state.gate.in_flight == 0

@@ -47,7 +47,7 @@ def test_long_form_aborted_between_segments_is_not_answered_as_complete(tmp_path
     request's does (it was counted "error")."""
     state = _state(tmp_path)
     body = SpeechRequestBody(input=SENTENCES, response_format="pcm", stream_format="sse")
-    segments = long_form.plan_segments(body.input, state.settings)
+    segments = asyncio.run(long_form.plan_segments(body.input, state.settings))
     assert len(segments) == 3
 
     async def run() -> list[bytes]:

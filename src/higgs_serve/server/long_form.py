@@ -14,6 +14,7 @@ segment's first audio is awaited before the response starts, as for any request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -28,7 +29,6 @@ from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentD
 from higgs_serve.errors import HiggsServeError
 from higgs_serve.server import speech_run, sse
 from higgs_serve.server.errors import error_object, to_api_error
-from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.speech_plan import SpeechPlan
@@ -38,11 +38,13 @@ from higgs_serve.text import Segment, group_segments
 MAX_SEGMENTS_HEADER_BYTES = 16384
 
 
-def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
-    """The request's segments; one segment means an ordinary single request."""
+async def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
+    """The request's segments; one segment means an ordinary single request. Called once the
+    request is admitted and its input within --max-input-chars; splitting takes about 1 s per
+    million characters, so it runs off the event loop."""
     if len(text) <= settings.segment_max_chars:
         return [Segment(0, len(text), text, text)]
-    return group_segments(text, settings.segment_max_chars)
+    return await asyncio.to_thread(group_segments, text, settings.segment_max_chars)
 
 
 def max_audio_samples(state: ServerState) -> int:
@@ -150,11 +152,10 @@ class LongFormRun:
         return [done.timing(rate) for done in self.session.done]
 
 
-async def create_long_form(body: SpeechRequestBody, segments: list[Segment], request: Request,
+async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: Request,
                            state: ServerState, arrived_s: float) -> Response:
-    """Admit (one slot for the whole chain, before any reference work), plan, start and answer
-    (see module doc)."""
-    plan = await speech_run.admit_plan(body, state)
+    """Start an admitted plan's chain (its slot, taken before any reference work, covers every
+    segment) and answer (see module doc)."""
     run = LongFormRun(state, plan, segments, arrived_s)
     with speech_run.counted_failures(state):  # labelled as a single request's start
         started = await speech_run.unless_disconnected(run.start(), request)

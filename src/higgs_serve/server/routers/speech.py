@@ -2,8 +2,8 @@
 
 Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
 admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
-encoded), build the plan (speech_plan), submit and wait for the first chunk (speech_run); only
-then does a response start. After that point
+encoded), build the plan (speech_plan), split an input longer than one segment (long_form.py),
+submit and wait for the first chunk (speech_run); only then does a response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
 engine request through `Generation.close`.
@@ -43,11 +43,15 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
     check_engine(state)
-    segments = long_form.plan_segments(body.input, state.settings)
+    plan = await speech_run.admit_plan(body, state)  # the input limit is checked here
+    try:
+        segments = await long_form.plan_segments(body.input, state.settings)
+    except BaseException:
+        state.gate.release()
+        raise
     if len(segments) > 1:  # split and spoken as one recording (server/long_form.py)
-        return await long_form.create_long_form(body, segments, request, state, arrived_s)
-    generation = await speech_run.admit(body, state, arrived_s)
-    plan = generation.plan
+        return await long_form.create_long_form(plan, segments, request, state, arrived_s)
+    generation = Generation(state, plan, arrived_s)
     if not await speech_run.start(generation, state,
                                   lambda work: speech_run.unless_disconnected(work, request)):
         return Response(status_code=499)

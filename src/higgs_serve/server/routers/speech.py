@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
-from higgs_serve.errors import EngineDeadError, HiggsServeError, InvalidRequestError
+from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import long_form, speech_run, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from higgs_serve.audio import formats
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.server import speech_run
-from higgs_serve.server.errors import ApiError, describe_validation_errors, to_api_error
+from higgs_serve.server.errors import describe_validation_errors, to_api_error
 from higgs_serve.server.routers.speech import check_engine
 from higgs_serve.server.schemas import (
     ERROR_RESPONSES,
@@ -34,7 +34,6 @@ from higgs_serve.server.schemas import (
     SpeechRequestBody,
     Usage,
 )
-from higgs_serve.server.speech_plan import build_plan
 from higgs_serve.server.state import ServerState, server_state
 
 router = APIRouter(tags=["audio"])

@@ -195,12 +195,9 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
         raise
     await run.close()
     # speed != 1 shortens the recording by 1/speed: the timestamps scale alike (exact at speed 1)
-    frames = run.session.num_frames
-    headers = {**headers, **_segments_header(run.timings(1.0 / plan.speed)),
-               "X-Finish-Reason": run.finish_reason,
-               "X-Usage-Input-Tokens": str(plan.input_tokens), "X-Usage-Output-Tokens": str(frames),
-               "X-Prompt-Tokens": str(plan.input_tokens), "X-Completion-Tokens": str(frames),
-               "X-Engine-Time": f"{time.perf_counter() - run.started_s:.4f}"}
+    usage = speech_run.file_headers(plan, run.finish_reason, run.session.num_frames,
+                                    time.perf_counter() - run.started_s)
+    headers = {**headers, **usage, **_segments_header(run.timings(1.0 / plan.speed))}
     return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
 
 

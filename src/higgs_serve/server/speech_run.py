@@ -129,16 +129,18 @@ def audio_headers(plan: SpeechPlan) -> dict[str, str]:
     }
 
 
-def file_headers(plan: SpeechPlan, generation: Generation) -> dict[str, str]:
-    """A finished file: ours (X-Usage-*) and sglang-omni's usage names, same numbers."""
+def file_headers(plan: SpeechPlan, finish_reason: str | None, num_frames: int,
+                 engine_time_s: float) -> dict[str, str]:
+    """A finished file (single or long-form): ours (X-Usage-*) and sglang-omni's usage names,
+    same numbers."""
     return {
         **audio_headers(plan),
-        "X-Finish-Reason": str(generation.finish_reason),
+        "X-Finish-Reason": str(finish_reason),
         "X-Usage-Input-Tokens": str(plan.input_tokens),
-        "X-Usage-Output-Tokens": str(generation.num_frames),
+        "X-Usage-Output-Tokens": str(num_frames),
         "X-Prompt-Tokens": str(plan.input_tokens),
-        "X-Completion-Tokens": str(generation.num_frames),
-        "X-Engine-Time": f"{generation.engine_time_s:.4f}",
+        "X-Completion-Tokens": str(num_frames),
+        "X-Engine-Time": f"{engine_time_s:.4f}",
     }
 
 

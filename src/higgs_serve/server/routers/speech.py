@@ -98,7 +98,9 @@ async def _file_response(generation: Generation, request: Request,
         raise
     generation.close()
     return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format],
-                    headers=speech_run.file_headers(plan, generation))
+                    headers=speech_run.file_headers(plan, generation.finish_reason,
+                                                    generation.num_frames,
+                                                    generation.engine_time_s))
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:

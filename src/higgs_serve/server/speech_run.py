@@ -1,8 +1,10 @@
-"""The steps one admitted speech request goes through, shared by /speech and /speech/batch.
+"""The steps one admitted speech request goes through, shared by /speech (single and
+long-form), /speech/batch and, for the counting and the output rate, WebSocket sentences.
 
-admit (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk; outcomes counted) ->
-collect -> `render_file` (time stretch, output rate, one int16 conversion, encode) or stream
-chunk by chunk through `PcmChunks`. Headers are built here so every response says the same.
+admit_plan (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk;
+a failure counted by START_FAILURES) -> collect -> `render_file` (time stretch, output rate, one
+int16 conversion, encode) or stream chunk by chunk through `PcmChunks`. Headers are built here
+so every response says the same.
 """
 
 from __future__ import annotations

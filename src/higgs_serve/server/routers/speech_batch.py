@@ -2,7 +2,7 @@
 
 The envelope's speech fields are defaults; an item's own fields (non-null) override them. The
 envelope is validated as a whole (a malformed batch is a 400); each item is then validated,
-planned, admitted and generated on its own, concurrently, through the same engine and admission
+admitted, planned and generated on its own, concurrently, through the same engine and admission
 gate as single requests, at most `max_num_seqs` of one batch at a time. Whatever goes wrong with
 one item (bad field, bad reference, queue full, engine error) becomes that item's error result;
 the batch itself answers 200 with `results` in item order and `total`/`succeeded`/`failed`.

@@ -161,14 +161,14 @@ class VoiceRegistry:
             _fsync_dir(staging)
             with self._lock:
                 replaced = name in self._voices
-                exists = replaced or (self.directory / name).exists()
-                if exists and not overwrite:
+                on_disk = (self.directory / name).exists()  # not if removed behind our back
+                if (replaced or on_disk) and not overwrite:
                     raise ConflictError(f"voice {name!r} already exists; delete it first or send "
                                         "overwrite=true", param="name")
-                if exists:  # the old folder goes aside in one atomic step, as delete() does
+                self._codes.pop(name, None)
+                if on_disk:  # the old folder goes aside in one atomic step, as delete() does
                     doomed = self.directory / f"{_DELETED}{uuid.uuid4().hex}"
                     os.rename(self.directory / name, doomed)
-                    self._codes.pop(name, None)
                 os.rename(staging, self.directory / name)
                 _fsync_dir(self.directory)
                 self._voices[name] = voice
@@ -186,7 +186,10 @@ class VoiceRegistry:
                 return False
             self._codes.pop(name, None)
             doomed = self.directory / f"{_DELETED}{uuid.uuid4().hex}"
-            os.rename(self.directory / name, doomed)
+            try:
+                os.rename(self.directory / name, doomed)
+            except FileNotFoundError:  # removed behind our back: nothing left to remove
+                return True
             _fsync_dir(self.directory)
         shutil.rmtree(doomed, ignore_errors=True)
         return True

@@ -1,7 +1,7 @@
-"""A long-form input is split only once the request is admitted and its input is within
---max-input-chars, as every request is checked (splitting runs at about 1 s per million
-characters: before, a body of millions of characters was split on the event loop first, and
-only then refused)."""
+"""Long-form requests take the steps single ones take. Their input is split only once the
+request is admitted and its input is within --max-input-chars (splitting runs at about 1 s per
+million characters: before, a body of millions of characters was split on the event loop first,
+and only then refused); their events carry the same response headers."""
 
 from __future__ import annotations
 
@@ -67,3 +67,14 @@ def test_a_full_server_refuses_a_long_input_unsplit(split_calls):
         assert calls == []
         engine.hold.set()
         assert held.result().status_code == 200
+
+
+def test_long_form_events_ask_proxies_not_to_buffer(split_calls):
+    """X-Accel-Buffering: no on long-form SSE as on a single request's (it was missing)."""
+    live, _, _ = split_calls
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        for text in ("Short.", SENTENCE * 5):
+            response = http.post("/v1/audio/speech", json={
+                "input": text, "response_format": "pcm", "stream_format": "sse"})
+            assert response.status_code == 200
+            assert response.headers["x-accel-buffering"] == "no", text

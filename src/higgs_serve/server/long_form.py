@@ -170,12 +170,15 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
         return await _file(run, request, state, headers)
     headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
     if plan.mode == "sse":
+        # no proxy buffering, as for a single request's events
         return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
-                                 headers={**headers, "Cache-Control": "no-cache"},
-                                 background=BackgroundTask(run.close))
-    return ClosingStreamingResponse(_raw(run, state), media_type=formats.MEDIA_TYPES[plan.response_format],
-                             headers={**headers, "Cache-Control": "no-cache"},
-                             background=BackgroundTask(run.close))
+                                        headers={**headers, "Cache-Control": "no-cache",
+                                                 "X-Accel-Buffering": "no"},
+                                        background=BackgroundTask(run.close))
+    return ClosingStreamingResponse(_raw(run, state),
+                                    media_type=formats.MEDIA_TYPES[plan.response_format],
+                                    headers={**headers, "Cache-Control": "no-cache"},
+                                    background=BackgroundTask(run.close))
 
 
 async def _file(run: LongFormRun, request: Request, state: ServerState,

@@ -63,11 +63,11 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
         return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
-                                 headers={**headers, "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(generation.close))
+                                        headers={**headers, "X-Accel-Buffering": "no"},
+                                        background=BackgroundTask(generation.close))
     return ClosingStreamingResponse(_raw_audio(generation, state),
-                             media_type=formats.MEDIA_TYPES[plan.response_format],
-                             headers=headers, background=BackgroundTask(generation.close))
+                                    media_type=formats.MEDIA_TYPES[plan.response_format],
+                                    headers=headers, background=BackgroundTask(generation.close))
 
 
 def check_engine(state: ServerState) -> None:

@@ -175,3 +175,35 @@ def test_websocket_sessions_end_when_the_shutdown_starts(tmp_path):
     live.thread.join(timeout=10)
     assert not live.thread.is_alive()  # well inside the 30 s grace period
     assert len(engine.aborted) == 1 and state.gate.in_flight == 0
+
+
+def test_a_websocket_client_that_stops_reading_loses_its_slot(tmp_path):
+    """--send-timeout-s bounds WebSocket sends as it bounds HTTP response writes: a client that
+    reads nothing has its sentence aborted and its slot freed after the timeout (the send
+    waited forever, holding both)."""
+    engine = FakeEngine(deploy=fake_deploy(max_tokens=20000))
+    live = start_threaded_server(engine, fake_settings(tmp_path, send_timeout_s=1.0,
+                                                       max_input_chars=5000))
+    state = live.app.state.server
+    host, port = live.url.removeprefix("http://").split(":")
+
+    async def run() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        ws = await websockets.connect(f"ws://{host}:{port}/v1/audio/speech/stream", sock=sock,
+                                      max_queue=1)
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm",
+                                  "max_new_tokens": 10000}))
+        await ws.send(json.dumps({"type": "input.text", "text": "x" * 4900 + "."}))  # 19 MB
+        deadline = time.monotonic() + 10
+        while not engine.aborted:  # reading nothing
+            assert time.monotonic() < deadline, "the stalled session kept its slot"
+            await asyncio.sleep(0.05)
+        ws.transport.abort()
+
+    try:
+        asyncio.run(run())
+        _wait_until(lambda: state.gate.in_flight == 0)
+    finally:
+        live.stop()

@@ -283,8 +283,12 @@ class SpeechStreamSession:
         await self._send(self.ws.send_text(json.dumps(payload, separators=(",", ":"))))
 
     async def _send(self, sending) -> None:
+        """One message, within --send-timeout-s as every HTTP response write: a client that
+        stops reading ends the session, which aborts its sentence and frees its slot."""
         try:
-            await sending
+            await asyncio.wait_for(sending, self.state.settings.send_timeout_s)
+        except TimeoutError as error:
+            raise _Ended() from error
         except (WebSocketDisconnect, RuntimeError, OSError) as error:
             raise _Ended() from error
 

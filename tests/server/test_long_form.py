@@ -179,6 +179,20 @@ def test_short_input_is_one_request(http, live):
     assert len(live.engine.submitted) == 1
 
 
+def test_a_refused_chain_counts_invalid_like_a_single_request(http):
+    """min_new_tokens above the short first segment's frame cap: the engine refuses it (400 naming
+    the field) before any audio, and the request counts "invalid", as a single one does (the
+    long-form start counted it "error")."""
+    invalid = metric(http, 'higgs_serve_requests_total{outcome="invalid"}')
+    errors = metric(http, 'higgs_serve_requests_total{outcome="error"}')
+    text = "Hi. " + " ".join(["word"] * 70) + "."  # segments: "Hi." (a cap of ~125 frames), ...
+    r = http.post("/v1/audio/speech", json={"input": text, "max_new_tokens": 200,
+                                            "min_new_tokens": 200})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_new_tokens", r.text
+    assert metric(http, 'higgs_serve_requests_total{outcome="invalid"}') == invalid + 1
+    assert metric(http, 'higgs_serve_requests_total{outcome="error"}') == errors
+
+
 def test_total_audio_is_capped(tiny_model_dir, tmp_path):
     settings = ServerSettings(served_model_name="t", segment_max_chars=SEGMENT_CHARS,
                               voices_dir=tmp_path, max_audio_s=1.0)

@@ -123,6 +123,28 @@ def test_audio_work_runs_on_the_dedicated_pool(small_limits_server):
 
 
 
+def test_a_registered_voice_is_read_encoded_and_stored_on_the_pool(small_limits_server,
+                                                                   monkeypatch):
+    """A registered voice's first use reads its clip, encodes it and fsyncs its codes: all on
+    the audio threads (the read and the write ran on the event loop)."""
+    live, _ = small_limits_server
+    state = live.app.state.server
+    names = {}
+    for method in ("load_audio", "store_codes"):
+        def spy(*args, _method=method, _inner=getattr(state.voices, method)):
+            names[_method] = threading.current_thread().name
+            return _inner(*args)
+        monkeypatch.setattr(state.voices, method, spy)
+    monkeypatch.setattr(state, "reference_encoder", lambda audio: np.zeros((3, 8), np.int64))
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        assert http.post("/v1/audio/voices", data={"name": "pooled"},
+                         files={"audio_sample": ("c.wav", tone_wav(1.0, 200))}).is_success
+        response = http.post("/v1/audio/speech", json={"input": "hi", "voice": "pooled"})
+        assert response.status_code == 200, response.text
+    assert set(names) == {"load_audio", "store_codes"}
+    assert all(name.startswith("higgs-audio") for name in names.values()), names
+
+
 def test_shutdown_past_the_grace_period_answers_503_and_sse_error(tmp_path):
     """SIGTERM-like stop with a 1 s grace period: a queued request gets an OpenAI-shaped 503 and
     a streaming SSE response ends with a speech.audio.error event (before: a plain-text 500 and

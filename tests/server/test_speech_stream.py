@@ -174,6 +174,20 @@ def test_session_sample_rate_resamples_each_sentence(live):
     assert len(audio) == 2 * 30 * 640 * 2
 
 
+def test_sglang_session_configured_names_the_session_rate(live):
+    """protocol sglang-omni: session.configured says the rate the audio comes at (it said the
+    engine's 24 kHz while every sentence came resampled to the session's sample_rate)."""
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "protocol": "sglang-omni", "sample_rate": 16000}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            return await _receive_all(ws)
+
+    events, _, _ = asyncio.run(run())
+    assert events[0]["type"] == "session.configured"
+    assert (events[0]["sample_rate"], events[0]["format"]) == (16000, "pcm")
+
+
 def test_malformed_messages_get_errors_and_the_session_goes_on(live):
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:
@@ -242,6 +256,38 @@ def test_disconnect_frees_the_engine_at_once(live):
     # flight and this loop's 5 ms polling included (seen: 0-2 of the 200 the sentence had left)
     assert steps_after <= 3
     assert core.stats()["num_running"] == 0
+
+
+def test_sentence_outcomes_count_as_rest_requests_do(live):
+    """A sentence the engine refuses (min_new_tokens above its frame cap) counts "invalid" (it
+    counted "error"); one cut by the client leaving counts "abort" (it counted nothing)."""
+    http = httpx.Client(base_url=live.url)
+    counts = {o: metric(http, f'higgs_serve_requests_total{{outcome="{o}"}}')
+              for o in ("invalid", "error", "abort")}
+
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200, "min_new_tokens": 200}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Hi."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            events, _, _ = await _receive_all(ws)
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["error"]["param"] for e in errors] == ["min_new_tokens"], events
+        ws = await websockets.connect(_ws_url(live))
+        await ws.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+        await ws.send(json.dumps({"type": "input.text", "text": "A long one. And more"}))
+        while not isinstance(await ws.recv(), bytes):  # audio is flowing
+            pass
+        ws.transport.abort()
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 5
+    while live.app.state.server.gate.in_flight:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    after = {o: metric(http, f'higgs_serve_requests_total{{outcome="{o}"}}') for o in counts}
+    assert after == {"invalid": counts["invalid"] + 1, "error": counts["error"],
+                     "abort": counts["abort"] + 1}
 
 
 def test_text_waiting_to_be_spoken_is_bounded(live):

@@ -14,6 +14,8 @@ from fake_engine import FakeEngine, fake_deploy
 from hostile import GatedEncoder, tone_wav
 from live_server import fake_settings, start_threaded_server
 
+from higgs_serve.voices import registry as registry_module
+
 
 # ----------------------------------------------------------------------------- voices (fake engine)
 @pytest.fixture
@@ -63,6 +65,50 @@ def test_concurrent_registrations_of_one_name_are_one_success_and_409s(voice_ser
     with ThreadPoolExecutor(4) as pool:
         statuses = sorted(pool.map(register, [200, 300, 400, 500]))
     assert statuses[0] < 300 and statuses[1:] == [409, 409, 409], statuses
+
+
+def _hold_first_decode(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """The first upload's decode waits for `release` (after setting `entered`); others run."""
+    entered, release = threading.Event(), threading.Event()
+    decode = registry_module.normalise_reference
+    calls = []
+
+    def held(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(10)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(registry_module, "normalise_reference", held)
+    return entered, release
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_an_upload_racing_another_for_a_new_name_reports_what_it_did(voice_server, monkeypatch,
+                                                                      overwrite):
+    """An upload of a name nobody has is held while it decodes; another upload registers the
+    name meanwhile. With overwrite=true the held one replaced that voice and says so (it said
+    "replaced": false, from a look taken before its decode); without, its 409 is the same
+    `voice_exists` an early refusal gives (it was `conflict`)."""
+    live, _ = voice_server
+    entered, release = _hold_first_decode(monkeypatch)
+    with httpx.Client(base_url=live.url, timeout=30) as http, ThreadPoolExecutor(1) as pool:
+        held = pool.submit(http.post, "/v1/audio/voices",
+                           data={"name": "w", "overwrite": str(overwrite).lower()},
+                           files={"audio_sample": ("a.wav", tone_wav(1.0, 220))})
+        assert entered.wait(10)
+        other = http.post("/v1/audio/voices", data={"name": "w"},
+                          files={"audio_sample": ("b.wav", tone_wav(2.0, 330))})
+        assert other.status_code == 200 and other.json()["replaced"] is False
+        release.set()
+        answer = held.result()
+    if overwrite:
+        assert answer.status_code == 200 and answer.json()["replaced"] is True, answer.text
+        assert live.app.state.server.voices.get("w").duration_s == 1.0
+    else:
+        assert answer.status_code == 409
+        assert answer.json()["error"]["code"] == "voice_exists"
 
 
 def test_a_voice_folder_without_audio_is_not_listed_and_never_500s(tmp_path):

@@ -196,3 +196,17 @@ def test_damaged_files_of_a_listed_voice_are_a_400_or_a_re_encode(tmp_path):
     with pytest.raises(InvalidRequestError) as caught:
         registry.load_audio(voice)
     assert caught.value.param == "voice"
+
+
+def test_a_voice_folder_removed_behind_our_back_can_be_replaced_or_deleted(tmp_path):
+    """The advice a damaged voice gets ("delete it and register it again", or overwrite) works
+    when its whole folder is gone: both raised FileNotFoundError (a 500) renaming it aside."""
+    registry = VoiceRegistry(tmp_path)
+    registry.add("kim", _wav_bytes())
+    shutil.rmtree(tmp_path / "kim")
+    voice, replaced = registry.register("kim", _wav_bytes(0.5), overwrite=True)
+    assert replaced and registry.get("kim") is voice and voice.duration_s == 0.5
+    assert registry.load_audio(voice).shape == (12000,)
+    shutil.rmtree(tmp_path / "kim")
+    assert registry.delete("kim") and registry.get("kim") is None
+    assert sorted(path.name for path in tmp_path.iterdir()) == []

@@ -49,10 +49,11 @@ class FanOutRegistry(VoiceRegistry):
         super().__init__(directory, sample_rate_hz)
         self.on_change = on_change
 
-    def add(self, name: str, audio_bytes: bytes, ref_text: str | None = None, **options) -> Voice:
-        voice = super().add(name, audio_bytes, ref_text, **options)
+    def register(self, name: str, audio_bytes: bytes, ref_text: str | None = None,
+                 **options) -> tuple[Voice, bool]:  # `add` comes here too
+        voice, replaced = super().register(name, audio_bytes, ref_text, **options)
         self.on_change("add", voice)
-        return voice
+        return voice, replaced
 
     def delete(self, name: str) -> bool:
         deleted = super().delete(name)

@@ -2,9 +2,10 @@
 
 The engine is started in the app's lifespan as a background task, so the HTTP port answers
 during warm-up: /health is 200, /ready and speech requests are 503 until `engine.ready`. A failed
-start stops the server (non-zero exit through `run_server`). On shutdown uvicorn stops accepting,
-gives in-flight requests `graceful_shutdown_s` to finish, cancels the rest (each cancellation
-aborts its engine request), then the lifespan shuts the engine down.
+start stops the server (non-zero exit through `run_server`). On shutdown uvicorn stops accepting
+(and closes WebSocket sessions at once), gives in-flight requests `graceful_shutdown_s` to finish;
+then `DrainingServer` aborts what is left, each request answering for itself within
+SHUTDOWN_ABORT_WINDOW_S, and the lifespan shuts the engine down.
 """
 
 from __future__ import annotations

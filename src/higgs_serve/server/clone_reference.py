@@ -24,7 +24,7 @@ from higgs_serve.server.ref_audio import ref_audio_bytes
 from higgs_serve.server.schemas import SpeechFields
 from higgs_serve.server.state import ServerState
 from higgs_serve.voices.reference_encoder import reference_audio
-from higgs_serve.voices.registry import normalise_reference
+from higgs_serve.voices.registry import Voice, normalise_reference
 
 DEFAULT_VOICE = "default"
 # OpenAI's stock voices: refused with a pointer to what exists, rather than silently mapped.
@@ -130,10 +130,16 @@ async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
     # codes of a voice replaced while it was encoding are not stored into its successor
     codes = state.voices.cached_codes(voice)
     if codes is None:
-        audio = state.voices.load_audio(voice)
-        codes = await state.audio_workers.run(encoder, audio)
-        state.voices.store_codes(voice, codes)
+        codes = await state.audio_workers.run(_encode_voice, state, voice, encoder)
     return reference_audio(codes, voice.ref_text)
+
+
+def _encode_voice(state: ServerState, voice: Voice, encoder) -> np.ndarray:
+    """On an audio worker: the stored clip read (decoded), encoded, and its codes [T, 8] written
+    beside it (fsynced), none of it on the event loop."""
+    codes = encoder(state.voices.load_audio(voice))
+    state.voices.store_codes(voice, codes)
+    return codes
 
 
 def _encoder(state: ServerState, param: str):

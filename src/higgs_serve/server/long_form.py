@@ -14,6 +14,7 @@ segment's first audio is awaited before the response starts, as for any request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -25,10 +26,9 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
-from higgs_serve.errors import EngineOverloadedError, HiggsServeError
+from higgs_serve.errors import HiggsServeError
 from higgs_serve.server import speech_run, sse
 from higgs_serve.server.errors import error_object, to_api_error
-from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.speech_plan import SpeechPlan
@@ -36,15 +36,15 @@ from higgs_serve.server.state import ServerState
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
-# A chain that fails before its first audio: overload is "rejected", anything else "error".
-LONG_FORM_START_FAILURES = ((EngineOverloadedError, "rejected"), (BaseException, "error"))
 
 
-def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
-    """The request's segments; one segment means an ordinary single request."""
+async def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
+    """The request's segments; one segment means an ordinary single request. Called once the
+    request is admitted and its input within --max-input-chars; splitting takes about 1 s per
+    million characters, so it runs off the event loop."""
     if len(text) <= settings.segment_max_chars:
         return [Segment(0, len(text), text, text)]
-    return group_segments(text, settings.segment_max_chars)
+    return await asyncio.to_thread(group_segments, text, settings.segment_max_chars)
 
 
 def max_audio_samples(state: ServerState) -> int:
@@ -88,13 +88,20 @@ class LongFormRun:
         self.completed = True
 
     async def start(self) -> None:
-        """Wait for the first audio (errors surface before any response starts)."""
+        """Wait for the first audio (errors surface before any response starts). Cancelled
+        (the client left while queued): the chain is closed unrecorded, its slot freed."""
         try:
             self._first = await anext(self._events)
         except BaseException:
             await self.close(outcome=None, record=False)
             raise
         self._state.metrics.ttfa_seconds.observe(time.perf_counter() - self._arrived_s)
+
+    @property
+    def aborted_before_audio(self) -> bool:
+        """The shutdown aborted the first segment before it produced audio."""
+        first = self._first
+        return isinstance(first, SegmentDone) and first.finish_reason == "abort"
 
     async def events(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
         first, self._first = self._first, None
@@ -106,6 +113,14 @@ class LongFormRun:
     async def collect(self) -> np.ndarray:
         pieces = [e.audio async for e in self.events() if isinstance(e, SegmentAudio)]
         return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+    @property
+    def finish_reason(self) -> str:
+        """The recording's: "abort" also when the shutdown stopped the chain between segments
+        (then every segment spoken ended normally, but the rest of the input was never started)."""
+        if self._aborted and not self.completed:
+            return "abort"
+        return self.session.finish_reason
 
     def abort(self) -> None:
         """Stop the chain: the segment being spoken is aborted in the engine, no other starts."""
@@ -137,25 +152,33 @@ class LongFormRun:
         return [done.timing(rate) for done in self.session.done]
 
 
-async def create_long_form(body: SpeechRequestBody, segments: list[Segment], request: Request,
+async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: Request,
                            state: ServerState, arrived_s: float) -> Response:
-    """Admit (one slot for the whole chain, before any reference work), plan, start and answer
-    (see module doc)."""
-    plan = await speech_run.admit_plan(body, state)
+    """Start an admitted plan's chain (its slot, taken before any reference work, covers every
+    segment) and answer (see module doc)."""
     run = LongFormRun(state, plan, segments, arrived_s)
-    with speech_run.counted_failures(state, LONG_FORM_START_FAILURES):
-        await run.start()
+    with speech_run.counted_failures(state):  # labelled as a single request's start
+        started = await speech_run.unless_disconnected(run.start(), request)
+    if started is speech_run.CLIENT_GONE:
+        state.metrics.count("abort")  # left while queued: start() was cancelled, slot freed
+        return Response(status_code=499)
+    if run.aborted_before_audio:  # queued past the shutdown's grace period
+        await run.close()
+        raise speech_run.shutting_down()
     headers = {**speech_run.audio_headers(plan), "X-Segment-Count": str(len(segments))}
     if plan.mode == "file":
         return await _file(run, request, state, headers)
     headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
     if plan.mode == "sse":
+        # no proxy buffering, as for a single request's events
         return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
-                                 headers={**headers, "Cache-Control": "no-cache"},
-                                 background=BackgroundTask(run.close))
-    return ClosingStreamingResponse(_raw(run, state), media_type=formats.MEDIA_TYPES[plan.response_format],
-                             headers={**headers, "Cache-Control": "no-cache"},
-                             background=BackgroundTask(run.close))
+                                        headers={**headers, "Cache-Control": "no-cache",
+                                                 "X-Accel-Buffering": "no"},
+                                        background=BackgroundTask(run.close))
+    return ClosingStreamingResponse(_raw(run, state),
+                                    media_type=formats.MEDIA_TYPES[plan.response_format],
+                                    headers={**headers, "Cache-Control": "no-cache"},
+                                    background=BackgroundTask(run.close))
 
 
 async def _file(run: LongFormRun, request: Request, state: ServerState,
@@ -166,7 +189,7 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
         if audio is speech_run.CLIENT_GONE:
             await run.close()  # the client left: unfinished, counted as "abort"
             return Response(status_code=499)
-        if run.session.finish_reason == "abort":  # cut by the shutdown's grace period
+        if run.finish_reason == "abort":  # cut by the shutdown's grace period
             await run.close()
             raise speech_run.shutting_down()
         data = await speech_run.render_file(audio, plan, state)  # stretch, output rate, encode
@@ -175,12 +198,9 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
         raise
     await run.close()
     # speed != 1 shortens the recording by 1/speed: the timestamps scale alike (exact at speed 1)
-    frames = run.session.num_frames
-    headers = {**headers, **_segments_header(run.timings(1.0 / plan.speed)),
-               "X-Finish-Reason": run.session.finish_reason,
-               "X-Usage-Input-Tokens": str(plan.input_tokens), "X-Usage-Output-Tokens": str(frames),
-               "X-Prompt-Tokens": str(plan.input_tokens), "X-Completion-Tokens": str(frames),
-               "X-Engine-Time": f"{time.perf_counter() - run.started_s:.4f}"}
+    usage = speech_run.file_headers(plan, run.finish_reason, run.session.num_frames,
+                                    time.perf_counter() - run.started_s)
+    headers = {**headers, **usage, **_segments_header(run.timings(1.0 / plan.speed))}
     return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
 
 
@@ -201,7 +221,9 @@ async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
             if isinstance(event, SegmentAudio):
                 yield pcm.convert(event.audio, is_final=False)
         yield pcm.convert(np.zeros(0, np.float32), is_final=True)
-        if run.session.finish_reason == "abort":
+        if run.finish_reason == "abort":
+            # aborted by the server (shutdown): counted "abort", the body ends truncated
+            await run.close()
             raise HiggsServeError("the request was aborted by the server before it finished")
     except HiggsServeError:
         await run.close(outcome="error")
@@ -227,12 +249,16 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         if tail:
             yield sse.audio_delta(tail)
         session = run.session
-        if session.finish_reason == "abort":
-            raise HiggsServeError("the request was aborted by the server before it finished")
+        if run.finish_reason == "abort":  # aborted by the server (shutdown): counted "abort"
+            await run.close()
+            yield sse.audio_error(error_object(
+                "the request was aborted by the server before it finished", "server_error",
+                code="aborted"), partial_audio=sent_audio)
+            return
         usage = {"input_tokens": plan.input_tokens, "output_tokens": session.num_frames,
                  "total_tokens": plan.input_tokens + session.num_frames}
         yield sse.encode_event("speech.audio.done", {
-            "usage": usage, "finish_reason": session.finish_reason, "segments": run.timings()})
+            "usage": usage, "finish_reason": run.finish_reason, "segments": run.timings()})
     except HiggsServeError as error:
         await run.close(outcome="error")
         api_error = to_api_error(error)

@@ -2,8 +2,9 @@
 
 The schema (schemas.py) has checked types and ranges; this module checks what needs the running
 server: the model name, the input limit, format/stream/rate combinations, the first-chunk size,
-the reference (clone_reference.py) and the profile's sampling limits. Every failure is an `ApiError` or `InvalidRequestError`
-naming the field, so a streaming response never opens for a request that cannot succeed.
+the reference (clone_reference.py) and the profile's sampling limits. Every failure is an
+`ApiError` or `InvalidRequestError` naming the field, so a streaming response never opens for a
+request that cannot succeed. HTTP requests reach it through speech_run.admit_plan (admission first).
 """
 
 from __future__ import annotations

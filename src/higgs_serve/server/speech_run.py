@@ -1,8 +1,10 @@
-"""The steps one admitted speech request goes through, shared by /speech and /speech/batch.
+"""The steps one admitted speech request goes through, shared by /speech (single and
+long-form), /speech/batch and, for the counting and the output rate, WebSocket sentences.
 
-admit (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk; outcomes counted) ->
-collect -> `render_file` (time stretch, output rate, one int16 conversion, encode) or stream
-chunk by chunk through `PcmChunks`. Headers are built here so every response says the same.
+admit_plan (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk;
+a failure counted by START_FAILURES) -> collect -> `render_file` (time stretch, output rate, one
+int16 conversion, encode) or stream chunk by chunk through `PcmChunks`. Headers are built here
+so every response says the same.
 """
 
 from __future__ import annotations
@@ -61,14 +63,18 @@ START_FAILURES = (
 )
 
 
+def failure_label(error: BaseException) -> str:
+    """The outcome a start that failed with `error` is counted under (START_FAILURES)."""
+    return next(label for kind, label in START_FAILURES if isinstance(error, kind))
+
+
 @contextmanager
-def counted_failures(state: ServerState,
-                     labels: tuple[tuple[type[BaseException], str], ...] = START_FAILURES) -> Iterator[None]:
-    """Count an exception raised inside the block (by `labels`, first match) and re-raise it."""
+def counted_failures(state: ServerState) -> Iterator[None]:
+    """Count an exception raised inside the block (`failure_label`) and re-raise it."""
     try:
         yield
     except BaseException as error:
-        state.metrics.count(next(label for kind, label in labels if isinstance(error, kind)))
+        state.metrics.count(failure_label(error))
         raise
 
 
@@ -125,16 +131,18 @@ def audio_headers(plan: SpeechPlan) -> dict[str, str]:
     }
 
 
-def file_headers(plan: SpeechPlan, generation: Generation) -> dict[str, str]:
-    """A finished file: ours (X-Usage-*) and sglang-omni's usage names, same numbers."""
+def file_headers(plan: SpeechPlan, finish_reason: str | None, num_frames: int,
+                 engine_time_s: float) -> dict[str, str]:
+    """A finished file (single or long-form): ours (X-Usage-*) and sglang-omni's usage names,
+    same numbers."""
     return {
         **audio_headers(plan),
-        "X-Finish-Reason": str(generation.finish_reason),
+        "X-Finish-Reason": str(finish_reason),
         "X-Usage-Input-Tokens": str(plan.input_tokens),
-        "X-Usage-Output-Tokens": str(generation.num_frames),
+        "X-Usage-Output-Tokens": str(num_frames),
         "X-Prompt-Tokens": str(plan.input_tokens),
-        "X-Completion-Tokens": str(generation.num_frames),
-        "X-Engine-Time": f"{generation.engine_time_s:.4f}",
+        "X-Completion-Tokens": str(num_frames),
+        "X-Engine-Time": f"{engine_time_s:.4f}",
     }
 
 

@@ -83,8 +83,9 @@ class ServerState:
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
-    # admitted requests not yet closed (server/generation.py): aborted when the shutdown's
-    # grace period ends, so each ends its own response (503 or a stream error event)
+    # admitted requests not yet closed (Generation, server/generation.py; LongFormRun,
+    # server/long_form.py): aborted when the shutdown's grace period ends, so each ends its
+    # own response (503 or a stream error event)
     generations: set = field(default_factory=set)
 
     def abort_in_flight(self) -> None:

@@ -25,7 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone, SegmentStarted
-from higgs_serve.errors import EngineDeadError, EngineOverloadedError, HiggsServeError
+from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import speech_run
 from higgs_serve.server.errors import ApiError, to_api_error
 from higgs_serve.server.long_form import max_audio_samples
@@ -137,7 +137,7 @@ class SpeechStreamSession:
                                      max_audio_samples(self.state))
         if config.options.protocol == "sglang-omni":
             await self._send_json({"type": "session.configured",
-                                   "sample_rate": self.state.engine.sample_rate_hz,
+                                   "sample_rate": config.plan.sample_rate_hz,
                                    "format": config.plan.response_format})
         return False
 
@@ -209,10 +209,13 @@ class SpeechStreamSession:
             async for event in speech:
                 await self._send_event(event, record, ready_s)
         except HiggsServeError as error:
-            state.metrics.count("rejected" if isinstance(error, EngineOverloadedError) else "error")
+            record.failure = speech_run.failure_label(error)  # as a REST request's start
             await self._error_from(error)
             if isinstance(error, EngineDeadError):
                 raise _Ended() from error
+        except (asyncio.CancelledError, _Ended):
+            record.failure = "abort"  # the client left (or the session ended) mid-sentence
+            raise
         finally:
             await speech.aclose()  # aborts the engine request if the sentence is unfinished
             state.gate.release()
@@ -280,8 +283,12 @@ class SpeechStreamSession:
         await self._send(self.ws.send_text(json.dumps(payload, separators=(",", ":"))))
 
     async def _send(self, sending) -> None:
+        """One message, within --send-timeout-s as every HTTP response write: a client that
+        stops reading ends the session, which aborts its sentence and frees its slot."""
         try:
-            await sending
+            await asyncio.wait_for(sending, self.state.settings.send_timeout_s)
+        except TimeoutError as error:
+            raise _Ended() from error
         except (WebSocketDisconnect, RuntimeError, OSError) as error:
             raise _Ended() from error
 
@@ -296,6 +303,7 @@ class _SegmentRecord:
         self.num_samples = 0
         self.ttfa_recorded = False
         self.done: SegmentDone | None = None
+        self.failure: str | None = None  # the outcome of a sentence that did not finish
         self._ready_s = 0.0
 
     def first_audio(self, state: ServerState, ready_s: float) -> None:
@@ -309,6 +317,8 @@ class _SegmentRecord:
         if self.done is not None:
             metrics.count(self.done.finish_reason)
             metrics.generated_frames.inc(self.done.num_frames)
+        elif self.failure is not None:
+            metrics.count(self.failure)
         audio_s = self.num_samples / state.engine.sample_rate_hz
         metrics.audio_seconds.inc(audio_s)
         if self.done is not None and audio_s > 0:

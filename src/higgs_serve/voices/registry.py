@@ -129,7 +129,16 @@ class VoiceRegistry:
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None = None, *,
             consent: str | None = None, speaker_description: str | None = None,
             overwrite: bool = False) -> Voice:
-        """Decode, resample to the model rate and persist a reference clip under `name`.
+        """`register`, for callers that do not ask whether a voice was replaced."""
+        return self.register(name, audio_bytes, ref_text, consent=consent,
+                             speaker_description=speaker_description, overwrite=overwrite)[0]
+
+    def register(self, name: str, audio_bytes: bytes, ref_text: str | None = None, *,
+                 consent: str | None = None, speaker_description: str | None = None,
+                 overwrite: bool = False) -> tuple[Voice, bool]:
+        """Decode, resample to the model rate and persist a reference clip under `name`;
+        returns the voice and whether it replaced a registered one (decided under the lock, so
+        a voice registered or deleted by another request meanwhile is counted as it was).
 
         Raises ConflictError if `name` exists (also when another registration won the race),
         unless `overwrite`: then the old voice is renamed aside and removed, and requests still
@@ -151,14 +160,15 @@ class VoiceRegistry:
             _write_synced(staging / "voice.json", json.dumps(asdict(voice)).encode())
             _fsync_dir(staging)
             with self._lock:
-                exists = name in self._voices or (self.directory / name).exists()
-                if exists and not overwrite:
+                replaced = name in self._voices
+                on_disk = (self.directory / name).exists()  # not if removed behind our back
+                if (replaced or on_disk) and not overwrite:
                     raise ConflictError(f"voice {name!r} already exists; delete it first or send "
                                         "overwrite=true", param="name")
-                if exists:  # the old folder goes aside in one atomic step, as delete() does
+                self._codes.pop(name, None)
+                if on_disk:  # the old folder goes aside in one atomic step, as delete() does
                     doomed = self.directory / f"{_DELETED}{uuid.uuid4().hex}"
                     os.rename(self.directory / name, doomed)
-                    self._codes.pop(name, None)
                 os.rename(staging, self.directory / name)
                 _fsync_dir(self.directory)
                 self._voices[name] = voice
@@ -166,7 +176,7 @@ class VoiceRegistry:
             shutil.rmtree(staging, ignore_errors=True)  # gone already unless the add failed
             if doomed is not None:
                 shutil.rmtree(doomed, ignore_errors=True)
-        return voice
+        return voice, replaced
 
     def delete(self, name: str) -> bool:
         """Remove a voice; False if it did not exist. Renamed aside first (one atomic step),
@@ -176,7 +186,10 @@ class VoiceRegistry:
                 return False
             self._codes.pop(name, None)
             doomed = self.directory / f"{_DELETED}{uuid.uuid4().hex}"
-            os.rename(self.directory / name, doomed)
+            try:
+                os.rename(self.directory / name, doomed)
+            except FileNotFoundError:  # removed behind our back: nothing left to remove
+                return True
             _fsync_dir(self.directory)
         shutil.rmtree(doomed, ignore_errors=True)
         return True

@@ -2,8 +2,8 @@
 
 Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
 admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
-encoded), build the plan (speech_plan), submit and wait for the first chunk (speech_run); only
-then does a response start. After that point
+encoded), build the plan (speech_plan), split an input longer than one segment (long_form.py),
+submit and wait for the first chunk (speech_run); only then does a response start. After that point
 a failure ends a raw stream abruptly (the client sees a truncated body) or becomes a
 `speech.audio.error` event. A client that disconnects cancels the response, which aborts the
 engine request through `Generation.close`.
@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
-from higgs_serve.errors import EngineDeadError, HiggsServeError, InvalidRequestError
+from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import long_form, speech_run, sse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
@@ -43,11 +43,15 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     arrived_s = time.perf_counter()
     state = server_state(request)
     check_engine(state)
-    segments = long_form.plan_segments(body.input, state.settings)
+    plan = await speech_run.admit_plan(body, state)  # the input limit is checked here
+    try:
+        segments = await long_form.plan_segments(body.input, state.settings)
+    except BaseException:
+        state.gate.release()
+        raise
     if len(segments) > 1:  # split and spoken as one recording (server/long_form.py)
-        return await long_form.create_long_form(body, segments, request, state, arrived_s)
-    generation = await speech_run.admit(body, state, arrived_s)
-    plan = generation.plan
+        return await long_form.create_long_form(plan, segments, request, state, arrived_s)
+    generation = Generation(state, plan, arrived_s)
     if not await speech_run.start(generation, state,
                                   lambda work: speech_run.unless_disconnected(work, request)):
         return Response(status_code=499)
@@ -59,11 +63,11 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
         return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
-                                 headers={**headers, "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(generation.close))
+                                        headers={**headers, "X-Accel-Buffering": "no"},
+                                        background=BackgroundTask(generation.close))
     return ClosingStreamingResponse(_raw_audio(generation, state),
-                             media_type=formats.MEDIA_TYPES[plan.response_format],
-                             headers=headers, background=BackgroundTask(generation.close))
+                                    media_type=formats.MEDIA_TYPES[plan.response_format],
+                                    headers=headers, background=BackgroundTask(generation.close))
 
 
 def check_engine(state: ServerState) -> None:
@@ -94,7 +98,9 @@ async def _file_response(generation: Generation, request: Request,
         raise
     generation.close()
     return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format],
-                    headers=speech_run.file_headers(plan, generation))
+                    headers=speech_run.file_headers(plan, generation.finish_reason,
+                                                    generation.num_frames,
+                                                    generation.engine_time_s))
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:

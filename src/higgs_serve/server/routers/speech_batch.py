@@ -2,7 +2,7 @@
 
 The envelope's speech fields are defaults; an item's own fields (non-null) override them. The
 envelope is validated as a whole (a malformed batch is a 400); each item is then validated,
-planned, admitted and generated on its own, concurrently, through the same engine and admission
+admitted, planned and generated on its own, concurrently, through the same engine and admission
 gate as single requests, at most `max_num_seqs` of one batch at a time. Whatever goes wrong with
 one item (bad field, bad reference, queue full, engine error) becomes that item's error result;
 the batch itself answers 200 with `results` in item order and `total`/`succeeded`/`failed`.
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from higgs_serve.audio import formats
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.server import speech_run
-from higgs_serve.server.errors import ApiError, describe_validation_errors, to_api_error
+from higgs_serve.server.errors import describe_validation_errors, to_api_error
 from higgs_serve.server.routers.speech import check_engine
 from higgs_serve.server.schemas import (
     ERROR_RESPONSES,
@@ -34,7 +34,6 @@ from higgs_serve.server.schemas import (
     SpeechRequestBody,
     Usage,
 )
-from higgs_serve.server.speech_plan import build_plan
 from higgs_serve.server.state import ServerState, server_state
 
 router = APIRouter(tags=["audio"])
@@ -100,6 +99,9 @@ async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
     await speech_run.start(generation, state)
     try:
         audio = await generation.collect()
+        if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            generation.close()
+            raise speech_run.shutting_down()
         data = await speech_run.render_file(audio, plan, state)
     except asyncio.CancelledError:
         generation.close()  # unfinished: aborted in the engine, counted "abort"

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
+from higgs_serve.errors import ConflictError
 from higgs_serve.server.errors import ApiError
 from higgs_serve.server.schemas import (
     ERROR_RESPONSES,
@@ -64,14 +65,21 @@ async def create_voice(
         raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
                        param="audio_sample", code="file_too_large")
     voices = server_state(request).voices
-    existed = voices.get(name) is not None
-    if existed and not overwrite:
-        raise ApiError(409, f"voice {name!r} already exists; delete it first or send "
-                       "overwrite=true", param="name", code="voice_exists")
-    add = partial(voices.add, consent=consent, speaker_description=speaker_description,
-                  overwrite=overwrite)
-    voice = await server_state(request).audio_workers.run(add, name, data, ref_text)
-    return VoiceCreated(**_voice_object(voice).model_dump(), replaced=existed)
+    if voices.get(name) is not None and not overwrite:  # early: before the clip is decoded
+        raise _voice_exists(name)
+    register = partial(voices.register, consent=consent, speaker_description=speaker_description,
+                       overwrite=overwrite)
+    try:
+        voice, replaced = await server_state(request).audio_workers.run(register, name, data,
+                                                                        ref_text)
+    except ConflictError as error:  # another upload of the name won the race
+        raise _voice_exists(name) from error
+    return VoiceCreated(**_voice_object(voice).model_dump(), replaced=replaced)
+
+
+def _voice_exists(name: str) -> ApiError:
+    return ApiError(409, f"voice {name!r} already exists; delete it first or send "
+                    "overwrite=true", param="name", code="voice_exists")
 
 
 @router.delete("/{name}", response_model=VoiceDeleted, responses={404: ERROR_RESPONSES[400]})

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{r['precision']} {_db(r['snr_min_db'])}" for r in rows), flush=True)
         if args.out:
             write_json(args.out, {
-                "command": command_line(), "git_commit": git_commit(), "device": device_description(),
+                "command": command_line(f"benchmarks/{Path(__file__).name}", argv), "git_commit": git_commit(), "device": device_description(),
                 "torch_device": str(device), "time": now_iso(), "model": args.model, "load_format": args.load_format,
                 "seeds": args.seeds, "seeds_done": seed + 1, "windows": args.windows,
                 "clips": {"frames": list(CLIP_FRAMES), "per_length": CLIPS_PER_LENGTH},

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codec import _decoder, _graphs, window_shape  # noqa: E402
+from bench_codec import build_decoder, _graphs, window_shape  # noqa: E402
 from bench_step import BenchShape, PlanMaker, build_runner, graph_policy_for  # noqa: E402
 from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
 
@@ -150,7 +150,7 @@ def main() -> None:
 
     torch.backends.cudnn.allow_tf32 = args.codec_dtype == "tf32"
     _, codec_tensors = build_dummy_tensors(loaded.spec, dtype=torch.float32, device="cpu", seed=0)
-    dec = _decoder(loaded.spec, codec_tensors, args.codec_dtype, device)
+    dec = build_decoder(loaded.spec, codec_tensors, args.codec_dtype, device)
     codes = torch.randint(0, 1024, (args.codec_batch, args.window, 8), device=device)
     window = window_shape(args.window, args.new_frames, 4, args.keep)
 

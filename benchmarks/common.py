@@ -28,9 +28,12 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def command_line() -> str:
-    """The exact invocation, shell-quoted, so a result file says how to reproduce it."""
-    return shlex.join([Path(sys.executable).name, *sys.argv])
+def command_line(script: str | None = None, argv: list[str] | None = None) -> str:
+    """The exact invocation, shell-quoted, so a result file says how to reproduce it. A tool's
+    main called in-process with its own argv (tests) passes its script and argv, so the record
+    names the tool and its flags rather than the caller's command line."""
+    args = sys.argv if argv is None else [script or sys.argv[0], *argv]
+    return shlex.join([Path(sys.executable).name, *args])
 
 
 def git_commit() -> str:

@@ -47,16 +47,10 @@ from higgs_serve.cluster.routing import (
     body_key,
     routing_key,
 )
-from higgs_serve.cluster.voice_sync import (
-    read_upload,
-    reconcile,
-    stored_audio,
-    voice_exists,
-    voice_json,
-    voice_missing,
-)
+from higgs_serve.cluster.voice_sync import reconcile, stored_audio, voice_json
 from higgs_serve.errors import ConflictError, HiggsServeError, InvalidRequestError
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
+from higgs_serve.server.routers.voices import read_upload, voice_exists, voice_missing
 from higgs_serve.voices.registry import Voice, VoiceRegistry
 
 logger = logging.getLogger(__name__)
@@ -87,12 +81,12 @@ class VoiceStore:
             speaker_description: str | None = None, overwrite: bool = False) -> dict:
         """{"voice": json} or {"error": message, "status", "param", "code"}: errors travel as
         data."""
-        existed = self.registry.get(name) is not None
         try:
-            if existed and not overwrite:
+            if not overwrite and self.registry.get(name) is not None:  # 409 before decoding
                 raise voice_exists(name)
-            voice = self.registry.add(name, data, ref_text, consent=consent,
-                                      speaker_description=speaker_description, overwrite=overwrite)
+            voice, replaced = self.registry.register(name, data, ref_text, consent=consent,
+                                                     speaker_description=speaker_description,
+                                                     overwrite=overwrite)
         except ApiError as error:
             return {"error": error.message, "status": error.status, "param": "name",
                     "code": error.code}
@@ -102,7 +96,7 @@ class VoiceStore:
             return {"error": str(error), "status": 400, "param": error.param}
         self.version += 1
         self.revisions[name] = self.version
-        return {"voice": {**voice_json(voice), "replaced": existed}}
+        return {"voice": {**voice_json(voice), "replaced": replaced}}
 
     def delete(self, name: str) -> bool:
         deleted = self.registry.delete(name)

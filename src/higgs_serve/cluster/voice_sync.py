@@ -15,12 +15,9 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import httpx
 
-from higgs_serve.server.errors import ApiError
-from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, VoiceRegistry, check_voice_name
+from higgs_serve.voices.registry import Voice, VoiceRegistry
 
 logger = logging.getLogger(__name__)
-# the single server's upload form (server/routers/voices.py)
-UPLOAD_FIELDS = ("audio_sample", "name", "ref_text", "consent", "speaker_description", "overwrite")
 
 
 def upload_fields(voice: Voice) -> dict[str, str]:
@@ -88,29 +85,6 @@ async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Vo
     pushed = wanted.keys() if push_all else (wanted.keys() - present) | (wanted.keys() & set(again))
     for name in sorted(pushed):
         await push_voice(client, url, wanted[name], await audio(name))
-
-
-async def read_upload(form_keys, name: str, audio_sample) -> bytes:
-    """The checks of the single server's upload endpoint, before anything is stored: unknown
-    fields, the name, the size. Returns the clip's bytes."""
-    unknown = sorted(set(form_keys) - set(UPLOAD_FIELDS))
-    if unknown:
-        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
-    check_voice_name(name)
-    data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
-    if len(data) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
-                       param="audio_sample", code="file_too_large")
-    return data
-
-
-def voice_exists(name: str) -> ApiError:
-    return ApiError(409, f"voice {name!r} already exists; delete it first or send "
-                    "overwrite=true", param="name", code="voice_exists")
-
-
-def voice_missing(name: str) -> ApiError:
-    return ApiError(404, f"voice {name!r} does not exist", param="name", code="voice_not_found")
 
 
 def voice_json(voice: Voice) -> dict:

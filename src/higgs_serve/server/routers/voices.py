@@ -22,8 +22,31 @@ from higgs_serve.server.state import server_state
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
 
 router = APIRouter(prefix="/v1/audio/voices", tags=["voices"])
-_UPLOAD_FIELDS = ("audio_sample", "name", "ref_text", "consent", "speaker_description",
-                  "overwrite")
+UPLOAD_FIELDS = ("audio_sample", "name", "ref_text", "consent", "speaker_description",
+                 "overwrite")
+
+
+async def read_upload(form_keys, name: str, audio_sample) -> bytes:
+    """The upload's checks before anything is stored (unknown fields, the name, the size),
+    shared with the cluster's voice endpoints. Returns the clip's bytes."""
+    unknown = sorted(set(form_keys) - set(UPLOAD_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
+    check_voice_name(name)
+    data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
+                       param="audio_sample", code="file_too_large")
+    return data
+
+
+def voice_exists(name: str) -> ApiError:
+    return ApiError(409, f"voice {name!r} already exists; delete it first or send "
+                    "overwrite=true", param="name", code="voice_exists")
+
+
+def voice_missing(name: str) -> ApiError:
+    return ApiError(404, f"voice {name!r} does not exist", param="name", code="voice_not_found")
 
 
 def _voice_object(voice: Voice) -> VoiceObject:
@@ -54,37 +77,23 @@ async def create_voice(
     overwrite: Annotated[bool, Form(description="true: replace a voice of the same name "
                                                 "(otherwise that is a 409).")] = False,
 ) -> VoiceCreated:
-    form = await request.form()
-    unknown = sorted(set(form.keys()) - set(_UPLOAD_FIELDS))
-    if unknown:
-        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
-    check_voice_name(name)
+    data = await read_upload((await request.form()).keys(), name, audio_sample)
     check_ref_text_length(ref_text, server_state(request).settings.max_input_chars)
-    data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
-    if len(data) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, f"audio_sample exceeds the limit of {MAX_UPLOAD_BYTES} bytes",
-                       param="audio_sample", code="file_too_large")
     voices = server_state(request).voices
     if voices.get(name) is not None and not overwrite:  # early: before the clip is decoded
-        raise _voice_exists(name)
+        raise voice_exists(name)
     register = partial(voices.register, consent=consent, speaker_description=speaker_description,
                        overwrite=overwrite)
     try:
         voice, replaced = await server_state(request).audio_workers.run(register, name, data,
                                                                         ref_text)
     except ConflictError as error:  # another upload of the name won the race
-        raise _voice_exists(name) from error
+        raise voice_exists(name) from error
     return VoiceCreated(**_voice_object(voice).model_dump(), replaced=replaced)
-
-
-def _voice_exists(name: str) -> ApiError:
-    return ApiError(409, f"voice {name!r} already exists; delete it first or send "
-                    "overwrite=true", param="name", code="voice_exists")
 
 
 @router.delete("/{name}", response_model=VoiceDeleted, responses={404: ERROR_RESPONSES[400]})
 async def delete_voice(name: str, request: Request) -> VoiceDeleted:
     if not await asyncio.to_thread(server_state(request).voices.delete, name):
-        raise ApiError(404, f"voice {name!r} does not exist", param="name",
-                       code="voice_not_found")
+        raise voice_missing(name)
     return VoiceDeleted(name=name, deleted=True)

@@ -33,7 +33,7 @@ from higgs_serve.model.tiny import build_dummy_tensors
 from higgs_serve.progress import ProgressCallback
 from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
-from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, ProgressCallback
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
 
 logger = logging.getLogger(__name__)

@@ -34,9 +34,6 @@ logger = logging.getLogger(__name__)
 
 # capture(n, pool, stream): capture one size of one graph kind
 CaptureSize = Callable[[int, object, torch.cuda.Stream], None]
-# on_progress(done, total, label): called after each captured size, `total` counting every kind's
-# sizes (engine/builder.py takes it and passes it down to ModelRunner.capture_graphs)
-ProgressCallback = Callable[[int, int, str], None]
 _DECODE_GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.LOCAL_MLP)  # graphs per decode batch size
 
 

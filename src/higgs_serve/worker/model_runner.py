@@ -19,10 +19,11 @@ import torch
 from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
 from higgs_serve.model.fused_ops import warm_up_gemms
 from higgs_serve.model.talker import Talker
+from higgs_serve.progress import ProgressCallback  # on_progress(done, total, label) after each captured size
 from higgs_serve.worker.attention.backend import AttentionBackend
 from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
-from higgs_serve.worker.cuda_graphs import (CaptureSize, CudaGraphDispatcher, CudaGraphMode, MLPGraphs, ProgressCallback,
+from higgs_serve.worker.cuda_graphs import (CaptureSize, CudaGraphDispatcher, CudaGraphMode, MLPGraphs,
                                             SizedGraphs, timed_capture)
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces

@@ -9,7 +9,6 @@ from higgs_serve.audio.formats import (
     MEDIA_TYPES,
     SUPPORTED_FORMATS,
     check_format,
-    decode_audio_bytes,
     encode_audio,
     float_to_pcm16,
     pcm16_to_float,
@@ -73,14 +72,3 @@ def test_aac_and_unknown_formats_are_refused_by_name():
     assert info.value.param == "response_format"
     with pytest.raises(InvalidRequestError, match="unknown response_format 'ogg'"):
         encode_audio(_sine(0.1), "ogg", RATE)
-
-
-def test_decode_audio_bytes_mixes_to_mono_and_rejects_garbage():
-    stereo = np.stack([_sine(0.1), np.zeros(2400, np.float32)], axis=1)
-    buffer = io.BytesIO()
-    sf.write(buffer, stereo, 16000, format="WAV", subtype="FLOAT")
-    mono, rate = decode_audio_bytes(buffer.getvalue())
-    assert rate == 16000 and mono.shape == (2400,)
-    assert np.allclose(mono, stereo.mean(axis=1), atol=1e-6)
-    with pytest.raises(InvalidRequestError, match="could not be decoded"):
-        decode_audio_bytes(b"definitely not audio")

@@ -99,21 +99,3 @@ def encode_audio(audio: np.ndarray, response_format: str, sample_rate_hz: int) -
     buffer = io.BytesIO()
     sf.write(buffer, samples, sample_rate_hz, format=container, subtype=subtype)
     return buffer.getvalue()
-
-
-def decode_audio_bytes(data: bytes) -> tuple[np.ndarray, int]:
-    """Any soundfile-readable file (wav, flac, ogg, mp3) -> ([n] float32 mono, sample_rate_hz).
-
-    Multi-channel input is averaged to mono. Raises InvalidRequestError if the bytes are not audio;
-    its message carries libsndfile's reason only (str(error) names the in-memory buffer object,
-    an internal that client-facing errors must not echo).
-    """
-    try:
-        samples, sample_rate_hz = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except sf.LibsndfileError as error:
-        raise InvalidRequestError(f"audio could not be decoded: {error.error_string}") from error
-    except (RuntimeError, TypeError) as error:
-        raise InvalidRequestError("audio could not be decoded: not a wav, flac, ogg or mp3 file"
-                                  ) from error
-    mono = samples.mean(axis=1).astype(np.float32)  # [n, channels] -> [n]
-    return mono, int(sample_rate_hz)

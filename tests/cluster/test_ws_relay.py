@@ -6,7 +6,6 @@ and the real `websockets` client. (The real replicas: test_frontend_e2e_streamin
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import threading

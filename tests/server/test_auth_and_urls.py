@@ -149,7 +149,7 @@ def test_url_fetch_rules(url_server):
         (f"http://127.0.0.1\t:{clips.port}/clip", "control characters"),
         (f"http://127.0.0.1:{clips.port}\t/clip", "control characters"),
         (f"http://user:pw@127.0.0.1:{clips.port}/clip", "user info"),
-        (f"http://127.0.0.1:99999/clip", "invalid port"),
+        ("http://127.0.0.1:99999/clip", "invalid port"),
     ]
     for url, phrase in cases:
         response = _speak(live, url)

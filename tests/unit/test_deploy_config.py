@@ -9,13 +9,12 @@ import yaml
 
 from higgs_serve.config.deploy import (
     CONNECTOR_NAME,
-    SHIPPED_DIR,
     CodecGraphPath,
     CudaGraphMode,
-    list_shipped_profiles,
     resolve_codec_graph_path,
     resolve_graph_mode,
 )
+from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles
 from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.errors import ConfigError
 

@@ -53,8 +53,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID
-# Re-exported: callers and tests import these from here, the config's public module.
-from higgs_serve.config.layers import SHIPPED_DIR, list_shipped_profiles  # noqa: F401
 # Re-exported: DefaultSamplingParams is a field of TalkerStageConfig (defined beside the
 # request-side defaults so `sampling_params` and this module never import each other).
 from higgs_serve.config.sampling_defaults import DefaultSamplingParams

@@ -64,6 +64,7 @@ _EXPECTED_MODE = {"eager": CudaGraphMode.NONE, "mlp_graphs": CudaGraphMode.LOCAL
 _PATH_OF_MODE = {mode: path for path, mode in _EXPECTED_MODE.items()}  # the results' names of the step modes
 GEMM_OPS = {"skinny": TritonOps, "cublas": CublasOps}
 PDL_MODES = {"on": True, "off": False}  # programmatic dependent launch (kernels/pdl.py)
+TAPE_MODES = {"on": True, "off": False}  # launch tapes of eager decode steps (worker/eager_tapes.py)
 PIECEWISE_TOKENS = (96, 128, 192, 256, 384, 512)  # the deploy config's default token counts
 _NEVER = 1 << 30  # frames: min/max frame counts no timed run reaches
 
@@ -144,7 +145,8 @@ def graph_policy_for(path: str, batches: tuple[int, ...], device: torch.device, 
     raise SystemExit(f"bench_step: unknown path {path!r}; expected one of {PATHS}")
 
 
-def build_runner(loaded: LoadedModel, policy: CudaGraphDispatcher, shape: BenchShape) -> ModelRunner:
+def build_runner(loaded: LoadedModel, policy: CudaGraphDispatcher, shape: BenchShape,
+                 launch_tapes: bool = True) -> ModelRunner:
     """A runner whose KV pool holds max batch × (max context + 1) tokens."""
     backend = get_backend("triton" if loaded.device.type == "cuda" else "torch")
     kv = KVCacheSpec(num_blocks=shape.num_slots * shape.blocks_per_request(), block_size=shape.block_size,
@@ -152,7 +154,7 @@ def build_runner(loaded: LoadedModel, policy: CudaGraphDispatcher, shape: BenchS
     return ModelRunner(
         talker=loaded.talker, backend=backend, kv=kv, max_num_seqs=shape.num_slots,
         max_num_batched_tokens=shape.max_num_batched_tokens, max_model_len=shape.max_model_len,
-        device=loaded.device, dtype=loaded.dtype, graphs=policy,
+        device=loaded.device, dtype=loaded.dtype, graphs=policy, launch_tapes=launch_tapes,
     )
 
 
@@ -297,10 +299,10 @@ def time_one(runner: ModelRunner, path: str, kind: str, make_plan, batch: int, c
     }
 
 
-def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: BenchShape, args,
+def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, tapes: str, shape: BenchShape, args,
              floor_of) -> tuple[list[dict], dict]:
-    """All (context, batch) rows of one graph path with one GEMM implementation and PDL mode, on a
-    fresh runner (its graphs are captured with that mode)."""
+    """All (context, batch) rows of one graph path with one GEMM implementation, PDL mode and
+    launch-tape mode, on a fresh runner (its graphs are captured with that mode)."""
     if loaded.device.type == "cuda":
         loaded.talker.backbone.set_ops(GEMM_OPS[gemm])
         pdl.set_enabled(PDL_MODES[pdl_mode])
@@ -308,9 +310,9 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: Be
     if loaded.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.device)  # this runner's peak (weights stay allocated)
     t0 = time.perf_counter()
-    runner = build_runner(loaded, policy, shape)
+    runner = build_runner(loaded, policy, shape, TAPE_MODES[tapes])
     capture = runner.capture_graphs()
-    info = {"path": path, "gemm": gemm, "pdl": pdl_mode, "pdl_active": pdl.enabled(loaded.device),
+    info = {"path": path, "gemm": gemm, "pdl": pdl_mode, "pdl_active": pdl.enabled(loaded.device), "tapes": tapes,
             "capture_sizes": list(policy.decode_sizes or policy.piecewise_sizes), "build_and_capture_s": time.perf_counter() - t0,
             "capture": capture, "kv_blocks": runner.kv.num_blocks, "kv_cache_dtype": str(runner.kv_cache_dtype),
             "kv_cache_bytes": sum(c.numel() * c.element_size() for pair in runner.kv_caches for c in pair)}
@@ -330,9 +332,10 @@ def run_path(loaded: LoadedModel, path: str, gemm: str, pdl_mode: str, shape: Be
         for kind, make_plan in kinds:
             for batch in shape.batches:
                 rows.append({**time_one(runner, path, kind, make_plan, batch, context, args, floor_of),
-                             "gemm": gemm, "pdl": pdl_mode})
+                             "gemm": gemm, "pdl": pdl_mode, "tapes": tapes})
     info["prefill_s"] = prefill_s
     info["step_modes"] = {_PATH_OF_MODE[m]: n for m, n in runner.step_modes.items()}
+    info["tape_replays"] = runner.tapes.replays if runner.tapes is not None else 0
     info["max_memory_allocated_bytes"] = (torch.cuda.max_memory_allocated(loaded.device)
                                           if loaded.device.type == "cuda" else None)
     del runner, plans
@@ -359,6 +362,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pdl", nargs="+", choices=list(PDL_MODES), default=["on"],
                    help="programmatic dependent launch between the Triton kernels (on: the engine's default on "
                         "Hopper); both values run side by side")
+    p.add_argument("--tapes", nargs="+", choices=list(TAPE_MODES), default=["on"],
+                   help="launch tapes for eager decode steps (on: the engine's default); both values run side by side")
     p.add_argument("--mixed-tokens", type=int, default=0,
                    help="also time mixed steps: each batch's decodes plus one prefill chunk of this many tokens")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
@@ -428,8 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         "runners": runners,
         "rows": rows,
     }
-    for path, gemm, pdl_mode in itertools.product(paths, args.gemm, args.pdl):
-        path_rows, info = run_path(loaded, path, gemm, pdl_mode, shape, args, floor_of)
+    for path, gemm, pdl_mode, tapes in itertools.product(paths, args.gemm, args.pdl, args.tapes):
+        path_rows, info = run_path(loaded, path, gemm, pdl_mode, tapes, shape, args, floor_of)
         rows += path_rows
         runners.append(info)
         if info["max_memory_allocated_bytes"] is not None:
@@ -442,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nStage 0 decode step ({result['device']['cuda_name'] or device}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s, {weight_bytes / 1e9:.2f} GB weights/step, KV {cache_dtype} "
           f"{kv_per_token} B/token" + (f", peak allocated {peak / 1e9:.2f} GB" if peak else "") + ")\n")
-    print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("pdl", "PDL"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
+    print(markdown_table(rows, [("path", "path"), ("gemm", "GEMM"), ("pdl", "PDL"), ("tapes", "tapes"), ("step", "step"), ("batch", "B"), ("context", "L"), ("step_ms_median", "step ms p50"),
                                 ("step_ms_p90", "p90"), ("gpu_ms", "GPU-only ms"), ("floor_ms", "floor ms"),
                                 ("ratio", "p50/floor"), ("frames_per_s", "frames/s")]))
     return 0

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from higgs_serve.kernels import launch_tape
+
 try:
     import triton
     from triton import knobs
@@ -61,7 +63,7 @@ def signature(args: tuple, meta: dict[str, Any]) -> tuple:
                   a if a.__class__ is int else (a.__class__, a) for a in args]), tuple(meta.items())
 
 
-def _hooks_set() -> bool:
+def hooks_set() -> bool:
     """Whether a launch hook is registered (a profiler such as proton): the fast path calls none.
     Triton 3.6 keeps each hook as a chain, empty unless something registered."""
     runtime = knobs.runtime
@@ -83,7 +85,7 @@ class Launcher:
         self._compiled: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple[int, ...], *args, **meta) -> None:
-        if self._fast and not _hooks_set():
+        if self._fast and not hooks_set():
             device = torch._C._cuda_getDevice()
             try:
                 key = (device, signature(args, meta))
@@ -92,14 +94,20 @@ class Launcher:
                 entry = key = None
             if entry is not None:
                 launch, function, head, tail = entry
-                launch(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                       torch._C._cuda_getCurrentRawStream(device), function, *head, *args, *tail)
+                launch_args = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                               torch._C._cuda_getCurrentRawStream(device), function, *head)
+                launch(*launch_args, *args, *tail)
+                if launch_tape.recording_tape is not None:
+                    _tape(launch, launch_args, args, tail)
                 return
             compiled = self.kernel[grid](*args, **meta)
             if key is not None and len(self._compiled) < MAX_SIGNATURES:
                 self._remember(key, compiled, len(args), meta)
-            return
-        self.kernel[grid](*args, **meta)
+        else:
+            self.kernel[grid](*args, **meta)
+        if launch_tape.recording_tape is not None:  # a launch through Triton's own path: not taped
+            name = getattr(self.kernel, "__name__", "a kernel")
+            launch_tape.recording_tape.void(f"{name} launched outside the launch cache")
 
     def _remember(self, key: tuple, compiled, num_args: int, meta: dict[str, Any]) -> None:
         """Store what the C launcher needs after the positional arguments: the remaining
@@ -117,6 +125,15 @@ class Launcher:
                 return
         # the launch has run, so the compiled kernel's handles are loaded: keep them, not it
         self._compiled[key] = (*_c_launch(compiled), tuple(tail))
+
+
+def _tape(launch, launch_args: tuple, args: tuple, tail: tuple) -> None:
+    """Put a cached launch on the tape being recorded, tensors as their device pointers (the C
+    launcher takes an int where it would read a tensor's data_ptr; the tape must not keep
+    temporaries alive)."""
+    pointers = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+    flat = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    launch_tape.recording_tape.add(launch, (*launch_args, *flat, *tail), pointers)
 
 
 def _c_launch(compiled) -> tuple:

@@ -149,6 +149,12 @@ class Qwen3Backbone(nn.Module):
                 mlp: MLPRunner | None = None) -> Tensor:
         """embeds [N, D], positions [N] int64 -> final-normed hidden [N, D]."""
         cos, sin = self.rotary(positions, embeds.dtype)
+        return self.norm(self.decoder(embeds, cos, sin, attention, mlp))
+
+    def decoder(self, embeds: Tensor, cos: Tensor, sin: Tensor, attention: Attention,
+                mlp: MLPRunner | None = None) -> Tensor:
+        """The layer stack on embeds [N, D] with the step's RoPE tables (`rotary`): the hidden
+        states before the final norm."""
         h = embeds
         if mlp is None:
             for i, layer in enumerate(self.layers):
@@ -161,4 +167,4 @@ class Qwen3Backbone(nn.Module):
             dest = mlp.input_rows(h.shape[0])
             for layer in self.layers:
                 h = mlp(layer.layer_idx, layer.attn_residual(h, cos, sin, attention, dest))
-        return self.norm(h)
+        return h

@@ -64,8 +64,10 @@ from higgs_serve.kernels.launcher import Launcher, next_pow2
 
 # Rows the kernel serves for any shape it divides (default_config): 3-23 % faster than cuBLAS per
 # GEMM at 1-16 rows on an H200. From there to MAX_ROWS only the (N, K) with a measured TUNED
-# bucket: 10-30 % faster for o, gate_up and down of the 4B talker, while cuBLAS's tensor-core tiles
-# stay as fast for qkv.
+# bucket: 10-30 % faster for o, gate_up and down of the 4B talker. For qkv cuBLAS's tensor-core
+# tiles are as fast at 32 rows and 1.6 us faster at 64, but a cuBLAS call cannot go on a launch
+# tape (kernels/launch_tape.py), and the eager decode steps of 17-64 requests are host-bound by
+# far more than that: qkv takes the kernel's best measured shapes there too.
 SMALL_ROWS = 16
 MAX_ROWS = 64
 
@@ -95,7 +97,9 @@ def row_block(m: int) -> int:
 # o runs eagerly in the high-throughput profile (a split-K pair of launches instead of one addmm);
 # taking o's buckets out did not change that profile's A/B (results README), so they stay.
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig], ...]] = {
-    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),),  # qkv: 10.7 us, cuBLAS 11.0
+    (6144, 2560): ((16, SkinnyConfig(32, 128, 1, num_stages=5)),  # qkv: 10.7 us, cuBLAS 11.0
+                   (32, SkinnyConfig(64, 128, 4, num_stages=3)),  # 11.2 us, cuBLAS 11.3
+                   (64, SkinnyConfig(64, 64, 4, num_stages=4))),  # 12.9 us, cuBLAS 11.3
     (2560, 4096): ((16, SkinnyConfig(64, 128, 8, num_stages=3)),  # o: 8.9 us, cuBLAS 11.5
                    (32, SkinnyConfig(64, 128, 4, num_stages=4)),  # 8.6 us, cuBLAS 12.2
                    (64, SkinnyConfig(64, 128, 4, num_stages=3))),  # 10.0 us, cuBLAS 11.2

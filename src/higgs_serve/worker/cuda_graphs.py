@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from higgs_serve.config.deploy import CudaGraphMode, TalkerStageConfig, resolve_graph_mode
+from higgs_serve.kernels import launch_tape
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +153,12 @@ class MLPGraphs:
         inp, out = self._views(h.shape[0])
         if h.data_ptr() != inp.data_ptr():
             inp.copy_(h)
-        graphs[layer_idx].replay()
+        launch_tape.call(graphs[layer_idx].replay)  # on the launch tape when one is recorded
         return out
+
+    def static_tensors(self) -> list[Tensor]:
+        """The buffers every size's graphs read and write (they never move)."""
+        return [self.inp, self.out]
 
 
 class MLPReplay:

@@ -103,6 +103,10 @@ class InputBuffers:
         end32 = self._bt_off + num_seqs * self.max_blocks
         self._dev32[:end32].copy_(self._host32[:end32], non_blocking=True)
 
+    def device_tensors(self) -> list[torch.Tensor]:
+        """The device areas every step's views point into (they never move)."""
+        return [self._dev64, self._dev32]
+
     def views(
         self, num_tokens: int, num_seqs: int, num_samples: int, has_audio: bool, has_text: bool
     ) -> StepInputs:

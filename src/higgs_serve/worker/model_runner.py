@@ -25,6 +25,7 @@ from higgs_serve.worker.attention.metadata import AttentionMetadata
 from higgs_serve.worker.audio_state import AudioState
 from higgs_serve.worker.cuda_graphs import (CaptureSize, CudaGraphDispatcher, CudaGraphMode, MLPGraphs,
                                             SizedGraphs, timed_capture)
+from higgs_serve.worker.eager_tapes import EagerTapes
 from higgs_serve.worker.input_buffers import InputBuffers, StepInputs
 from higgs_serve.worker.piecewise import PieceIO, PiecewiseGraphs, build_pieces, run_pieces
 from higgs_serve.worker.step_staging import Staged, StepStager
@@ -53,6 +54,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         graphs: CudaGraphDispatcher | None = None,
+        launch_tapes: bool = True,
     ):
         self.talker = talker
         self.graphs = graphs or CudaGraphDispatcher()
@@ -101,6 +103,9 @@ class ModelRunner:
         self._sampler_graphs: SizedGraphs | None = None  # sampling tails of eager steps
         self._sample_hidden: torch.Tensor | None = None  # their static input rows
         self._piecewise: PiecewiseGraphs | None = None
+        # launch tapes of eager pure-decode steps (CUDA only: they replay cached Triton launches);
+        # False runs every eager step op by op (benchmarks compare the two)
+        self.tapes = EagerTapes(device, self._persistent_tensors) if launch_tapes and device.type == "cuda" else None
         # how each step mode runs a staged step: (plan, staged, padded size) -> None
         self._launchers: dict[CudaGraphMode, Callable[[StepPlan, Staged, int], None]] = {
             CudaGraphMode.FULL: self._run_full_graph,
@@ -173,8 +178,34 @@ class ModelRunner:
             self.stager.fill_sample_padding(samples, sampler)
         inputs = self._upload(staged, len(plan.chunks))
         attention = self._step_attention(inputs, staged)
-        hidden = self.talker(self._embed(inputs), inputs.positions, attention, mlp)
-        self._sample_eager(inputs, hidden, sampler)
+        self._sample_eager(inputs, self._forward_eager(inputs, attention, mlp), sampler)
+
+    def _forward_eager(self, inputs: StepInputs, attention, mlp: Callable | None) -> torch.Tensor:
+        """The talker's forward op by op; a pure-decode step's decoder stack from its batch
+        size's launch tape (eager_tapes.py) where one is recorded or can be."""
+        backbone = self.talker.backbone
+        embeds = self._embed(inputs)
+        cos, sin = backbone.rotary(inputs.positions, embeds.dtype)
+
+        def decoder(e: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor]:
+            return (backbone.decoder(e, c, s, attention, mlp),)
+
+        pure_decode = not inputs.has_text_inputs and inputs.num_tokens == inputs.num_seqs
+        if self.tapes is not None and pure_decode:
+            hidden = self.tapes.run((inputs.num_tokens, mlp is not None), decoder, embeds, cos, sin)
+        else:
+            hidden = decoder(embeds, cos, sin)[0]
+        return backbone.norm(hidden)
+
+    def _persistent_tensors(self) -> list[torch.Tensor]:
+        """Every device tensor an eager forward reads or writes that lives as long as the runner."""
+        tensors = [*self.talker.parameters(), *self.talker.buffers(), *self.buffers.device_tensors(), self._ref_dev]
+        tensors += [t for pair in self.kv_caches for t in pair]
+        if self._mlp_graphs is not None:
+            tensors += self._mlp_graphs.static_tensors()
+        if self._piece_io is not None:
+            tensors += [self._piece_io.q, self._piece_io.o]
+        return tensors
 
     def _upload(self, staged: Staged, num_seqs: int) -> StepInputs:
         """Copy the staged step (and a clone prefill's reference rows) to the device; its views."""

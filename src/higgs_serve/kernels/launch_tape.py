@@ -1,0 +1,172 @@
+"""Launch tapes: an eager stretch of a step, recorded once per shape, launched again from a list
+(docs/architecture.md#launch-tapes).
+
+An eager decode step of the high-throughput profile is ~330 kernel launches and 36 MLP-graph
+replays, and nearly all of its host time is Python re-deriving what the previous step of the same
+batch size derived: which compiled kernel, its packed arguments, fresh output tensors from the
+allocator, views, strides, dtype checks. None of that changes between two steps of one shape:
+the weights, the KV pages, the step's input buffers and the MLP graphs' buffers never move, and
+the step's intermediates can be given fixed addresses. A tape keeps what the host decided the
+first time (the C launcher, grid, stream, kernel handle and every argument, tensors as raw
+device pointers) and later steps launch the same kernels in the same order straight from it.
+
+Nothing is captured on the device: every kernel is still launched by the host, one at a time,
+each step; the attention kernels read that step's sequence lengths and block tables from the
+input buffers, as they do when called op by op. What goes away is the host work a graph would
+also have saved, without capturing a graph.
+
+A tape is only trusted when it is complete and its addresses are stable, checked while it is
+recorded (`record`):
+- every device call in the stretch is either a cached Triton launch (`Launcher` appends it) or a
+  call put on the tape with `call` (a CUDA-graph replay); any other op that does device work
+  (a torch op, a cuBLAS GEMM, a first launch that compiles) voids the tape;
+- every pointer on the tape lies in a tensor that outlives it: the tensors the caller declares
+  persistent (weights, KV caches, input buffers, graph buffers), the tape's own inputs and
+  outputs, or memory allocated during the recording from the tape pool (a private memory pool
+  that only recordings allocate from, so a temporary's block is reused only by another tape's
+  temporaries, and tapes run one after the other on one stream).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# The tape being recorded (one at a time: the engine runs one step at a time), read by Launcher.
+recording_tape: LaunchTape | None = None
+
+# aten ops that allocate or re-view memory and launch nothing on the device: allowed while a tape
+# records (allocations are noted as the tape's own memory); every other op voids the tape.
+_ALLOCATING = frozenset({"empty.memory_format", "empty_strided.default", "empty_like.default",
+                         "new_empty.default", "new_empty_strided.default"})
+_VIEWING = frozenset({"view.default", "_unsafe_view.default", "_reshape_alias.default", "slice.Tensor",
+                      "select.int", "unsqueeze.default", "squeeze.dim", "squeeze.default", "t.default",
+                      "transpose.int", "permute.default", "as_strided.default", "alias.default",
+                      "detach.default", "expand.default", "split.Tensor", "split_with_sizes.default",
+                      "unbind.int", "narrow.default"})
+
+
+class LaunchTape:
+    """The launches of one recorded stretch: `replay()` issues them again, in order."""
+
+    def __init__(self, stream: int) -> None:
+        self.stream = stream  # the raw CUDA stream every launch was recorded on
+        self.entries: list[tuple[Callable, tuple]] = []
+        self.pointers: list[int] = []  # every device pointer the entries pass (checked once)
+        self.void_reason: str | None = None
+        self.inputs: tuple[Tensor, ...] = ()
+        self.outputs: tuple[Tensor, ...] = ()
+
+    def add(self, fn: Callable, args: tuple, pointers: Iterable[int] = ()) -> None:
+        self.entries.append((fn, args))
+        self.pointers.extend(pointers)
+
+    def void(self, reason: str) -> None:
+        """Mark the tape unusable (the first reason is kept)."""
+        if self.void_reason is None:
+            self.void_reason = reason
+
+    def replay(self) -> None:
+        # the entries call C launchers with the recorded stream: refuse to run beside another one
+        if self.stream and torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) != self.stream:
+            raise RuntimeError("a launch tape replayed on another stream than it was recorded on")
+        for fn, args in self.entries:
+            fn(*args)
+
+
+def call(fn: Callable[[], None]) -> None:
+    """Run `fn()`, a device call that is not a Triton launch (a CUDA-graph replay), and put it on
+    the tape being recorded, if any."""
+    fn()
+    if recording_tape is not None:
+        recording_tape.add(fn, ())
+
+
+class _Guard(TorchDispatchMode):
+    """Sees every aten op of the recording: notes allocations, voids the tape on device work."""
+
+    def __init__(self, tape: LaunchTape) -> None:
+        super().__init__()
+        self.tape = tape
+        # [start, end) of every allocation, not the tensor: a temporary must be freed when the
+        # eager run frees it, so that the next layer's temporaries take its block
+        self.allocated: list[tuple[int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = f"{func._opname}.{func._overloadname}"
+        if name in _ALLOCATING:
+            storage = out.untyped_storage()
+            self.allocated.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        elif name not in _VIEWING:
+            self.tape.void(f"aten::{name} does device work outside the tape")
+        return out
+
+
+def spans(tensors: Iterable[Tensor]) -> list[tuple[int, int]]:
+    """[start, end) of each tensor's whole storage."""
+    return [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in (t.untyped_storage() for t in tensors)]
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans sorted and merged where they overlap or touch."""
+    spans = sorted(spans)
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _outside(pointers: Iterable[int], ranges: list[tuple[int, int]]) -> list[int]:
+    starts = [r[0] for r in ranges]
+    bad = []
+    for p in set(pointers):
+        i = bisect.bisect_right(starts, p) - 1
+        if i < 0 or p >= ranges[i][1]:
+            bad.append(p)
+    return bad
+
+
+def record(body: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], persistent: Iterable[tuple[int, int]],
+           pool=None) -> tuple[tuple[Tensor, ...], LaunchTape]:
+    """Run `body(*tape_inputs)` once, eagerly, while recording it; return its outputs and the tape.
+
+    `persistent`: the `spans` of every tensor the body may read or write that outlives the tape
+    (weights, caches, buffers). The tape's inputs are copies of `inputs` made inside `pool`: later
+    steps copy theirs in with `load` before `replay`. The outputs are whatever body returned (kept alive by the tape).
+    Check `tape.void_reason` before keeping the tape: None means it is complete and every pointer
+    on it lives as long as the tape (module note)."""
+    global recording_tape
+    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) if inputs[0].is_cuda else 0
+    tape = LaunchTape(stream)
+    with torch.cuda.use_mem_pool(pool) if pool is not None else nullcontext():
+        tape.inputs = tuple(x.clone() for x in inputs)
+        guard = _Guard(tape)
+        recording_tape = tape
+        try:
+            with guard:
+                outputs = tuple(body(*tape.inputs))
+        finally:
+            recording_tape = None
+    tape.outputs = outputs
+    known = _merged([*persistent, *spans([*tape.inputs, *outputs]), *guard.allocated])
+    stray = _outside(tape.pointers, known)
+    if stray:
+        tape.void(f"{len(stray)} pointer(s) outside the persistent tensors and the tape's own memory")
+    if not tape.entries:
+        tape.void("nothing was launched")
+    return outputs, tape
+
+
+def load(tape: LaunchTape, inputs: Sequence[Tensor]) -> None:
+    """Copy this step's inputs into the tape's input buffers (same shapes as at recording)."""
+    for dst, src in zip(tape.inputs, inputs):
+        dst.copy_(src)

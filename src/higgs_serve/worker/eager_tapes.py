@@ -1,0 +1,72 @@
+"""The runner's launch tapes: the eager decoder stack of a pure-decode step, one tape per batch
+size (kernels/launch_tape.py; docs/architecture.md#launch-tapes).
+
+The high-throughput profile runs every decode step's attention half eagerly between the local
+MLP graphs; a step with more requests than the largest graph size runs the whole stack eagerly.
+Both are a fixed sequence of launches for a given batch size: the first step of a size runs
+eagerly while its tape is recorded, later steps copy their embeddings and RoPE tables into the
+tape's inputs and launch the tape. Prefill and mixed steps are not taped (their shapes rarely
+repeat); a size whose recording is void (a GEMM on cuBLAS past the skinny kernel's rows, a
+profiler's launch hooks) is tried again a few times, then runs eagerly for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from higgs_serve.kernels import launch_tape
+from higgs_serve.kernels.launcher import hooks_set
+
+logger = logging.getLogger(__name__)
+
+MAX_VOID_RECORDINGS = 2  # recordings of one size that may come out void before it stays eager
+
+# body(embeds, cos, sin) -> (hidden before the final norm,)
+DecoderBody = Callable[[Tensor, Tensor, Tensor], tuple[Tensor]]
+
+
+class EagerTapes:
+    """Tapes keyed by (batch size, whether the MLP graphs run); one memory pool for them all."""
+
+    def __init__(self, device: torch.device, persistent: Callable[[], Iterable[Tensor]]):
+        # the tensors a recording may point into besides its own memory, asked for at the first
+        # recording (the MLP graphs' buffers exist only after the start-up capture)
+        self._persistent = persistent
+        self._spans: list[tuple[int, int]] | None = None
+        self._pool = torch.cuda.MemPool() if device.type == "cuda" else None
+        self._tapes: dict[tuple[int, bool], launch_tape.LaunchTape] = {}
+        self._voids: dict[tuple[int, bool], int] = {}
+        self.replays = 0
+
+    def run(self, key: tuple[int, bool], body: DecoderBody, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """The decoder's output for this step: replayed from the key's tape, or run eagerly (and
+        recorded when the key has no tape yet)."""
+        inputs = (embeds, cos, sin)
+        tape = self._tapes.get(key)
+        if hooks_set():  # a profiler's launch hooks see only launches made through Triton
+            return body(*inputs)[0]
+        if tape is not None:
+            launch_tape.load(tape, inputs)
+            tape.replay()
+            self.replays += 1
+            return tape.outputs[0]
+        if self._voids.get(key, 0) >= MAX_VOID_RECORDINGS:
+            return body(*inputs)[0]
+        if self._spans is None:
+            self._spans = launch_tape.spans(self._persistent())
+        outputs, tape = launch_tape.record(body, inputs, self._spans, self._pool)
+        if tape.void_reason is None:
+            self._tapes[key] = tape
+        else:
+            self._voids[key] = self._voids.get(key, 0) + 1
+            logger.debug("eager decode of %d rows not taped: %s", key[0], tape.void_reason)
+        return outputs[0]
+
+    @property
+    def sizes(self) -> list[tuple[int, bool]]:
+        """The keys that have a tape."""
+        return sorted(self._tapes)

@@ -1,0 +1,71 @@
+"""On CUDA: eager decode steps replayed from launch tapes (kernels/launch_tape.py,
+worker/eager_tapes.py) give the same rows, bit for bit, as the same steps launched op by op:
+the high-throughput path (eager attention + MLP graphs) and the all-eager path, greedy and
+seeded, bfloat16 (the skinny GEMMs: float32 GEMMs run on cuBLAS, which no tape records), with the
+model-dtype and the fp8 KV cache. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from higgs_serve.config.loader import load_deploy_config
+from higgs_serve.engine.async_engine import SyncEngine
+from higgs_serve.engine.builder import RuntimeOptions, load_model
+from higgs_serve.engine.speech import SpeechRequest
+from higgs_serve.sampling_params import SamplingParams
+from higgs_serve.worker.cuda_graphs import CudaGraphMode
+
+TEXTS = ["Hello there.", "The cat quickly reads the morning news.", "Short one.",
+         "A much longer sentence that keeps the model busy for a while, with commas, and more words."]
+OPTIONS = RuntimeOptions(device="cuda", dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(str(tiny_model_dir), OPTIONS)
+
+
+def _engine(loaded, mode: str, kv_cache_dtype: str) -> SyncEngine:
+    stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512, "enforce_eager": True,
+              "kv_cache_dtype": kv_cache_dtype,
+              "compilation_config": {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8]}}
+    deploy = load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
+                                device_count=torch.cuda.device_count())
+    return SyncEngine(loaded, deploy, OPTIONS)
+
+
+def _requests(temperature: float) -> list[SpeechRequest]:
+    return [SpeechRequest(f"r{i}", text, SamplingParams(temperature=temperature, top_p=0.9, top_k=50, seed=7 + i,
+                                                        max_new_tokens=24 + 7 * i, min_new_tokens=24 + 7 * i),
+                          stream=True)
+            for i, text in enumerate(TEXTS)]
+
+
+def _rows(loaded, mode: str, kv_cache_dtype: str, temperature: float, taped: bool):
+    engine = _engine(loaded, mode, kv_cache_dtype)
+    try:
+        runner = engine.core.runner
+        if not taped:
+            runner.tapes = None
+        rows = {r.request_id: r.rows for r in engine.generate_batch(_requests(temperature))}
+        return rows, runner
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("mode", ["LOCAL_MLP", "NONE"])
+def test_taped_decode_steps_match_op_by_op(loaded, mode, temperature, kv_cache_dtype):
+    expected, _ = _rows(loaded, mode, kv_cache_dtype, temperature, taped=False)
+    got, runner = _rows(loaded, mode, kv_cache_dtype, temperature, taped=True)
+    # the batch shrinks 4 -> 3 -> 2 -> 1 as requests finish: several sizes recorded, then replayed
+    assert runner.tapes.replays > 20, runner.tapes.replays
+    assert {size for size, _ in runner.tapes.sizes} >= {1, 4}
+    if mode == "LOCAL_MLP":
+        assert runner.step_modes[CudaGraphMode.LOCAL_MLP] > 0
+        assert all(with_mlp for _, with_mlp in runner.tapes.sizes)
+    for rid, rows in expected.items():
+        np.testing.assert_array_equal(got[rid], rows, err_msg=f"{mode}, request {rid}")

@@ -1,7 +1,7 @@
 """Host cost per call of the eager decode path's pieces on CUDA (4B widths, one row): a plain
 Triton launch, the same launch through kernels/launcher.py's cache, our op wrappers around it
 (allocation, shape handling, launch), torch ops, and a launch through the kernel's compiled handle
-(the floor the cached launcher approaches). The loop is host-bound (each kernel's GPU time is a few microseconds), so time per
+(the floor the cached launcher approaches), and the same ops replayed from a launch tape. The loop is host-bound (each kernel's GPU time is a few microseconds), so time per
 call is host time; "incl. drain" adds the final synchronize.
 
   PYTHONPATH=src python3 benchmarks/bench_launch.py
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from higgs_serve.kernels import pdl
+from higgs_serve.kernels import launch_tape, pdl
 from higgs_serve.model.fused_ops import TritonOps, _rms_norm_kernel
 from higgs_serve.kernels.launcher import Launcher
 
@@ -92,6 +92,12 @@ def main() -> None:
     bench("MLP eager (norm, gate_up+SiLU, down)", mlp, n=500)
     bench("MLP graph replay", graphs["mlp"].replay, n=500)
     bench("one-kernel graph replay", graphs["norm"].replay)
+    # the same ops from launch tapes (kernels/launch_tape.py): per entry, the C launch and nothing else
+    pool = torch.cuda.MemPool()  # the tapes' temporaries stay theirs
+    for name, fn in (("rms_norm", norm), ("MLP (norm, gate_up+SiLU, down)", mlp)):
+        _, tape = launch_tape.record(lambda h, fn=fn: (fn(),), [x], launch_tape.spans([x, w, wgu, wd]), pool)
+        assert tape.void_reason is None, tape.void_reason
+        bench(f"{name} from a launch tape ({len(tape.entries)} launches)", tape.replay, n=500)
 
 
 if __name__ == "__main__":

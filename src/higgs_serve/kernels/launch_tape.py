@@ -49,6 +49,10 @@ _VIEWING = frozenset({"view.default", "_unsafe_view.default", "_reshape_alias.de
                       "transpose.int", "permute.default", "as_strided.default", "alias.default",
                       "detach.default", "expand.default", "split.Tensor", "split_with_sizes.default",
                       "unbind.int", "narrow.default"})
+# ops that return a view when they can and a copy when they cannot (seen whole under inference
+# mode): allowed when the result shares its input's memory
+_MAYBE_VIEWING = frozenset({"reshape.default", "flatten.using_ints", "contiguous.default", "view_as.default",
+                            "reshape_as.default", "expand_as.default"})
 
 
 class LaunchTape:
@@ -103,9 +107,16 @@ class _Guard(TorchDispatchMode):
         if name in _ALLOCATING:
             storage = out.untyped_storage()
             self.allocated.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        elif name in _MAYBE_VIEWING:
+            if not _same_memory(args[0], out):
+                self.tape.void(f"aten::{name} copied (its input is not viewable so)")
         elif name not in _VIEWING:
             self.tape.void(f"aten::{name} does device work outside the tape")
         return out
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def spans(tensors: Iterable[Tensor]) -> list[tuple[int, int]]:

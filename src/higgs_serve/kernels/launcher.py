@@ -66,6 +66,8 @@ def signature(args: tuple, meta: dict[str, Any]) -> tuple:
 def hooks_set() -> bool:
     """Whether a launch hook is registered (a profiler such as proton): the fast path calls none.
     Triton 3.6 keeps each hook as a chain, empty unless something registered."""
+    if triton is None:
+        return False
     runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     return bool(enter is not None and getattr(enter, "calls", True)) or \

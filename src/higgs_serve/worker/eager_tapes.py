@@ -41,6 +41,7 @@ class EagerTapes:
         self._tapes: dict[tuple[int, bool], launch_tape.LaunchTape] = {}
         self._voids: dict[tuple[int, bool], int] = {}
         self.replays = 0
+        self.disabled = False  # set when a replay raised: every step runs op by op from then on
 
     def run(self, key: tuple[int, bool], body: DecoderBody, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """The decoder's output for this step: replayed from the key's tape, or run eagerly (and
@@ -51,10 +52,19 @@ class EagerTapes:
             return body(*inputs)[0]
         if tape is not None:
             launch_tape.load(tape, inputs)
-            tape.replay()
+            try:
+                tape.replay()
+            except Exception:  # noqa: BLE001 - a launcher that refuses the tape's arguments
+                # Replaying a decode step's stack is idempotent (each launch writes the same values
+                # to the same KV slots and buffers), so the step reruns op by op, and so do all
+                # later ones: a tape that cannot launch once will not launch at all.
+                logger.warning("launch tapes disabled: replaying the tape of %d rows failed", key[0], exc_info=True)
+                self.disabled = True
+                self._tapes.clear()
+                return body(*inputs)[0]
             self.replays += 1
             return tape.outputs[0]
-        if self._voids.get(key, 0) >= MAX_VOID_RECORDINGS:
+        if self.disabled or self._voids.get(key, 0) >= MAX_VOID_RECORDINGS:
             return body(*inputs)[0]
         if self._spans is None:
             self._spans = launch_tape.spans(self._persistent())

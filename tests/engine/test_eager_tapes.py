@@ -1,0 +1,132 @@
+"""Launch tapes in the runner (worker/eager_tapes.py) on CPU, with the Triton launches replaced by
+fakes that only count: the real eager decode path (TritonOps, the Triton attention backend's
+host code) records one tape per batch size, later steps of that size issue exactly the recorded
+launches and none op by op, and a step that does device work the tape cannot hold (a cuBLAS
+GEMM) stays eager. The numbers the tapes produce are checked against op-by-op steps on CUDA
+(tests/gpu/test_launch_tapes.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from higgs_serve.engine.builder import RuntimeOptions, load_model
+from higgs_serve.kernels import launch_tape
+from higgs_serve.kernels import launcher as launcher_module
+from higgs_serve.model import fused_ops, skinny_gemm
+from higgs_serve.worker.attention import triton_backend, triton_paged
+from higgs_serve.worker.attention.backend import AttentionBackend
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher
+from higgs_serve.worker.eager_tapes import MAX_VOID_RECORDINGS, EagerTapes
+from support.bench_modules import load_bench
+
+bench_step = load_bench("bench_step")
+LAUNCHERS = {fused_ops: ("_rms_norm", "_qk_norm_rope", "_silu_mul"), skinny_gemm: ("_skinny", "_split_reduce"),
+             triton_paged: ("_kv_write", "_decode", "_decode_reduce", "_prefill")}
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.op_by_op = 0  # launches made through a launcher call
+        self.issued = 0  # launches that reached the "device" (op by op or from a tape)
+
+
+class FakeLauncher:
+    """A cached launch: issues nothing real, and goes on the tape being recorded as Launcher does."""
+
+    def __init__(self, counts: Counts):
+        self.counts = counts
+
+    def __call__(self, grid, *args, **meta) -> None:
+        self.counts.op_by_op += 1
+        self.issue()
+        if launch_tape.recording_tape is not None:
+            launcher_module._tape(self.issue, (), args, ())
+
+    def issue(self, *args) -> None:
+        self.counts.issued += 1
+
+
+class HostTritonBackend(AttentionBackend):
+    """The Triton backend's per-step host code on CPU caches (its kernels are the fakes)."""
+
+    name = "triton-host"
+
+    def bind(self, meta, kv_caches):
+        return triton_backend.TritonBoundAttention(meta, kv_caches, num_sms=132)
+
+
+@pytest.fixture
+def counts(monkeypatch) -> Counts:
+    counts = Counts()
+    for module, names in LAUNCHERS.items():
+        for name in names:
+            monkeypatch.setattr(module, name, FakeLauncher(counts), raising=False)
+    monkeypatch.setattr(fused_ops, "_num_sms", lambda device: 132)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    loaded = load_model(str(tiny_model_dir), RuntimeOptions(device="cpu", dtype="bfloat16"))
+    yield loaded
+    loaded.talker.backbone.set_ops(fused_ops.TorchOps)
+
+
+def _runner_and_plans(loaded, monkeypatch):
+    loaded.talker.backbone.set_ops(fused_ops.TritonOps)
+    monkeypatch.setattr(bench_step, "get_backend", lambda name: HostTritonBackend())
+    shape = bench_step.BenchShape(batches=(1, 3), contexts=(8,), block_size=16, max_num_batched_tokens=64,
+                                  max_model_len=64)
+    runner = bench_step.build_runner(loaded, CudaGraphDispatcher(), shape)
+    runner.tapes = EagerTapes(torch.device("cpu"), runner._persistent_tensors)  # CUDA-only by default
+    plans = bench_step.PlanMaker(shape, loaded.spec.text.vocab_size)
+    with torch.inference_mode():
+        for plan in plans.prefill_plans(8, ()):
+            runner.execute(plan)
+    return runner, plans
+
+
+def _decode(runner, plans, batch: int, counts: Counts) -> tuple[int, int]:
+    """(launches op by op, launches issued) of one decode step."""
+    before = counts.op_by_op, counts.issued
+    with torch.inference_mode():
+        runner.execute(plans.decode_plan(batch, 8))
+    return counts.op_by_op - before[0], counts.issued - before[1]
+
+
+def test_decode_steps_replay_their_batch_size_tape(loaded, counts, monkeypatch):
+    runner, plans = _runner_and_plans(loaded, monkeypatch)
+    for batch in (1, 3):
+        recorded_op_by_op, recorded_issued = _decode(runner, plans, batch, counts)
+        assert recorded_op_by_op == recorded_issued > 0  # the recording step runs op by op
+        for _ in range(2):
+            # the same launches, all from the tape but the final norm's (it follows the tape)
+            assert _decode(runner, plans, batch, counts) == (1, recorded_issued)
+    assert runner.tapes.sizes == [(1, False), (3, False)]
+    assert runner.tapes.replays == 4
+
+
+def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
+    runner, plans = _runner_and_plans(loaded, monkeypatch)
+    monkeypatch.setattr(fused_ops, "config_for", lambda *shape: None)  # every GEMM on cuBLAS (aten::mm)
+    for _ in range(MAX_VOID_RECORDINGS + 2):
+        op_by_op, issued = _decode(runner, plans, 1, counts)
+        assert op_by_op == issued > 0
+    assert runner.tapes.sizes == [] and runner.tapes.replays == 0
+
+
+def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loaded, counts, monkeypatch):
+    runner, plans = _runner_and_plans(loaded, monkeypatch)
+    _decode(runner, plans, 1, counts)  # recorded
+    tape = runner.tapes._tapes[(1, False)]
+
+    def refuses(*a):
+        raise TypeError("pointer argument must be a tensor")  # a launcher that takes no raw pointers
+
+    tape.entries[0] = (refuses, tape.entries[0][1])
+    op_by_op, issued = _decode(runner, plans, 1, counts)
+    assert op_by_op == issued > 0  # the step ran op by op
+    assert runner.tapes.disabled and runner.tapes.sizes == []
+    assert _decode(runner, plans, 1, counts)[0] > 1  # and so do the later ones (no new recording)
+    assert runner.tapes.sizes == []

@@ -11,75 +11,32 @@ import pytest
 import torch
 
 from higgs_serve.engine.builder import RuntimeOptions, load_model
-from higgs_serve.kernels import launch_tape
-from higgs_serve.kernels import launcher as launcher_module
-from higgs_serve.model import fused_ops, skinny_gemm
-from higgs_serve.worker.attention import triton_backend, triton_paged
-from higgs_serve.worker.attention.backend import AttentionBackend
-from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher
-from higgs_serve.worker.eager_tapes import MAX_VOID_RECORDINGS, EagerTapes
+from higgs_serve.model import fused_ops
+from higgs_serve.worker.eager_tapes import MAX_VOID_RECORDINGS
 from support.bench_modules import load_bench
 
 bench_step = load_bench("bench_step")
-LAUNCHERS = {fused_ops: ("_rms_norm", "_qk_norm_rope", "_silu_mul"), skinny_gemm: ("_skinny", "_split_reduce"),
-             triton_paged: ("_kv_write", "_decode", "_decode_reduce", "_prefill")}
-
-
-class Counts:
-    def __init__(self) -> None:
-        self.op_by_op = 0  # launches made through a launcher call
-        self.issued = 0  # launches that reached the "device" (op by op or from a tape)
-
-
-class FakeLauncher:
-    """A cached launch: issues nothing real, and goes on the tape being recorded as Launcher does."""
-
-    def __init__(self, counts: Counts):
-        self.counts = counts
-
-    def __call__(self, grid, *args, **meta) -> None:
-        self.counts.op_by_op += 1
-        self.issue()
-        if launch_tape.recording_tape is not None:
-            launcher_module._tape(self.issue, (), args, ())
-
-    def issue(self, *args) -> None:
-        self.counts.issued += 1
-
-
-class HostTritonBackend(AttentionBackend):
-    """The Triton backend's per-step host code on CPU caches (its kernels are the fakes)."""
-
-    name = "triton-host"
-
-    def bind(self, meta, kv_caches):
-        return triton_backend.TritonBoundAttention(meta, kv_caches, num_sms=132)
+harness = load_bench("bench_eager_host")  # the fake launchers and the host-only attention backend
 
 
 @pytest.fixture
-def counts(monkeypatch) -> Counts:
-    counts = Counts()
-    for module, names in LAUNCHERS.items():
-        for name in names:
-            monkeypatch.setattr(module, name, FakeLauncher(counts), raising=False)
-    monkeypatch.setattr(fused_ops, "_num_sms", lambda device: 132)
-    return counts
+def counts():
+    with harness.fake_launches() as counts:
+        yield counts
 
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir):
     loaded = load_model(str(tiny_model_dir), RuntimeOptions(device="cpu", dtype="bfloat16"))
+    loaded.talker.backbone.set_ops(fused_ops.TritonOps)
     yield loaded
     loaded.talker.backbone.set_ops(fused_ops.TorchOps)
 
 
-def _runner_and_plans(loaded, monkeypatch):
-    loaded.talker.backbone.set_ops(fused_ops.TritonOps)
-    monkeypatch.setattr(bench_step, "get_backend", lambda name: HostTritonBackend())
+def _runner_and_plans(loaded):
     shape = bench_step.BenchShape(batches=(1, 3), contexts=(8,), block_size=16, max_num_batched_tokens=64,
                                   max_model_len=64)
-    runner = bench_step.build_runner(loaded, CudaGraphDispatcher(), shape)
-    runner.tapes = EagerTapes(torch.device("cpu"), runner._persistent_tensors)  # CUDA-only by default
+    runner = harness.build_runner(loaded, shape, tapes=True)
     plans = bench_step.PlanMaker(shape, loaded.spec.text.vocab_size)
     with torch.inference_mode():
         for plan in plans.prefill_plans(8, ()):
@@ -87,7 +44,7 @@ def _runner_and_plans(loaded, monkeypatch):
     return runner, plans
 
 
-def _decode(runner, plans, batch: int, counts: Counts) -> tuple[int, int]:
+def _decode(runner, plans, batch: int, counts) -> tuple[int, int]:
     """(launches op by op, launches issued) of one decode step."""
     before = counts.op_by_op, counts.issued
     with torch.inference_mode():
@@ -95,8 +52,8 @@ def _decode(runner, plans, batch: int, counts: Counts) -> tuple[int, int]:
     return counts.op_by_op - before[0], counts.issued - before[1]
 
 
-def test_decode_steps_replay_their_batch_size_tape(loaded, counts, monkeypatch):
-    runner, plans = _runner_and_plans(loaded, monkeypatch)
+def test_decode_steps_replay_their_batch_size_tape(loaded, counts):
+    runner, plans = _runner_and_plans(loaded)
     for batch in (1, 3):
         recorded_op_by_op, recorded_issued = _decode(runner, plans, batch, counts)
         assert recorded_op_by_op == recorded_issued > 0  # the recording step runs op by op
@@ -108,7 +65,7 @@ def test_decode_steps_replay_their_batch_size_tape(loaded, counts, monkeypatch):
 
 
 def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
-    runner, plans = _runner_and_plans(loaded, monkeypatch)
+    runner, plans = _runner_and_plans(loaded)
     monkeypatch.setattr(fused_ops, "config_for", lambda *shape: None)  # every GEMM on cuBLAS (aten::mm)
     for _ in range(MAX_VOID_RECORDINGS + 2):
         op_by_op, issued = _decode(runner, plans, 1, counts)
@@ -116,8 +73,8 @@ def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
     assert runner.tapes.sizes == [] and runner.tapes.replays == 0
 
 
-def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loaded, counts, monkeypatch):
-    runner, plans = _runner_and_plans(loaded, monkeypatch)
+def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loaded, counts):
+    runner, plans = _runner_and_plans(loaded)
     _decode(runner, plans, 1, counts)  # recorded
     tape = runner.tapes._tapes[(1, False)]
 
@@ -130,3 +87,16 @@ def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loa
     assert runner.tapes.disabled and runner.tapes.sizes == []
     assert _decode(runner, plans, 1, counts)[0] > 1  # and so do the later ones (no new recording)
     assert runner.tapes.sizes == []
+
+
+def test_batches_past_the_skinny_rows_are_never_recorded(loaded, counts):
+    """Their GEMMs run on cuBLAS: recording them would only cost (a slower step, then a void tape)."""
+    shape = bench_step.BenchShape(batches=(65,), contexts=(4,), block_size=16, max_num_batched_tokens=80,
+                                  max_model_len=16)
+    runner = harness.build_runner(loaded, shape, tapes=True)
+    plans = bench_step.PlanMaker(shape, loaded.spec.text.vocab_size)
+    with torch.inference_mode():
+        for plan in plans.prefill_plans(4, ()):
+            runner.execute(plan)
+        runner.execute(plans.decode_plan(65, 4))
+    assert runner.tapes.sizes == [] and runner.tapes._voids == {}

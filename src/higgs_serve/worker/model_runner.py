@@ -18,6 +18,7 @@ import torch
 
 from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
 from higgs_serve.model.fused_ops import warm_up_gemms
+from higgs_serve.model.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from higgs_serve.model.talker import Talker
 from higgs_serve.progress import ProgressCallback  # on_progress(done, total, label) after each captured size
 from higgs_serve.worker.attention.backend import AttentionBackend
@@ -190,8 +191,9 @@ class ModelRunner:
         def decoder(e: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor]:
             return (backbone.decoder(e, c, s, attention, mlp),)
 
-        pure_decode = not inputs.has_text_inputs and inputs.num_tokens == inputs.num_seqs
-        if self.tapes is not None and pure_decode:
+        # past the skinny kernel's rows the GEMMs run on cuBLAS, which no tape can hold
+        tapeable = not inputs.has_text_inputs and inputs.num_tokens == inputs.num_seqs <= SKINNY_MAX_ROWS
+        if self.tapes is not None and tapeable:
             hidden = self.tapes.run((inputs.num_tokens, mlp is not None), decoder, embeds, cos, sin)
         else:
             hidden = decoder(embeds, cos, sin)[0]

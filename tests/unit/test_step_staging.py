@@ -83,3 +83,37 @@ def test_sample_padding_steps_the_pad_slot_and_leaves_the_real_rows():
     real = slots[:2].copy()
     stager.fill_sample_padding(len(staged.sample_ids), 4)  # a sampling graph of 4 rows
     assert np.array_equal(slots[:2], real) and list(slots[2:4]) == [4, 4]
+
+
+def _decode(rid: str, slot: int, pos: int, blocks: tuple[int, ...]) -> StepPlan:
+    return StepPlan(step_id=pos, new_requests=(), released_slots=(),
+                    chunks=(ScheduledChunk(rid, slot, pos, 1, blocks, samples=True),))
+
+
+def test_block_table_rows_follow_a_growing_table_and_a_reused_slot():
+    """Decode rows come from the slot's cached table: new blocks appear as the request grows, and
+    a new request in the same slot starts from a clean row (no blocks of the one before)."""
+    stager = _stager()
+    bt = stager.buffers.host_block_tables()
+    stager.stage(_decode("r1", 1, 11, (20, 21, 22)))
+    np.testing.assert_array_equal(bt[0], [20, 21, 22, 0, 0, 0, 0, 0])
+    stager.stage(_decode("r1", 1, 12, (20, 21, 22, 23)))  # crossed into a new block
+    np.testing.assert_array_equal(bt[0], [20, 21, 22, 23, 0, 0, 0, 0])
+    assert stager.buffers.host("slot_mapping")[0] == 23 * BLOCK + 0
+    stager.release(1)
+    stager.add(_new(1, 2))  # the slot's next request: a shorter table
+    stager.stage(_decode("r9", 1, 2, (50,)))
+    np.testing.assert_array_equal(bt[0], [50, 0, 0, 0, 0, 0, 0, 0])
+    assert stager.buffers.host("slot_mapping")[0] == 50 * BLOCK + 2
+
+
+def test_decodes_after_a_prompt_chunk_still_lead():
+    """Plans from elsewhere than the scheduler may list a decode after a prompt chunk."""
+    stager = _stager()
+    plan = StepPlan(step_id=1, new_requests=(), released_slots=(), chunks=(
+        ScheduledChunk("r0", 0, 2, 4, (10, 11), samples=True),
+        ScheduledChunk("r1", 1, 9, 1, (20, 21, 22), samples=True),
+    ))
+    staged = stager.stage(plan)
+    assert staged.sample_ids == ["r1", "r0"] and staged.num_decodes == 1
+    assert stager.buffers.host("positions")[0] == 9

@@ -199,6 +199,9 @@ def file_window_params(params: WindowParams, field: tuple[int, int]) -> WindowPa
                         right_holdback_frames=field[1], initial_chunk_frames=0, chunk_doubling=False)
 
 
+NEVER = 1 << 62  # a frame count no request reaches
+
+
 class StreamChunker:
     """Per-request window state: `emitted` frames already handed to the audio stream."""
 
@@ -208,6 +211,15 @@ class StreamChunker:
         self.emitted_frames = 0
         self.frames_seen = 0
         self.finished = False
+        self.due_frames = self._due()
+
+    def _due(self) -> int:
+        """The fewest available frames at which a non-final `push` returns a window (NEVER when
+        not streaming): callers skip the push below it, which at hundreds of requests a step
+        is most of the output bookkeeping."""
+        if not self.streaming:
+            return NEVER
+        return self.emitted_frames + self.params.threshold(self.emitted_frames) + self.params.right_holdback_frames
 
     def push(self, num_frames_available: int, finished: bool) -> Window | None:
         """Report D de-delayed frames available; returns the window to decode now, if any."""
@@ -254,4 +266,5 @@ class StreamChunker:
             is_final=is_final,
         )
         self.emitted_frames = target
+        self.due_frames = self._due()
         return window

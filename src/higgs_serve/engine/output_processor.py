@@ -18,6 +18,7 @@ NumPy array per request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,8 +48,9 @@ class RequestOutput:
         self.codebook_size = codebook_size
         self._rows = np.zeros((64, num_codebooks), dtype=np.int64)
         self.num_rows = 0
+        self.max_delay = num_codebooks - 1  # rows before the first complete frame
 
-    def append(self, row: tuple[int, ...]) -> None:
+    def append(self, row: Sequence[int]) -> None:
         if self.num_rows == len(self._rows):
             self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
         self._rows[self.num_rows] = row
@@ -67,6 +69,8 @@ class RequestOutput:
 
     def next_window(self, finished: bool) -> tuple[Window, np.ndarray] | None:
         """The next codec window (if the rule says one is due) and its frames [T, 8]."""
+        if not finished and self.num_rows - self.max_delay < self.chunker.due_frames:
+            return None  # fewer complete frames than the next window needs: no push
         window = self.chunker.push(self.frames_available(finished), finished)
         if window is None:
             return None
@@ -131,18 +135,28 @@ class OutputProcessor:
             entries, self._open = list(self._open.values()), {}
         return [e.sink for e in entries]
 
-    def emit(self, rows: dict[str, tuple[int, ...]], finished: set[str]) -> None:
-        for rid in rows.keys() | finished:
+    def emit(self, rows: dict[str, Sequence[int]], finished: set[str]) -> None:
+        for rid, row in rows.items():
             entry = self._open.get(rid)
             if entry is None:  # aborted while its step was in flight
                 continue
-            if rid in rows:
-                entry.out.append(rows[rid])
+            out = entry.out
+            out.append(row)
             done = rid in finished
-            nxt = entry.out.next_window(done)
-            reason = self._finish(rid, entry) if done else None  # a finished request's window is final
-            if nxt is not None:
-                self._submit_window(rid, entry.sink, *nxt, reason)
+            # most steps of most requests complete a frame no window needs yet: skip the calls
+            if done or out.num_rows - out.max_delay >= out.chunker.due_frames:
+                self._advance(rid, entry, done)
+        for rid in finished - rows.keys():  # finished without a row this step
+            entry = self._open.get(rid)
+            if entry is not None:
+                self._advance(rid, entry, True)
+
+    def _advance(self, request_id: str, entry: _Open, done: bool) -> None:
+        """Hand the codec the request's window if one is due; finish it when done."""
+        nxt = entry.out.next_window(done)
+        reason = self._finish(request_id, entry) if done else None  # a finished request's window is final
+        if nxt is not None:
+            self._submit_window(request_id, entry.sink, *nxt, reason)
 
     def _finish(self, request_id: str, entry: _Open) -> str:
         """Hand the finished request's rows and frames to its sink; returns the finish reason."""

@@ -8,8 +8,9 @@ released in a plan may be handed to a new request in the same plan).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from higgs_serve.sampling_params import SamplingParams
@@ -29,8 +30,11 @@ class NewRequestData:
     min_frames: int
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
+    """One request's share of a step. A named tuple, not a frozen dataclass: the scheduler makes
+    one per running request per step, and at hundreds of requests the dataclass's field-by-field
+    init was a third of `schedule()`."""
+
     request_id: str
     slot: int
     start_pos: int  # tokens already computed before this step
@@ -50,5 +54,5 @@ class StepPlan:
 @dataclass(frozen=True)
 class StepResult:
     step_id: int
-    rows: dict[str, tuple[int, ...]]  # request_id -> the delayed row sampled this step (8 codes)
+    rows: dict[str, Sequence[int]]  # request_id -> the delayed row sampled this step (8 codes; an int64 row)
     finished: tuple[str, ...]  # requests whose delay state reached done this step

@@ -47,8 +47,16 @@ class StepStager:
         self.pad_slot = pad_slot  # the always-done audio-state slot padded rows sample into
         self.scratch_block = scratch_block  # the KV block padded decode rows write and read
         self.prompts: dict[int, SlotPrompt] = {}
+        # Each slot's block table as last staged, and its length. A running request's table only
+        # grows (blocks are appended, never replaced: no preemption), so a decode writes the new
+        # entries of its slot's row and the step gathers its rows in one store: at hundreds of
+        # decodes a step, writing every row from its tuple was most of the staging time.
+        self._tables = np.zeros((buffers.max_seqs, buffers.max_blocks), dtype=np.int32)
+        self._table_lens = [0] * buffers.max_seqs
 
     def add(self, new: NewRequestData) -> None:
+        self._tables[new.slot] = 0
+        self._table_lens[new.slot] = 0
         ref_rows = None
         if new.placeholder_rows is not None:
             ref_rows = np.asarray(new.placeholder_rows, dtype=np.int64).reshape(-1, self.num_codebooks)
@@ -64,16 +72,8 @@ class StepStager:
     def stage(self, plan: StepPlan) -> Staged:
         """Fill the host staging buffers for the plan's chunks (no device work)."""
         buf = self.buffers
-        # Single-token chunks first, plain decodes leading: then row b is request b's only token
-        # for every b < num_decodes (a mixed step runs the decode attention kernel on those), and
-        # the decodes, most of every step, are staged in a few vectorized writes.
-        prompt_lens = {c.slot: len(self.prompts[c.slot].token_ids) for c in plan.chunks}
-        chunks = sorted(plan.chunks, key=lambda c: (c.num_tokens != 1, c.start_pos < prompt_lens[c.slot]))
+        chunks, plain = self._ordered(plan.chunks)
         num_decodes = sum(1 for c in chunks if c.num_tokens == 1)
-        plain = 0
-        while plain < len(chunks) and chunks[plain].num_tokens == 1 and chunks[plain].samples \
-                and chunks[plain].start_pos >= prompt_lens[chunks[plain].slot]:
-            plain += 1
         buf.host_query_start_loc()[0] = 0
         sample_ids = [c.request_id for c in chunks[:plain]]
         self._stage_decodes(chunks[:plain])
@@ -82,6 +82,31 @@ class StepStager:
             self._stage_chunk(i, chunks[i], staged)
         return staged
 
+    def _ordered(self, chunks: tuple) -> tuple[list, int]:
+        """The chunks in staging order and how many plain decodes lead it (one token past the
+        prompt, sampling). Single-token chunks come first, plain decodes leading: then row b is
+        request b's only token for every b below the number of decodes (a mixed step runs the
+        decode attention kernel on those), and the decodes, most of every step, are staged in a
+        few vectorized writes. The scheduler already puts its decodes first, so only the chunks
+        after them are sorted, unless a plain decode turns up among those."""
+        prompts = self.prompts
+
+        def key(c) -> tuple[bool, bool]:  # (False, False): a plain decode
+            return c.num_tokens != 1, c.start_pos < len(prompts[c.slot].token_ids)
+
+        plain = 0
+        for c in chunks:
+            if key(c) != (False, False):
+                break
+            plain += 1
+        rest = sorted(chunks[plain:], key=key)
+        if rest and key(rest[0]) == (False, False):  # decodes out of order: sort them all
+            rest, plain = sorted(chunks, key=key), 0
+        ordered = [*chunks[:plain], *rest]
+        while plain < len(ordered) and key(ordered[plain]) == (False, False):
+            plain += 1
+        return ordered, plain
+
     def _stage_decodes(self, chunks: list) -> None:
         """Rows 0..len-1: one decode token per chunk, each sampling a row."""
         if not chunks:
@@ -89,9 +114,19 @@ class StepStager:
         buf = self.buffers
         d = len(chunks)
         block_size = self.block_size
-        starts = np.fromiter((c.start_pos for c in chunks), dtype=np.int64, count=d)
-        slots = np.fromiter((c.slot for c in chunks), dtype=np.int64, count=d)
-        pages = np.fromiter((c.block_ids[c.start_pos // block_size] for c in chunks), dtype=np.int64, count=d)
+        tables, lens = self._tables, self._table_lens
+        for chunk in chunks:
+            slot, ids = chunk.slot, chunk.block_ids
+            have, n = lens[slot], len(ids)
+            if n > have:
+                tables[slot, have:n] = ids[have:]
+            elif n < have:  # not a growth (cannot happen under the KV manager): the whole row
+                tables[slot] = 0
+                tables[slot, :n] = ids
+            lens[slot] = n
+        starts = np.array([c.start_pos for c in chunks], dtype=np.int64)
+        slots = np.array([c.slot for c in chunks], dtype=np.int64)
+        pages = tables[slots, starts // block_size].astype(np.int64)
         rows = np.arange(d, dtype=np.int64)
         buf.host("positions")[:d] = starts
         buf.host("token_ids")[:d] = 0
@@ -102,11 +137,7 @@ class StepStager:
         buf.host("sample_slots")[:d] = slots
         buf.host_seq_lens()[:d] = starts + 1
         buf.host_query_start_loc()[1 : d + 1] = rows + 1
-        bt = buf.host_block_tables()
-        for i, chunk in enumerate(chunks):
-            k = len(chunk.block_ids)
-            bt[i, :k] = chunk.block_ids
-            bt[i, k:] = 0
+        buf.host_block_tables()[:d] = tables[slots]
 
     def _stage_chunk(self, i: int, chunk, staged: Staged) -> None:
         """Request row i: a prompt chunk (or a lone decode that does not sample), tokens from

@@ -33,13 +33,15 @@ def loaded(tiny_model_dir):
     loaded.talker.backbone.set_ops(fused_ops.TorchOps)
 
 
-def _runner_and_plans(loaded):
-    shape = bench_step.BenchShape(batches=(1, 3), contexts=(8,), block_size=16, max_num_batched_tokens=64,
-                                  max_model_len=64)
+def _runner_and_plans(loaded, batches=(1, 3), context: int = 8, max_tokens: int = 64):
+    """A taping runner on the host-only Triton path whose `batches[-1]` requests are prefilled
+    with `context` tokens each."""
+    shape = bench_step.BenchShape(batches=batches, contexts=(context,), block_size=16,
+                                  max_num_batched_tokens=max_tokens, max_model_len=64)
     runner = harness.build_runner(loaded, shape, tapes=True)
     plans = bench_step.PlanMaker(shape, loaded.spec.text.vocab_size)
     with torch.inference_mode():
-        for plan in plans.prefill_plans(8, ()):
+        for plan in plans.prefill_plans(context, ()):
             runner.execute(plan)
     return runner, plans
 
@@ -91,12 +93,7 @@ def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loa
 
 def test_batches_past_the_skinny_rows_are_never_recorded(loaded, counts):
     """Their GEMMs run on cuBLAS: recording them would only cost (a slower step, then a void tape)."""
-    shape = bench_step.BenchShape(batches=(65,), contexts=(4,), block_size=16, max_num_batched_tokens=80,
-                                  max_model_len=16)
-    runner = harness.build_runner(loaded, shape, tapes=True)
-    plans = bench_step.PlanMaker(shape, loaded.spec.text.vocab_size)
+    runner, plans = _runner_and_plans(loaded, batches=(65,), context=4, max_tokens=80)
     with torch.inference_mode():
-        for plan in plans.prefill_plans(4, ()):
-            runner.execute(plan)
         runner.execute(plans.decode_plan(65, 4))
     assert runner.tapes.sizes == [] and runner.tapes._voids == {}

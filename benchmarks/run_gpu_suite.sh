@@ -4,6 +4,8 @@
 #
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
 #   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
+#   tapes       launch tapes (issue 32): their GPU tests, bench_step      est. 5-8 min
+#               MLP graphs with tapes on/off beside the full graph, bench_launch
 #   step        bench_step: eager, MLP graphs, full decode graph,       est. 3-5 min
 #               piecewise (pass --mixed-tokens 64 in STEP_ARGS for mixed steps too),
 #               B = 1..64, L = 128/1024/4096, 50 steps each
@@ -110,6 +112,16 @@ serving_profile() {
   return $rc
 }
 
+stage_tapes() {
+  # issue 32's launch tapes: their GPU tests, the MLP-graph step with tapes on and off beside the
+  # full decode graph in one process, and host time per launch (op wrappers against tape entries)
+  run tapes_tests 240 python3 -m pytest -q tests/gpu/test_launch_tapes.py tests/gpu/test_graph_paths.py \
+    tests/gpu/test_skinny_gemm.py tests/gpu/test_launcher_gpu.py -p no:cacheprovider
+  run tapes_step 300 python3 benchmarks/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+    --paths mlp_graphs full_graph --tapes on off --batch 1 16 32 64 --context 128 --iters 30 --out "$OUT/step_tapes.json"
+  run tapes_launch 120 sh -c "python3 benchmarks/bench_launch.py > '$OUT/launch_overhead.txt'"
+}
+
 stage_serving_ll() { serving_profile serving_ll higgs_multimodal_qwen3_low_latency 255; }
 stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_throughput 255; }
 stage_serving_fp() { serving_profile serving_fp higgs_multimodal_qwen3_full_and_piecewise 255; }
@@ -157,13 +169,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, serving, serving_ll, serving_ht, serving_fp, longform, codec_snr, plots)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, longform, codec_snr, plots)" >&2
        exit 2 ;;
   esac
 done

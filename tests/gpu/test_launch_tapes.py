@@ -1,5 +1,6 @@
-"""On CUDA: eager decode steps replayed from launch tapes (kernels/launch_tape.py,
-worker/eager_tapes.py) give the same rows, bit for bit, as the same steps launched op by op:
+"""On CUDA: eager steps replayed from launch tapes (kernels/launch_tape.py, worker/eager_tapes.py)
+give the same rows, bit for bit, as the same steps launched op by op (decodes, and prefill steps
+padded to a multiple of 8 tokens, which the op-by-op side does not pad):
 the high-throughput path (eager attention + MLP graphs) and the all-eager path, greedy and
 seeded, bfloat16 (the skinny GEMMs: float32 GEMMs run on cuBLAS, which no tape records), with the
 model-dtype and the fp8 KV cache. Skipped without CUDA."""
@@ -61,11 +62,14 @@ def _rows(loaded, mode: str, kv_cache_dtype: str, temperature: float, taped: boo
 def test_taped_decode_steps_match_op_by_op(loaded, mode, temperature, kv_cache_dtype):
     expected, _ = _rows(loaded, mode, kv_cache_dtype, temperature, taped=False)
     got, runner = _rows(loaded, mode, kv_cache_dtype, temperature, taped=True)
-    # the batch shrinks 4 -> 3 -> 2 -> 1 as requests finish: several sizes recorded, then replayed
+    # the batch shrinks 4 -> 3 -> 2 -> 1 as requests finish: several sizes recorded, then replayed;
+    # the prompts' prefill steps (at most 64 tokens here) are taped too, padded to 8-token sizes
     assert runner.tapes.replays > 20, runner.tapes.replays
-    assert {size for size, _ in runner.tapes.sizes} >= {1, 4}
+    decodes = [key for key in runner.tapes.keys if key[0] == key[2] == key[3]]  # rows, requests, decodes
+    prefills = [key for key in runner.tapes.keys if key not in decodes]
+    assert {key[0] for key in decodes} >= {1, 4} and prefills and all(key[0] % 8 == 0 for key in prefills)
     if mode == "LOCAL_MLP":
         assert runner.step_modes[CudaGraphMode.LOCAL_MLP] > 0
-        assert all(with_mlp for _, with_mlp in runner.tapes.sizes)
+        assert all(key[1] for key in decodes) and not any(key[1] for key in prefills)
     for rid, rows in expected.items():
         np.testing.assert_array_equal(got[rid], rows, err_msg=f"{mode}, request {rid}")

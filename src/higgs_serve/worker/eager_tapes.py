@@ -1,18 +1,22 @@
-"""The runner's launch tapes: the eager decoder stack of a pure-decode step, one tape per batch
-size (kernels/launch_tape.py; docs/architecture.md#launch-tapes).
+"""The runner's launch tapes: the eager decoder stack of a step, one tape per step shape
+(kernels/launch_tape.py; docs/architecture.md#launch-tapes).
 
 The high-throughput profile runs every decode step's attention half eagerly between the local
-MLP graphs; a step with more requests than the largest graph size runs the whole stack eagerly.
-Both are a fixed sequence of launches for a given batch size: the first step of a size runs
-eagerly while its tape is recorded, later steps copy their embeddings and RoPE tables into the
-tape's inputs and launch the tape. Prefill and mixed steps are not taped (their shapes rarely
-repeat); a size whose recording is void (a GEMM on cuBLAS past the skinny kernel's rows, a
-profiler's launch hooks) is tried again a few times, then runs eagerly for good.
+MLP graphs, and both profiles run their prefill and mixed steps eagerly. A step of a given shape
+is a fixed sequence of launches: the first step of a shape runs eagerly while its tape is
+recorded, later steps copy their embeddings and RoPE tables into the tape's inputs and launch
+the tape. The shape (the key) is the token count, whether the MLP graphs run, and the host
+values the attention backend's launches depend on (`BoundAttention.launch_key`); the runner pads
+prefill and mixed steps to a multiple of 8 tokens so that nearby sizes share a tape. Steps past
+64 tokens are not taped (their GEMMs run on cuBLAS); a shape whose recordings come out void (a
+profiler's launch hooks, a GEMM shape the skinny kernel does not take) is tried again a few times,
+then runs eagerly for good. At most MAX_TAPES are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import torch
@@ -23,14 +27,15 @@ from higgs_serve.kernels.launcher import hooks_set
 
 logger = logging.getLogger(__name__)
 
-MAX_VOID_RECORDINGS = 2  # recordings of one size that may come out void before it stays eager
+MAX_VOID_RECORDINGS = 2  # recordings of one shape that may come out void before it stays eager
+MAX_TAPES = 512  # a tape holds a few hundred launch tuples (tens of kB) and no device memory of its own
 
 # body(embeds, cos, sin) -> (hidden before the final norm,)
 DecoderBody = Callable[[Tensor, Tensor, Tensor], tuple[Tensor]]
 
 
 class EagerTapes:
-    """Tapes keyed by (batch size, whether the MLP graphs run); one memory pool for them all."""
+    """Tapes keyed by step shape (module note); one memory pool for them all."""
 
     def __init__(self, device: torch.device, persistent: Callable[[], Iterable[Tensor]]):
         # the tensors a recording may point into besides its own memory, asked for at the first
@@ -38,12 +43,12 @@ class EagerTapes:
         self._persistent = persistent
         self._spans: list[tuple[int, int]] | None = None
         self._pool = torch.cuda.MemPool() if device.type == "cuda" else None
-        self._tapes: dict[tuple[int, bool], launch_tape.LaunchTape] = {}
-        self._voids: dict[tuple[int, bool], int] = {}
+        self._tapes: OrderedDict[tuple, launch_tape.LaunchTape] = OrderedDict()  # least recently used first
+        self._voids: dict[tuple, int] = {}
         self.replays = 0
         self.disabled = False  # set when a replay raised: every step runs op by op from then on
 
-    def run(self, key: tuple[int, bool], body: DecoderBody, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def run(self, key: tuple, body: DecoderBody, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """The decoder's output for this step: replayed from the key's tape, or run eagerly (and
         recorded when the key has no tape yet)."""
         inputs = (embeds, cos, sin)
@@ -51,6 +56,7 @@ class EagerTapes:
         if hooks_set():  # a profiler's launch hooks see only launches made through Triton
             return body(*inputs)[0]
         if tape is not None:
+            self._tapes.move_to_end(key)
             launch_tape.load(tape, inputs)
             try:
                 tape.replay()
@@ -71,12 +77,14 @@ class EagerTapes:
         outputs, tape = launch_tape.record(body, inputs, self._spans, self._pool)
         if tape.void_reason is None:
             self._tapes[key] = tape
+            if len(self._tapes) > MAX_TAPES:
+                self._tapes.popitem(last=False)
         else:
             self._voids[key] = self._voids.get(key, 0) + 1
-            logger.debug("eager decode of %d rows not taped: %s", key[0], tape.void_reason)
+            logger.debug("eager step of %d rows not taped: %s", key[0], tape.void_reason)
         return outputs[0]
 
     @property
-    def sizes(self) -> list[tuple[int, bool]]:
-        """The keys that have a tape."""
+    def keys(self) -> list[tuple]:
+        """The step shapes that have a tape: (token rows, MLP graphs, *the attention's launch key)."""
         return sorted(self._tapes)

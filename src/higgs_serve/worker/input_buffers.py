@@ -43,6 +43,7 @@ class StepInputs:
 
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
+        self.max_tokens = max_tokens
         self.max_seqs = max_seqs
         self.max_blocks = max_blocks_per_seq
         size64 = len(_TOKEN_FIELDS) * max_tokens + len(_SEQ_FIELDS) * max_seqs

@@ -33,6 +33,8 @@ from higgs_serve.worker.step_staging import Staged, StepStager
 
 logger = logging.getLogger(__name__)
 
+TAPE_ROW_QUANTUM = 8  # taped prefill and mixed steps run their token count padded to this
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
@@ -177,13 +179,28 @@ class ModelRunner:
         sampler = self._sampler_graphs.padded(samples) if self._sampler_graphs and samples else None
         if sampler is not None:
             self.stager.fill_sample_padding(samples, sampler)
-        inputs = self._upload(staged, len(plan.chunks))
+        rows = self._eager_rows(staged, len(plan.chunks))
+        if rows > staged.num_tokens:
+            self.stager.fill_token_padding(staged.num_tokens, rows, samples, samples)
+        inputs = self._upload(staged, len(plan.chunks), rows)
         attention = self._step_attention(inputs, staged)
         self._sample_eager(inputs, self._forward_eager(inputs, attention, mlp), sampler)
 
+    def _eager_rows(self, staged: Staged, num_seqs: int) -> int:
+        """The token rows an eager step runs. A prefill or mixed step a launch tape can hold runs
+        its count padded up to a multiple of TAPE_ROW_QUANTUM, so that steps of nearby sizes
+        share a tape (the padding rows belong to no request and write no K/V; every op but
+        attention is row by row, and the GEMM's launch shape only changes at multiples of 16
+        rows, so the real rows' bits are those of the unpadded step). Decodes run exactly."""
+        n = staged.num_tokens
+        if self.tapes is None or (n == num_seqs and not staged.has_text):
+            return n
+        padded = -(-n // TAPE_ROW_QUANTUM) * TAPE_ROW_QUANTUM
+        return padded if padded <= min(SKINNY_MAX_ROWS, self.buffers.max_tokens) else n
+
     def _forward_eager(self, inputs: StepInputs, attention, mlp: Callable | None) -> torch.Tensor:
-        """The talker's forward op by op; a pure-decode step's decoder stack from its batch
-        size's launch tape (eager_tapes.py) where one is recorded or can be."""
+        """The talker's forward op by op; its decoder stack from the launch tape of the step's
+        shape (eager_tapes.py) where one is recorded or can be."""
         backbone = self.talker.backbone
         embeds = self._embed(inputs)
         cos, sin = backbone.rotary(inputs.positions, embeds.dtype)
@@ -192,9 +209,10 @@ class ModelRunner:
             return (backbone.decoder(e, c, s, attention, mlp),)
 
         # past the skinny kernel's rows the GEMMs run on cuBLAS, which no tape can hold
-        tapeable = not inputs.has_text_inputs and inputs.num_tokens == inputs.num_seqs <= SKINNY_MAX_ROWS
-        if self.tapes is not None and tapeable:
-            hidden = self.tapes.run((inputs.num_tokens, mlp is not None), decoder, embeds, cos, sin)
+        if self.tapes is not None and inputs.num_tokens <= SKINNY_MAX_ROWS:
+            # the key: everything the launches depend on (the buffers' addresses never change)
+            key = (inputs.num_tokens, mlp is not None, *attention.launch_key())
+            hidden = self.tapes.run(key, decoder, embeds, cos, sin)
         else:
             hidden = decoder(embeds, cos, sin)[0]
         return backbone.norm(hidden)
@@ -209,13 +227,14 @@ class ModelRunner:
             tensors += [self._piece_io.q, self._piece_io.o]
         return tensors
 
-    def _upload(self, staged: Staged, num_seqs: int) -> StepInputs:
-        """Copy the staged step (and a clone prefill's reference rows) to the device; its views."""
+    def _upload(self, staged: Staged, num_seqs: int, num_tokens: int | None = None) -> StepInputs:
+        """Copy the staged step (and a clone prefill's reference rows) to the device; its views
+        (of `num_tokens` rows when the step was padded)."""
         self.buffers.upload(num_seqs)
         if staged.ref_parts:
             rows = torch.from_numpy(np.concatenate(staged.ref_parts))
             self._ref_dev[: rows.shape[0]].copy_(rows.to(self.device, non_blocking=True))
-        return self.buffers.views(staged.num_tokens, num_seqs, len(staged.sample_ids), staged.has_audio,
+        return self.buffers.views(num_tokens or staged.num_tokens, num_seqs, len(staged.sample_ids), staged.has_audio,
                                   staged.has_text)
 
     def _run_piecewise(self, plan: StepPlan, staged: Staged, padded: int) -> None:

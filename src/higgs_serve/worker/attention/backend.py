@@ -57,6 +57,13 @@ class BoundAttention:
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor) -> None:
         """Backend-specific input requirements beyond `check_qkv` (none by default)."""
 
+    def launch_key(self) -> tuple:
+        """The host values this step's kernel launches depend on besides the token count and the
+        buffers' addresses: two steps with equal keys launch the same kernels with the same
+        arguments (worker/eager_tapes.py). By default every host field of the metadata."""
+        meta = self.meta
+        return meta.num_requests, meta.num_decodes, meta.max_query_len, meta.max_seq_len
+
     def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement write")
 

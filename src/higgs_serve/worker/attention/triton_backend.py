@@ -11,8 +11,9 @@ from torch import Tensor
 
 from higgs_serve.worker.attention.backend import AttentionBackend, BoundAttention, KVCache
 from higgs_serve.worker.attention.metadata import AttentionMetadata
-from higgs_serve.worker.attention.triton_paged import (DecodeWorkspace, decode_num_splits, paged_decode,
-                                                        paged_prefill, triton, warm_up_kernels, write_kv_triton)
+from higgs_serve.worker.attention.triton_paged import (PREFILL_MIN_BLOCK_M, DecodeWorkspace, decode_num_splits,
+                                                        paged_decode, paged_prefill, triton, warm_up_kernels,
+                                                        write_kv_triton)
 
 
 def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, meta: AttentionMetadata) -> None:
@@ -48,6 +49,13 @@ class TritonBoundAttention(BoundAttention):
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor) -> None:
         _check_triton_inputs(q, k, v, k_cache, self.meta)
 
+    def launch_key(self) -> tuple:
+        """The kernels read lengths and pages on the device; on the host only the request counts
+        and the prefill grid's query tiles vary (PREFILL_MIN_BLOCK_M rows is the smallest tile, so
+        equal counts of it mean equal grids whatever the tile)."""
+        meta = self.meta
+        return meta.num_requests, meta.num_decodes, -(-meta.max_query_len // PREFILL_MIN_BLOCK_M)
+
     def write(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Scatter this step's k/v into layer `layer_idx`'s pages (graph-capturable)."""
         k_cache, v_cache = self.kv_caches[layer_idx]
@@ -60,9 +68,10 @@ class TritonBoundAttention(BoundAttention):
         if meta.is_pure_decode:
             return paged_decode(q, k_cache, v_cache, meta, self._workspace(q, k_cache.shape[2]), out)
         if out is None:
-            # Without `out` the step runs eagerly, where every row of q is a token of one of its
-            # requests (only the piecewise graphs pad, and they pass `out`): the kernels write
-            # every row, so no zero fill (a launch and ~20 us of host time a layer).
+            # Without `out` the step runs eagerly: no zero fill (a launch and ~20 us of host time a
+            # layer). The kernels write every row of a request; the rows of none (a taped eager
+            # step's padding, worker/eager_tapes.py) keep whatever was there, and every later op
+            # is row by row, so they reach no real row.
             out = torch.empty_like(q)
         d = meta.num_decodes
         if d == 0:

@@ -64,6 +64,7 @@ LOG2E = 1.4426950408889634
 MAX_DECODE_SPLITS = 32
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
+PREFILL_MIN_BLOCK_M = 32  # the prefill kernel's query tile: 32 rows in float32, 64 in 16-bit dtypes
 DECODE_NUM_STAGES = 3  # Triton's default for Hopper; benchmarks/bench_attention.py --sweep varies these
 
 
@@ -386,7 +387,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
         out = torch.zeros_like(q)
     if num_tokens == 0 or meta.max_query_len == 0:
         return out
-    block = 64 if q.element_size() <= 2 else 32  # fp32 tiles are twice the registers
+    block = 64 if q.element_size() <= 2 else PREFILL_MIN_BLOCK_M  # fp32 tiles are twice the registers
     grid = (cdiv(meta.max_query_len, block), meta.num_requests - first_request, num_heads)
     _prefill(grid,
         q, k_cache, v_cache, out, meta.block_tables, meta.query_start_loc, meta.seq_lens,

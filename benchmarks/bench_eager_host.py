@@ -152,32 +152,40 @@ def build_runner(loaded, shape: BenchShape, tapes: bool) -> ModelRunner:
 
 
 class Timed:
-    """Wraps a callable and keeps the seconds of each call (the decoder stack's host time)."""
+    """Wraps callables and keeps the seconds of each outermost call (a tape's run may call the
+    op-by-op decoder inside it: that counts once)."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self):
         self.seconds: list[float] = []
+        self._depth = 0
 
-    def __call__(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            self.seconds.append(time.perf_counter() - t0)
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds.append(time.perf_counter() - t0)
+        return timed
 
 
 @contextmanager
 def timed_decoder(runner: ModelRunner):
-    """Time the decoder stack of each step: the tape's run where tapes are on (a replay, or the
-    recording), else the backbone's op-by-op decoder. Other host work of the step (staging,
-    embeddings, sampling) is torch compute on this CPU and would not be host work on a GPU."""
-    owner, name = (runner.tapes, "run") if runner.tapes is not None else (runner.talker.backbone, "decoder")
-    timer = Timed(getattr(owner, name))
-    setattr(owner, name, timer)
+    """Time the decoder stack of each step: the tape's run (a replay, or the recording) where the
+    step goes through the tapes, else the backbone's op-by-op decoder. Other host work of the step
+    (staging, embeddings, sampling) is torch compute on this CPU and would not be host work on a GPU."""
+    timer = Timed()
+    owners = [(runner.talker.backbone, "decoder")] + ([(runner.tapes, "run")] if runner.tapes is not None else [])
+    for owner, name in owners:
+        setattr(owner, name, timer.wrap(getattr(owner, name)))
     try:
         yield timer
     finally:
-        delattr(owner, name)  # back to the class's method
+        for owner, name in owners:
+            delattr(owner, name)  # back to the class's method
 
 
 def measure(runner: ModelRunner, make_plan, counts: LaunchCounts, steps: int) -> dict:

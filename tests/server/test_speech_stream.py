@@ -354,15 +354,29 @@ def test_auth_and_admission_gate(tiny_model_dir, tmp_path):
         assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 1
         events, _ = await session(url + "?api_key=sekret")
         assert events[-1]["total_sentences"] == 1
-        # one slot in all (1 running + 0 queued): a second session's sentence is refused
-        async with websockets.connect(url + "?api_key=sekret") as busy:
-            await busy.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
-            await busy.send(json.dumps({"type": "input.text", "text": "Long. And more"}))
-            while not isinstance(await busy.recv(), bytes):
-                pass
-            events, _ = await session(url + "?api_key=sekret")
-        assert [e.get("code") for e in events if e["type"] == "error"] == ["queue_full"]
+        # one slot in all (1 running + 0 queued): a second session's config is refused before it
+        # is planned (planning may fetch and encode a reference, as a REST request's would), so
+        # its text finds no configured session; a sentence of a session configured earlier is refused
+        async with websockets.connect(url + "?api_key=sekret") as early:
+            await early.send(json.dumps(CONFIG))  # configured while the slot is free
+            async with websockets.connect(url + "?api_key=sekret") as busy:
+                await busy.send(json.dumps({**CONFIG, "max_new_tokens": 200}))
+                await busy.send(json.dumps({"type": "input.text", "text": "Long. And more"}))
+                while not isinstance(await busy.recv(), bytes):
+                    pass
+                events, _ = await session(url + "?api_key=sekret")
+                await early.send(json.dumps({"type": "input.text", "text": "Hello."}))
+                await early.send(json.dumps({"type": "session.close"}))
+                early_events = (await _receive_all(early))[0]
+        assert [e.get("code") for e in events if e["type"] == "error"] == ["queue_full", "not_configured"]
+        assert "send session.config again later" in events[0]["message"]
         assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 0
+        assert [e.get("code") for e in early_events if e["type"] == "error"] == ["queue_full"]
+        assert early_events[-1]["type"] == "session.done" and early_events[-1]["total_sentences"] == 0
+        gate, deadline = server.app.state.server.gate, time.monotonic() + 5
+        while gate.in_flight:  # the busy session's sentence is aborted as its socket closes
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
 
     try:
         asyncio.run(run())

@@ -126,12 +126,22 @@ class SpeechStreamSession:
         if self.config is not None:
             await self.send_error("the session is already configured", code="already_configured")
             return False
+        # Planning may fetch, decode and encode a reference clip: as for a REST request, only
+        # with an admission slot, held while the plan is made (each sentence takes its own later).
+        state = self.state
+        if not state.gate.try_acquire():
+            state.metrics.count("rejected")
+            await self.send_error(f"the server is at capacity ({state.gate.capacity} requests in flight); "
+                                  "send session.config again later", code="queue_full")
+            return False
         try:
-            config = await parse_session_config(event, self.state)
+            config = await parse_session_config(event, state)
         except (ApiError, HiggsServeError) as error:
-            self.state.metrics.count("invalid")
+            state.metrics.count("invalid")
             await self._error_from(error)
             return False
+        finally:
+            state.gate.release()
         self.config = config
         self.voice = LongFormSession(self.state.engine.generate, config.plan.request,
                                      max_audio_samples(self.state))

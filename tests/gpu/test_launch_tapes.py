@@ -15,8 +15,10 @@ from higgs_serve.config.loader import load_deploy_config
 from higgs_serve.engine.async_engine import SyncEngine
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest
+from higgs_serve.model import fused_ops
 from higgs_serve.sampling_params import SamplingParams
 from higgs_serve.worker.cuda_graphs import CudaGraphMode
+from support.bench_modules import load_bench
 
 TEXTS = ["Hello there.", "The cat quickly reads the morning news.", "Short one.",
          "A much longer sentence that keeps the model busy for a while, with commas, and more words."]
@@ -26,6 +28,14 @@ OPTIONS = RuntimeOptions(device="cuda", dtype="bfloat16")
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir):
     return load_model(str(tiny_model_dir), OPTIONS)
+
+
+@pytest.fixture(autouse=True)
+def gemms_as_the_4b_talker(monkeypatch):
+    """Every GEMM of up to 64 rows on the skinny kernel, as for the 4B talker's four shapes (the
+    tiny widths have no measured buckets past 16 rows): the prompts' prefill steps, 17-64 tokens
+    here, are then taped too. Both sides of each comparison run it."""
+    monkeypatch.setattr(fused_ops, "config_for", load_bench("bench_eager_host").skinny_config_as_4b)
 
 
 def _engine(loaded, mode: str, kv_cache_dtype: str) -> SyncEngine:

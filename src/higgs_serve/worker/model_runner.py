@@ -106,8 +106,8 @@ class ModelRunner:
         self._sampler_graphs: SizedGraphs | None = None  # sampling tails of eager steps
         self._sample_hidden: torch.Tensor | None = None  # their static input rows
         self._piecewise: PiecewiseGraphs | None = None
-        # launch tapes of eager pure-decode steps (CUDA only: they replay cached Triton launches);
-        # False runs every eager step op by op (benchmarks compare the two)
+        # launch tapes of eager steps of up to 64 tokens (CUDA only: they replay cached Triton
+        # launches); False runs every eager step op by op (benchmarks compare the two)
         self.tapes = EagerTapes(device, self._persistent_tensors) if launch_tapes and device.type == "cuda" else None
         # how each step mode runs a staged step: (plan, staged, padded size) -> None
         self._launchers: dict[CudaGraphMode, Callable[[StepPlan, Staged, int], None]] = {

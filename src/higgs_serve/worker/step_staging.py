@@ -91,19 +91,22 @@ class StepStager:
         after them are sorted, unless a plain decode turns up among those."""
         prompts = self.prompts
 
-        def key(c) -> tuple[bool, bool]:  # (False, False): a plain decode
+        def key(c) -> tuple[bool, bool]:  # (False, False): one token past the prompt
             return c.num_tokens != 1, c.start_pos < len(prompts[c.slot].token_ids)
+
+        def plain_decode(c) -> bool:
+            return c.samples and key(c) == (False, False)
 
         plain = 0
         for c in chunks:
-            if key(c) != (False, False):
+            if not plain_decode(c):
                 break
             plain += 1
         rest = sorted(chunks[plain:], key=key)
         if rest and key(rest[0]) == (False, False):  # decodes out of order: sort them all
             rest, plain = sorted(chunks, key=key), 0
         ordered = [*chunks[:plain], *rest]
-        while plain < len(ordered) and key(ordered[plain]) == (False, False):
+        while plain < len(ordered) and plain_decode(ordered[plain]):
             plain += 1
         return ordered, plain
 

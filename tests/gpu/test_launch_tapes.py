@@ -17,7 +17,7 @@ from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.model import fused_ops
 from higgs_serve.sampling_params import SamplingParams
-from higgs_serve.worker.cuda_graphs import CudaGraphMode
+from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher, CudaGraphMode
 from support.bench_modules import load_bench
 
 TEXTS = ["Hello there.", "The cat quickly reads the morning news.", "Short one.",
@@ -83,3 +83,38 @@ def test_taped_decode_steps_match_op_by_op(loaded, mode, temperature, kv_cache_d
         assert all(key[1] for key in decodes) and not any(key[1] for key in prefills)
     for rid, rows in expected.items():
         np.testing.assert_array_equal(got[rid], rows, err_msg=f"{mode}, request {rid}")
+
+
+def test_tapes_replay_right_after_other_code_churns_memory(loaded):
+    """A tape's temporaries live in its private pool: big allocations on the default pool, filled
+    with NaN, freed and handed back to the driver between steps, cannot land in them. Two runners
+    on the same weights, one taping: the same rows, step by step, before and after the churn."""
+    bench_step = load_bench("bench_step")
+    # pages for 40 tokens a request (8 prefilled, then decodes up to position 19)
+    shape = bench_step.BenchShape(batches=(1, 3), contexts=(40,), block_size=16, max_num_batched_tokens=64,
+                                  max_model_len=128)
+    policy = CudaGraphDispatcher(CudaGraphMode.LOCAL_MLP, decode_sizes=(1, 2, 4))
+    runners = [bench_step.build_runner(loaded, policy, shape, launch_tapes=taped) for taped in (True, False)]
+    plans = [bench_step.PlanMaker(shape, loaded.spec.text.vocab_size) for _ in runners]
+    with torch.inference_mode():
+        for runner, maker in zip(runners, plans):
+            runner.capture_graphs()
+            for plan in maker.prefill_plans(8, ()):
+                runner.execute(plan)
+
+        def step(batch: int, position: int) -> None:
+            rows = [runner.execute(maker.decode_plan(batch, position)).rows for runner, maker in zip(runners, plans)]
+            assert rows[0].keys() == rows[1].keys()
+            for rid in rows[0]:
+                np.testing.assert_array_equal(rows[0][rid], rows[1][rid], err_msg=f"B={batch} pos={position} {rid}")
+
+        for position in range(8, 14):  # B = 3 and B = 1 recorded, then replayed
+            step(3 if position % 2 else 1, position)
+        junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(32)]  # 512 MB
+        del junk
+        torch.cuda.empty_cache()
+        junk = [torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(64)]
+        for position in range(14, 20):
+            step(3 if position % 2 else 1, position)
+        del junk
+    assert runners[0].tapes.replays >= 8 and runners[1].tapes is None

@@ -215,8 +215,7 @@ class StreamChunker:
 
     def _due(self) -> int:
         """The fewest available frames at which a non-final `push` returns a window (NEVER when
-        not streaming): callers skip the push below it, which at hundreds of requests a step
-        is most of the output bookkeeping."""
+        not streaming): callers may skip the push below it."""
         if not self.streaming:
             return NEVER
         return self.emitted_frames + self.params.threshold(self.emitted_frames) + self.params.right_holdback_frames

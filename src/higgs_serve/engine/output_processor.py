@@ -48,7 +48,6 @@ class RequestOutput:
         self.codebook_size = codebook_size
         self._rows = np.zeros((64, num_codebooks), dtype=np.int64)
         self.num_rows = 0
-        self.max_delay = num_codebooks - 1  # rows before the first complete frame
 
     def append(self, row: Sequence[int]) -> None:
         if self.num_rows == len(self._rows):
@@ -67,10 +66,14 @@ class RequestOutput:
         # the EOC frame (natural end, or the forced end at the frame cap) is never decoded
         return frames_until_eoc(self._rows, complete, self.codebook_size) if finished else complete
 
+    def window_may_be_due(self, finished: bool) -> bool:
+        """Whether `next_window` can return a window: a streaming window needs the chunker's
+        `due_frames` complete frames, so below that the window rule is not asked (at hundreds of
+        requests a step, asking it every step was most of the output bookkeeping)."""
+        return finished or self.frames_available(False) >= self.chunker.due_frames
+
     def next_window(self, finished: bool) -> tuple[Window, np.ndarray] | None:
         """The next codec window (if the rule says one is due) and its frames [T, 8]."""
-        if not finished and self.num_rows - self.max_delay < self.chunker.due_frames:
-            return None  # fewer complete frames than the next window needs: no push
         window = self.chunker.push(self.frames_available(finished), finished)
         if window is None:
             return None
@@ -140,11 +143,9 @@ class OutputProcessor:
             entry = self._open.get(rid)
             if entry is None:  # aborted while its step was in flight
                 continue
-            out = entry.out
-            out.append(row)
+            entry.out.append(row)
             done = rid in finished
-            # most steps of most requests complete a frame no window needs yet: skip the calls
-            if done or out.num_rows - out.max_delay >= out.chunker.due_frames:
+            if entry.out.window_may_be_due(done):
                 self._advance(rid, entry, done)
         for rid in finished - rows.keys():  # finished without a row this step
             entry = self._open.get(rid)

@@ -105,8 +105,7 @@ class _Guard(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = f"{func._opname}.{func._overloadname}"
         if name in _ALLOCATING:
-            storage = out.untyped_storage()
-            self.allocated.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            self.allocated += spans([out])
         elif name in _MAYBE_VIEWING:
             if not _same_memory(args[0], out):
                 self.tape.void(f"aten::{name} copied (its input is not viewable so)")

@@ -129,10 +129,7 @@ class SpeechStreamSession:
         # Planning may fetch, decode and encode a reference clip: as for a REST request, only
         # with an admission slot, held while the plan is made (each sentence takes its own later).
         state = self.state
-        if not state.gate.try_acquire():
-            state.metrics.count("rejected")
-            await self.send_error(f"the server is at capacity ({state.gate.capacity} requests in flight); "
-                                  "send session.config again later", code="queue_full")
+        if not await self._take_slot("send session.config again later"):
             return False
         try:
             config = await parse_session_config(event, state)
@@ -201,16 +198,24 @@ class SpeechStreamSession:
                 self.speaking = False
                 self.queued_chars -= len(segment.text)
 
+    async def _take_slot(self, consequence: str) -> bool:
+        """An admission slot (the caller releases it), or a `queue_full` error event saying
+        `consequence` and False; counted "rejected" as a REST request would be."""
+        gate = self.state.gate
+        if gate.try_acquire():
+            return True
+        self.state.metrics.count("rejected")
+        await self.send_error(f"the server is at capacity ({gate.capacity} requests in flight); {consequence}",
+                              code="queue_full")
+        return False
+
     async def _speak(self, segment: Segment) -> None:
         state = self.state
         if self.voice.length_capped:
             await self.send_error("this session reached the audio limit (max_audio_s); the text "
                                   "was not spoken", code="audio_limit")
             return
-        if not state.gate.try_acquire():
-            state.metrics.count("rejected")
-            await self.send_error(f"the server is at capacity ({state.gate.capacity} requests in "
-                                  "flight); this sentence was not spoken", code="queue_full")
+        if not await self._take_slot("this sentence was not spoken"):
             return
         ready_s = time.perf_counter()
         speech = self.voice.speak(segment)

@@ -9,6 +9,7 @@ helpers fill the rows a CUDA graph replays beyond the real ones. No device work 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,18 +98,15 @@ class StepStager:
         def plain_decode(c) -> bool:
             return c.samples and key(c) == (False, False)
 
-        plain = 0
-        for c in chunks:
-            if not plain_decode(c):
-                break
-            plain += 1
+        def leading_plain(seq) -> int:
+            return sum(1 for _ in itertools.takewhile(plain_decode, seq))
+
+        plain = leading_plain(chunks)
         rest = sorted(chunks[plain:], key=key)
         if rest and key(rest[0]) == (False, False):  # decodes out of order: sort them all
-            rest, plain = sorted(chunks, key=key), 0
-        ordered = [*chunks[:plain], *rest]
-        while plain < len(ordered) and plain_decode(ordered[plain]):
-            plain += 1
-        return ordered, plain
+            ordered = sorted(chunks, key=key)
+            return ordered, leading_plain(ordered)
+        return [*chunks[:plain], *rest], plain
 
     def _stage_decodes(self, chunks: list) -> None:
         """Rows 0..len-1: one decode token per chunk, each sampling a row."""

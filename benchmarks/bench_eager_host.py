@@ -72,8 +72,8 @@ class FakeLauncher:
     def __call__(self, grid, *args, **meta) -> None:
         self.counts.op_by_op += 1
         self.issue()
-        if launch_tape.recording_tape is not None:
-            launcher_module._tape(self.issue, (), args, ())
+        if launch_tape.recording.tape is not None:
+            launcher_module._tape(self, self.issue, (), args, ())
 
     def issue(self, *args) -> None:
         self.counts.issued += 1

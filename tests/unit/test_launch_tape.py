@@ -3,6 +3,9 @@ void. The C launches themselves are checked against eager steps on CUDA (tests/g
 
 from __future__ import annotations
 
+import gc
+import threading
+
 import torch
 
 from higgs_serve.kernels import launch_tape
@@ -17,8 +20,9 @@ class FakeKernel:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         self.launch(x.data_ptr(), out.data_ptr())
-        if launch_tape.recording_tape is not None:
-            launch_tape.recording_tape.add(self.launch, (x.data_ptr(), out.data_ptr()), (x.data_ptr(), out.data_ptr()))
+        if launch_tape.recording.tape is not None:
+            launch_tape.recording.tape.add(self.launch, (x.data_ptr(), out.data_ptr()),
+                                          ((x.data_ptr(), "x"), (out.data_ptr(), "out")))
 
     def launch(self, x_ptr: int, out_ptr: int) -> None:
         self.calls.append((x_ptr, out_ptr))
@@ -76,6 +80,39 @@ def test_a_pointer_outside_known_memory_voids_the_tape():
     assert tape.void_reason is None
 
 
+def test_another_threads_launches_stay_off_the_tape():
+    """The codec thread launches its own kernels while the engine thread records a step: they run,
+    and neither land on the step's tape nor void it."""
+    calls: list = []
+    kernel = FakeKernel(calls)
+    codec_memory = torch.zeros(4)  # not the step's memory
+
+    def body(x):
+        kernel(x, x)
+        other = threading.Thread(target=kernel, args=(codec_memory, codec_memory))
+        other.start()
+        other.join()
+        return (x,)
+
+    _, tape = launch_tape.record(body, [torch.ones(4)], [])
+    assert len(calls) == 2 and tape.void_reason is None and len(tape.entries) == 1
+
+
+def test_no_garbage_collection_while_recording():
+    """A collection inside a recording would run dead objects' finalizers (a dead runner's memory
+    pool, whose release torch refuses while any pool routes allocations): none runs there."""
+    seen = []
+    was_enabled = gc.isenabled()
+    gc.enable()
+    try:
+        launch_tape.record(lambda x: (seen.append(gc.isenabled()), FakeKernel([])(x, x), x)[2:],
+                           [torch.ones(1)], [])
+        assert seen == [False] and gc.isenabled()
+    finally:
+        if not was_enabled:
+            gc.disable()
+
+
 def test_views_of_persistent_tensors_count_as_persistent():
     kernel = FakeKernel([])
     cache = torch.zeros(8, 4)
@@ -99,4 +136,4 @@ def test_an_empty_stretch_is_void_and_recording_ends_on_error():
         launch_tape.record(failing, [torch.ones(1)], [])
     except ValueError:
         pass
-    assert launch_tape.recording_tape is None  # no later launch is taped by mistake
+    assert launch_tape.recording.tape is None  # no later launch is taped by mistake

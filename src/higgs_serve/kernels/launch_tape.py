@@ -30,15 +30,25 @@ recorded (`record`):
 from __future__ import annotations
 
 import bisect
+import gc
+import threading
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# The tape being recorded (one at a time: the engine runs one step at a time), read by Launcher.
-recording_tape: LaunchTape | None = None
+
+class _Recording(threading.local):
+    """The tape this thread is recording, read by Launcher at every launch. Per thread: the codec
+    thread launches its own kernels while the engine thread records a step, and those must not
+    go on the step's tape."""
+
+    tape: LaunchTape | None = None
+
+
+recording = _Recording()
 
 # aten ops that allocate or re-view memory and launch nothing on the device: allowed while a tape
 # records (allocations are noted as the tape's own memory); every other op voids the tape.
@@ -61,12 +71,13 @@ class LaunchTape:
     def __init__(self, stream: int) -> None:
         self.stream = stream  # the raw CUDA stream every launch was recorded on
         self.entries: list[tuple[Callable, tuple]] = []
-        self.pointers: list[int] = []  # every device pointer the entries pass (checked once)
+        # every device pointer the entries pass, with what passed it (checked once, named when stray)
+        self.pointers: list[tuple[int, str]] = []
         self.void_reason: str | None = None
         self.inputs: tuple[Tensor, ...] = ()
         self.outputs: tuple[Tensor, ...] = ()
 
-    def add(self, fn: Callable, args: tuple, pointers: Iterable[int] = ()) -> None:
+    def add(self, fn: Callable, args: tuple, pointers: Iterable[tuple[int, str]] = ()) -> None:
         self.entries.append((fn, args))
         self.pointers.extend(pointers)
 
@@ -87,8 +98,8 @@ def call(fn: Callable[[], None]) -> None:
     """Run `fn()`, a device call that is not a Triton launch (a CUDA-graph replay), and put it on
     the tape being recorded, if any."""
     fn()
-    if recording_tape is not None:
-        recording_tape.add(fn, ())
+    if recording.tape is not None:
+        recording.tape.add(fn, ())
 
 
 class _Guard(TorchDispatchMode):
@@ -135,14 +146,15 @@ def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _outside(pointers: Iterable[int], ranges: list[tuple[int, int]]) -> list[int]:
+def _outside(pointers: Iterable[tuple[int, str]], ranges: list[tuple[int, int]]) -> list[str]:
+    """What passed each pointer that lies in none of `ranges`."""
     starts = [r[0] for r in ranges]
-    bad = []
-    for p in set(pointers):
+    bad = {}
+    for p, where in pointers:
         i = bisect.bisect_right(starts, p) - 1
         if i < 0 or p >= ranges[i][1]:
-            bad.append(p)
-    return bad
+            bad.setdefault(p, where)
+    return list(bad.values())
 
 
 def record(body: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], persistent: Iterable[tuple[int, int]],
@@ -154,26 +166,41 @@ def record(body: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pers
     steps copy theirs in with `load` before `replay`. The outputs are whatever body returned (kept alive by the tape).
     Check `tape.void_reason` before keeping the tape: None means it is complete and every pointer
     on it lives as long as the tape (module note)."""
-    global recording_tape
     stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) if inputs[0].is_cuda else 0
     tape = LaunchTape(stream)
-    with torch.cuda.use_mem_pool(pool) if pool is not None else nullcontext():
+    with _collector_paused(), torch.cuda.use_mem_pool(pool) if pool is not None else nullcontext():
         tape.inputs = tuple(x.clone() for x in inputs)
         guard = _Guard(tape)
-        recording_tape = tape
+        recording.tape = tape
         try:
             with guard:
                 outputs = tuple(body(*tape.inputs))
         finally:
-            recording_tape = None
+            recording.tape = None
     tape.outputs = outputs
     known = _merged([*persistent, *spans([*tape.inputs, *outputs]), *guard.allocated])
     stray = _outside(tape.pointers, known)
     if stray:
-        tape.void(f"{len(stray)} pointer(s) outside the persistent tensors and the tape's own memory")
+        tape.void(f"{len(stray)} pointer(s) outside the persistent tensors and the tape's own memory, "
+                  f"first {', '.join(stray[:3])}")
     if not tape.entries:
         tape.void("nothing was launched")
     return outputs, tape
+
+
+@contextmanager
+def _collector_paused():
+    """No garbage collection while a recording routes allocations into its pool: a collection
+    runs dead objects' finalizers there, and torch 2.11 aborts the process when a MemPool is
+    destroyed while any pool routes allocations (an internal assert in its cache release; a GPU
+    run of the tape tests died so, collecting an earlier runner)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def load(tape: LaunchTape, inputs: Sequence[Tensor]) -> None:

@@ -99,17 +99,17 @@ class Launcher:
                 launch_args = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                                torch._C._cuda_getCurrentRawStream(device), function, *head)
                 launch(*launch_args, *args, *tail)
-                if launch_tape.recording_tape is not None:
-                    _tape(launch, launch_args, args, tail)
+                if launch_tape.recording.tape is not None:
+                    _tape(self.kernel, launch, launch_args, args, tail)
                 return
             compiled = self.kernel[grid](*args, **meta)
             if key is not None and len(self._compiled) < MAX_SIGNATURES:
                 self._remember(key, compiled, len(args), meta)
         else:
             self.kernel[grid](*args, **meta)
-        if launch_tape.recording_tape is not None:  # a launch through Triton's own path: not taped
+        if launch_tape.recording.tape is not None:  # a launch through Triton's own path: not taped
             name = getattr(self.kernel, "__name__", "a kernel")
-            launch_tape.recording_tape.void(f"{name} launched outside the launch cache")
+            launch_tape.recording.tape.void(f"{name} launched outside the launch cache")
 
     def _remember(self, key: tuple, compiled, num_args: int, meta: dict[str, Any]) -> None:
         """Store what the C launcher needs after the positional arguments: the remaining
@@ -129,13 +129,15 @@ class Launcher:
         self._compiled[key] = (*_c_launch(compiled), tuple(tail))
 
 
-def _tape(launch, launch_args: tuple, args: tuple, tail: tuple) -> None:
+def _tape(kernel, launch, launch_args: tuple, args: tuple, tail: tuple) -> None:
     """Put a cached launch on the tape being recorded, tensors as their device pointers (the C
     launcher takes an int where it would read a tensor's data_ptr; the tape must not keep
     temporaries alive)."""
-    pointers = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+    name = getattr(kernel, "__name__", "kernel")
+    pointers = [(a.data_ptr(), f"{name} arg {i} {tuple(a.shape)}") for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor)]
     flat = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
-    launch_tape.recording_tape.add(launch, (*launch_args, *flat, *tail), pointers)
+    launch_tape.recording.tape.add(launch, (*launch_args, *flat, *tail), pointers)
 
 
 def _c_launch(compiled) -> tuple:

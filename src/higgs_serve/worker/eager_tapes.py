@@ -30,6 +30,19 @@ logger = logging.getLogger(__name__)
 MAX_VOID_RECORDINGS = 2  # recordings of one shape that may come out void before it stays eager
 MAX_TAPES = 512  # a tape holds a few hundred launch tuples (tens of kB) and no device memory of its own
 
+# Tape pools are never destroyed. torch 2.11 aborts the process when a MemPool dies while any
+# thread routes allocations into a pool (measured on the H200: an internal assert in the pool's
+# cache release), and a runner's tapes record whenever a new step shape comes, on the engine
+# thread, while other runners may be dying on others. A closed EagerTapes hands its pool to the
+# next one made on that device instead; two live runners never share one, as their tapes'
+# temporaries would overlap.
+_SPARE_POOLS: dict[int, list] = {}
+
+
+def _take_pool(device: torch.device):
+    spares = _SPARE_POOLS.setdefault(torch.device(device).index or 0, [])
+    return spares.pop() if spares else torch.cuda.MemPool()
+
 # body(embeds, cos, sin) -> (hidden before the final norm,)
 DecoderBody = Callable[[Tensor, Tensor, Tensor], tuple[Tensor]]
 
@@ -42,9 +55,11 @@ class EagerTapes:
         # recording (the MLP graphs' buffers exist only after the start-up capture)
         self._persistent = persistent
         self._spans: list[tuple[int, int]] | None = None
-        self._pool = torch.cuda.MemPool() if device.type == "cuda" else None
+        self._device_index = device.index or 0
+        self._pool = _take_pool(device) if device.type == "cuda" else None
         self._tapes: OrderedDict[tuple, launch_tape.LaunchTape] = OrderedDict()  # least recently used first
         self._voids: dict[tuple, int] = {}
+        self.void_reasons: dict[tuple, str] = {}  # the last reason a shape's recording was void
         self.replays = 0
         self.disabled = False  # set when a replay raised: every step runs op by op from then on
 
@@ -81,8 +96,20 @@ class EagerTapes:
                 self._tapes.popitem(last=False)
         else:
             self._voids[key] = self._voids.get(key, 0) + 1
+            self.void_reasons[key] = tape.void_reason
             logger.debug("eager step of %d rows not taped: %s", key[0], tape.void_reason)
         return outputs[0]
+
+    def close(self) -> None:
+        """Drop every tape and hand the pool on (module note); later steps run op by op."""
+        self.disabled = True
+        self._tapes.clear()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _SPARE_POOLS.setdefault(self._device_index, []).append(pool)
+
+    def __del__(self) -> None:
+        self.close()
 
     @property
     def keys(self) -> list[tuple]:

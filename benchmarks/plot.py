@@ -129,18 +129,19 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
     data["rows"] = [r for r in data["rows"] if (not paths or r["path"] in paths)
                     and (not kinds or r.get("step", "decode") in kinds)]
     for row in data["rows"]:
-        # files before mixed steps: decode only; before --gemm / --pdl: no such label
-        row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"), row.get("pdl"))
+        # files before mixed steps: decode only; before --gemm / --pdl / --tapes: no such label
+        row["line"] = (row["path"], row.get("step", "decode"), row.get("gemm"), row.get("pdl"), row.get("tapes"))
     by_context = _group_by(data["rows"], "context")  # {context: rows}
     contexts = sorted(by_context)
     fig, axes = plt.subplots(1, len(contexts), figsize=(max(6.4, 4.6 * len(contexts)), 4.2), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         rows = by_context[context]
-        for (path, kind, gemm, pdl), prow in _group_by(rows, "line").items():
+        for (path, kind, gemm, pdl, tapes), prow in _group_by(rows, "line").items():
             prow.sort(key=lambda r: r["batch"])
-            variant = ", ".join(v for v in (gemm, pdl and f"PDL {pdl}") if v)
+            variant = ", ".join(v for v in (gemm, pdl and f"PDL {pdl}", tapes and f"tapes {tapes}") if v)
             label = path + (f" ({variant})" if variant else "") + (", mixed" if kind == "mixed" else "")
-            baseline = gemm == "cublas" or pdl == "off"  # the variant the change is measured against
+            # the variant the change is measured against
+            baseline = gemm == "cublas" or pdl == "off" or tapes == "off"
             ax.plot([r["batch"] for r in prow], [r["step_ms_median"] for r in prow],
                     marker="x" if baseline else "o", alpha=0.5 if baseline else 1.0,
                     color=_PATH_STYLE.get(path), linestyle=":" if kind == "mixed" else "-", label=label)

@@ -1,6 +1,7 @@
 """Codec decoder (Stage 1): codes [B, T, 8] -> audio [B, T·960] (docs/model.md#codec-geometry).
 
-RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 -> DAC decoder: conv1; per upsampling
+RVQ dequantise (Σ_q project_out_q(codebook_q[code_q])) -> fc2 (folded into one table lookup,
+`_fold_input_table`) -> DAC decoder: conv1; per upsampling
 stride s a block Snake -> ConvTranspose1d(k=2s, stride s, padding ceil(s/2), output_padding s%2) ->
 three residual units (dilations 1, 3, 9); Snake; conv2; no tanh. Numerically the same as
 transformers' `HiggsAudioV2TokenizerModel.decode`, written as plain functional torch; on CUDA the
@@ -155,6 +156,23 @@ def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tens
     return conv_split(snake_split(y, alpha2, unit.bias7), unit.conv1, 1, unit.bias1, x)
 
 
+def _fold_input_table(w: dict[str, Tensor], num_quantizers: int) -> Tensor:
+    """[Q·codebook_size, fc2 out]: row q·codebook_size + c is code c of quantizer q carried
+    through its project_out and fc2 (fc2's bias in quantizer 0's rows). The lookup, each
+    project_out, their sum and fc2 are all linear, so the codes' part of the decoder input is a sum
+    of fixed rows: an offset add, one lookup and one sum a window batch instead of eight lookups,
+    eight GEMMs, seven adds and fc2 (24 launches, and their host work, on the eager codec path). Built in
+    float64, returned in the weights' dtype: as exact as the unfolded float32 chain or more."""
+    fc2_w, fc2_b = w["fc2.weight"].double(), w["fc2.bias"].double()
+    tables = []
+    for q in range(num_quantizers):
+        p = f"quantizer.quantizers.{q}."
+        z = F.linear(w[p + "codebook.embed"].double(), w[p + "project_out.weight"].double(),
+                     w[p + "project_out.bias"].double())  # [codebook_size, hidden]
+        tables.append(F.linear(z, fc2_w, fc2_b if q == 0 else None))
+    return torch.cat(tables).to(fc2_w.device, w["fc2.weight"].dtype)
+
+
 def check_codes(codes: Tensor, codebook_size: int) -> None:
     """Validate codes before decoding (one host sync: call it where a sync is acceptable).
 
@@ -184,6 +202,10 @@ class CodecDecoder(FlatWeights):
         self.split_units: dict[str, SplitUnit] | None = None  # residual unit -> its split weights ("bf16x3")
         # "bf16x3" splits the units of this many channels and more (narrower ones: float32 convs)
         self.split_conv_min_channels = SPLIT_CONV_MIN_CHANNELS
+        # [Q·codebook_size, fc2 out] and [Q]: see `_fold_input_table`; derived in `_pick_forms`
+        self._input_table: Tensor | None = None
+        self._input_offsets: Tensor | None = None
+        self._pick_forms()
 
     def use_precision(self, precision: str) -> CodecDecoder:
         """Decode at a Stage 1 precision (PRECISION_DTYPES); call it after the move to the
@@ -221,6 +243,8 @@ class CodecDecoder(FlatWeights):
         self.gemm_conv_min_channels = GEMM_CONV_MIN_CHANNELS if wide else None
         split = self.precision == "bf16x3" and some.dtype == torch.float32
         self.split_units = self._split_units() if split else None
+        self._input_table = _fold_input_table(self._w(), self.cfg.num_quantizers)
+        self._input_offsets = torch.arange(self.cfg.num_quantizers, device=some.device) * self.cfg.codebook_size
 
     def _split_units(self) -> dict[str, SplitUnit]:
         w = self._w()
@@ -236,17 +260,13 @@ class CodecDecoder(FlatWeights):
                                        w[prefix + ".snake2.alpha"], dilation, self.snake_split)
         return residual_unit(x, w, prefix, dilation, self.snake, self._gemm(x.shape[1]))
 
-    @torch.no_grad()
-    def dequantize(self, codes: Tensor) -> Tensor:
-        """codes [B, T, Q] -> latent [B, T, hidden] = Σ_q project_out_q(codebook_q[code_q])."""
-        w = self._w()
-        out = None
-        for q in range(codes.shape[-1]):
-            p = f"quantizer.quantizers.{q}."
-            e = F.embedding(codes[..., q], w[p + "codebook.embed"])  # [B, T, codebook_dim]
-            z = F.linear(e, w[p + "project_out.weight"], w[p + "project_out.bias"])
-            out = z if out is None else out + z
-        return out
+    def codes_to_input(self, codes: Tensor) -> Tensor:
+        """codes [B, T, Q] -> the acoustic decoder's input [B, T, fc2 out]: fc2 of the RVQ sum
+        Σ_q project_out_q(codebook_q[code_q]), as one lookup of `_input_table`."""
+        table, offsets = self._input_table, self._input_offsets
+        # a gather and a sum (embedding_bag would be one launch, but these two are known to
+        # capture in the codec's CUDA graphs)
+        return F.embedding(codes + offsets, table).sum(dim=2)
 
     @torch.no_grad()
     def forward(self, codes: Tensor, keep: tuple[int, int] | None = None) -> Tensor:
@@ -260,8 +280,7 @@ class CodecDecoder(FlatWeights):
         plan = decode_range(tuple(self.cfg.upsampling_ratios), frames, keep or (0, frames))
         w, snake = self._w(), self.snake
         codes = codes[:, plan.frames[0] : plan.frames[1]]
-        latent = self.dequantize(codes.to(w["fc2.weight"].device))  # [B, T', hidden]
-        x = F.linear(latent, w["fc2.weight"], w["fc2.bias"]).transpose(1, 2)  # [B, latent_dim, T']
+        x = self.codes_to_input(codes.to(w["fc2.weight"].device)).transpose(1, 2)  # [B, latent_dim, T']
         x = F.conv1d(x, w["acoustic_decoder.conv1.weight"], w["acoustic_decoder.conv1.bias"], padding=OUTER_HALF)
         start = plan.frames[0]
         for i, (s, span) in enumerate(zip(self.cfg.upsampling_ratios, plan.block_inputs)):

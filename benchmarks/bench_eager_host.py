@@ -12,7 +12,8 @@ columns of one run, and take GPU-host times from the GPU benchmarks.
 Per (tapes off/on, batch, step kind): host ms of the decoder stack and of the whole step (median),
 launches per step (made op by op / issued in all), aten ops per step. Step kinds: a decode of B
 requests, and a mixed step (the B decodes and a 32-token prompt chunk: the prefill path of both
-profiles; taped up to 64 rows, padded to a multiple of 8). Plus a cProfile listing of the op-by-op
+profiles; taped up to 128 rows, padded to a multiple of 8, their GEMMs past 64 rows as
+row blocks). Plus a cProfile listing of the op-by-op
 decode step (host time per op).
 
   PYTHONPATH=src python3 benchmarks/bench_eager_host.py [--layers 36] [--batch 1 16 64] [--steps 200] [--out F]
@@ -53,7 +54,7 @@ from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner  # noqa: E4
 # every module-level Triton launcher of the talker's eager path
 LAUNCHERS = {fused_ops: ("_rms_norm", "_qk_norm_rope", "_silu_mul"), skinny_gemm: ("_skinny", "_split_reduce"),
              triton_paged: ("_kv_write", "_decode", "_decode_reduce", "_prefill")}
-MIXED_TOKENS = 32  # the prompt chunk of a mixed step: with up to 32 decodes the step stays tapeable (<= 64 rows)
+MIXED_TOKENS = 32  # the prompt chunk of a mixed step: with up to 96 decodes the step stays tapeable (<= 128 rows)
 
 
 class LaunchCounts:

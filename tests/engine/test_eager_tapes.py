@@ -14,6 +14,7 @@ import torch
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.model import fused_ops
 from higgs_serve.worker.eager_tapes import MAX_VOID_RECORDINGS
+from higgs_serve.worker.model_runner import TAPE_MAX_ROWS
 from support.bench_modules import load_bench
 
 bench_step = load_bench("bench_step")
@@ -69,6 +70,23 @@ def test_decode_steps_replay_their_batch_size_tape(loaded, counts):
     assert runner.tapes.replays == 4
 
 
+def test_a_mixed_step_past_64_rows_is_taped_with_row_blocked_gemms(loaded, counts, monkeypatch):
+    """40 decodes and a 40-token prompt chunk: 80 rows, whose GEMMs run as a 64-row and a 16-row
+    block on the skinny kernel (fused_ops.gemm_row_blocks; cuBLAS could not go on the tape)."""
+    monkeypatch.setattr(fused_ops, "config_for", harness.skinny_config_as_4b)  # 17-64-row blocks too
+    runner, plans = _runner_and_plans(loaded, batches=(40,), max_tokens=128, mixed_tokens=40)
+    replays_before = runner.tapes.replays  # the 128-row prefill steps of the 40 prompts share a tape
+    issued = []
+    for _ in range(3):
+        before = counts.op_by_op, counts.issued
+        with torch.inference_mode():
+            runner.execute(plans.mixed_plan(40, 8))
+        issued.append((counts.op_by_op - before[0], counts.issued - before[1]))
+    assert issued[0][0] == issued[0][1] > 0 and issued[1] == issued[2] == (1, issued[0][1])
+    assert (80, False, 41, 40, 2) in runner.tapes.keys and runner.tapes.replays - replays_before == 2
+    assert not runner.tapes.void_reasons
+
+
 def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
     runner, plans = _runner_and_plans(loaded)
     monkeypatch.setattr(fused_ops, "config_for", lambda *shape: None)  # every GEMM on cuBLAS (aten::mm)
@@ -94,13 +112,15 @@ def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loa
     assert runner.tapes.keys == []
 
 
-def test_batches_past_the_skinny_rows_are_never_recorded(loaded, counts):
-    """Their GEMMs run on cuBLAS: recording them would only cost (a slower step, then a void tape)."""
-    runner, plans = _runner_and_plans(loaded, batches=(65,), context=4, max_tokens=80)
+def test_batches_past_the_taped_rows_are_never_recorded(loaded, counts):
+    """Past TAPE_MAX_ROWS the GEMMs run on cuBLAS: recording them would only cost (a slower step,
+    then a void tape)."""
+    batch = TAPE_MAX_ROWS + 1
+    runner, plans = _runner_and_plans(loaded, batches=(batch,), context=4, max_tokens=batch + 16)
     with torch.inference_mode():
-        runner.execute(plans.decode_plan(65, 4))
-    # (the tiny model's 24-row prefill step voids: its GEMM shapes have no skinny bucket past 16 rows)
-    assert all(key[0] <= 64 for key in [*runner.tapes.keys, *runner.tapes._voids])
+        runner.execute(plans.decode_plan(batch, 4))
+    # (the tiny model's prefill steps past 16 rows void: its GEMM shapes have no skinny bucket there)
+    assert all(key[0] <= TAPE_MAX_ROWS for key in [*runner.tapes.keys, *runner.tapes._voids])
 
 
 def test_mixed_steps_are_padded_to_share_a_tape(loaded, counts):

@@ -38,8 +38,8 @@ def gemms_as_the_4b_talker(monkeypatch):
     monkeypatch.setattr(fused_ops, "config_for", load_bench("bench_eager_host").skinny_config_as_4b)
 
 
-def _engine(loaded, mode: str, kv_cache_dtype: str) -> SyncEngine:
-    stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512, "enforce_eager": True,
+def _engine(loaded, mode: str, kv_cache_dtype: str, max_tokens: int = 64) -> SyncEngine:
+    stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": max_tokens, "num_gpu_blocks": 512, "enforce_eager": True,
               "kv_cache_dtype": kv_cache_dtype,
               "compilation_config": {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8]}}
     deploy = load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
@@ -54,8 +54,8 @@ def _requests(temperature: float) -> list[SpeechRequest]:
             for i, text in enumerate(TEXTS)]
 
 
-def _rows(loaded, mode: str, kv_cache_dtype: str, temperature: float, taped: bool):
-    engine = _engine(loaded, mode, kv_cache_dtype)
+def _rows(loaded, mode: str, kv_cache_dtype: str, temperature: float, taped: bool, max_tokens: int = 64):
+    engine = _engine(loaded, mode, kv_cache_dtype, max_tokens)
     try:
         runner = engine.core.runner
         if not taped:
@@ -84,6 +84,17 @@ def test_taped_decode_steps_match_op_by_op(loaded, mode, temperature, kv_cache_d
         assert all(key[1] for key in decodes) and not any(key[1] for key in prefills)
     for rid, rows in expected.items():
         np.testing.assert_array_equal(got[rid], rows, err_msg=f"{mode}, request {rid}")
+
+
+def test_steps_past_64_rows_are_taped_with_row_blocked_gemms(loaded):
+    """A 128-token budget: the prompts' prefill and mixed steps of 65-128 rows run their GEMMs as
+    row blocks of at most 64 on the skinny kernel (fused_ops.gemm_row_blocks), taped or not, and
+    their tapes give the op-by-op rows bit for bit."""
+    expected, _ = _rows(loaded, "LOCAL_MLP", "auto", 0.0, taped=False, max_tokens=128)
+    got, runner = _rows(loaded, "LOCAL_MLP", "auto", 0.0, taped=True, max_tokens=128)
+    assert [key for key in runner.tapes.keys if key[0] > 64], (runner.tapes.keys, runner.tapes.void_reasons)
+    for rid, rows in expected.items():
+        np.testing.assert_array_equal(got[rid], rows, err_msg=f"request {rid}")
 
 
 def test_tapes_replay_right_after_other_code_churns_memory(loaded):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_serve.model.fused_ops import CublasOps, TritonOps
+from higgs_serve.model.fused_ops import CublasOps, TritonOps, gemm_row_blocks
 from higgs_serve.model.skinny_gemm import SkinnyConfig, config_for, default_config, skinny_linear, swiglu_config
 
 SHAPES_4B = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
@@ -75,6 +75,31 @@ def test_ops_send_decode_gemms_to_the_kernel_and_the_rest_to_cublas():
     _assert_close_to_fp32(skinny, ref)
     _assert_close_to_fp32(cublas, ref)
     _assert_close_to_fp32(TritonOps.linear(x, w), x.float() @ w.float().t())
+
+
+@pytest.mark.parametrize("m", [72, 96, 128])
+def test_eager_row_blocks_are_the_skinny_kernel_on_each_block(m):
+    """Inside gemm_row_blocks (the runner's eager steps) a GEMM of 65-128 rows runs as blocks of
+    64 rows or fewer on the skinny kernel: each block's rows are what that block alone gives, bit
+    for bit, for all three GEMM forms; outside, the same GEMM stays one cuBLAS call."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = [(0, 64), (64, m)]
+    for name in ("qkv", "o", "gate_up", "down"):
+        n, k = SHAPES_4B[name]
+        x, w, r = _data(m, n, k, seed=6)
+        assert TritonOps._skinny(x, w) is None
+        with gemm_row_blocks(128):
+            assert [b[:2] for b in TritonOps._skinny(x, w)] == blocks
+            plain, residual = TritonOps.linear(x, w), TritonOps.linear_residual(x, w, r)
+            swiglu = TritonOps.linear_silu_mul(x, w) if name == "gate_up" else None
+        for start, end in blocks:
+            cfg = config_for(end - start, n, k, sms)
+            rows = slice(start, end)
+            assert torch.equal(plain[rows], skinny_linear(x[rows], w, None, cfg))
+            assert torch.equal(residual[rows], skinny_linear(x[rows], w, r[rows], cfg))
+            if swiglu is not None:
+                assert torch.equal(swiglu[rows], skinny_linear(x[rows], w, None, swiglu_config(cfg, n, k), swiglu=True))
+        _assert_close_to_fp32(residual, x.float() @ w.float().t() + r.float())
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 24, 64])

@@ -10,8 +10,9 @@ elsewhere (transcendentals may differ by an ulp in fp32).
 
 The GEMMs go through the same object: on CUDA, a GEMM of at most 16 bfloat16/float16 rows (decode
 steps of small batches) runs the skinny kernel of skinny_gemm.py, as do those of up to 64 rows for
-the weight shapes it has measured launch shapes for; the rest cuBLAS. `CublasOps` keeps cuBLAS for
-all of them, as the baseline benchmarks compare against.
+the weight shapes it has measured launch shapes for; the rest cuBLAS. Inside `gemm_row_blocks`
+(the runner's eager steps) GEMMs of a few more rows run as blocks of at most 64 on the skinny
+kernel. `CublasOps` keeps cuBLAS for all of them, as the baseline benchmarks compare against.
 
 On Hopper every kernel here (and the skinny GEMM's) launches with programmatic dependent launch
 (pdl.py): it waits for its predecessor in-kernel, so the GPU places it while that one drains.
@@ -23,7 +24,9 @@ On Hopper every kernel here (and the skinny GEMM's) launches with programmatic d
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +43,28 @@ try:
     from higgs_serve.kernels.pdl import pdl_release, pdl_wait
 except ImportError:  # CPU-only installs
     triton = None
+
+
+class _RowBlocks(threading.local):
+    limit = MAX_ROWS  # GEMMs of up to this many rows may run as blocks of MAX_ROWS (this thread)
+
+
+_row_blocks = _RowBlocks()
+
+
+@contextmanager
+def gemm_row_blocks(limit: int) -> Iterator[None]:
+    """While open (on this thread), a GEMM of MAX_ROWS to `limit` rows runs as blocks of at most
+    MAX_ROWS rows on the skinny kernel instead of one cuBLAS call. Each block reads the weight
+    again (two passes at 65-128 rows), but every launch can go on a launch tape, where a cuBLAS
+    call cannot: the runner opens it around its eager steps, which are bound by host time, not
+    by the weight read (docs/architecture.md#launch-tapes). Graph captures stay on cuBLAS."""
+    before = _row_blocks.limit
+    _row_blocks.limit = max(limit, MAX_ROWS)
+    try:
+        yield
+    finally:
+        _row_blocks.limit = before
 
 
 class TorchOps:
@@ -211,34 +236,46 @@ class TritonOps(TorchOps):
 
     @classmethod
     def linear(cls, x: Tensor, weight: Tensor) -> Tensor:
-        cfg = cls._skinny(x, weight)
-        return F.linear(x, weight) if cfg is None else skinny_linear(x, weight, None, cfg)
+        blocks = cls._skinny(x, weight)
+        return F.linear(x, weight) if blocks is None else _skinny_blocks(x, weight, None, blocks)
 
     @classmethod
     def linear_residual(cls, x: Tensor, weight: Tensor, residual: Tensor, out: Tensor | None = None) -> Tensor:
-        cfg = cls._skinny(x, weight)
-        if cfg is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
+        blocks = cls._skinny(x, weight)
+        if blocks is None:  # one GEMM with the residual as its beta=1 input: one rounding instead of two
             return torch.addmm(residual, x, weight.t(), out=out)
-        return skinny_linear(x, weight, residual, cfg, out=out)
+        return _skinny_blocks(x, weight, residual, blocks, out=out)
 
     @classmethod
     def linear_silu_mul(cls, x: Tensor, gate_up: Tensor) -> Tensor:
         # Decode rows: the skinny GEMM applies SiLU-and-multiply in its epilogue (one kernel and
         # one [N, 2I] round trip less a layer), rounding where the two kernels round.
-        cfg = swiglu_config(cls._skinny(x, gate_up), *gate_up.shape)
-        if cfg is None:
+        blocks = cls._skinny(x, gate_up, swiglu=True)
+        if blocks is None:
             return super().linear_silu_mul(x, gate_up)
-        return skinny_linear(x, gate_up, None, cfg, swiglu=True)
+        return _skinny_blocks(x, gate_up, None, blocks, swiglu=True)
 
     @classmethod
-    def _skinny(cls, x: Tensor, weight: Tensor) -> SkinnyConfig | None:
-        """The skinny kernel's launch shape for this GEMM, or None for cuBLAS: rows or shapes
-        config_for does not serve, float32 (tl.dot would round to TF32 where cuBLAS does not),
-        layouts it does not take."""
+    def _skinny(cls, x: Tensor, weight: Tensor, swiglu: bool = False) -> list[tuple[int, int, SkinnyConfig]] | None:
+        """The skinny kernel's row blocks (start, end, launch shape) for this GEMM: one block, or
+        blocks of MAX_ROWS inside `gemm_row_blocks`; None for cuBLAS: rows or shapes config_for
+        does not serve (for any block), float32 (tl.dot would round to TF32 where cuBLAS does
+        not), layouts it does not take."""
         if not cls.skinny_gemm or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2 \
                 or x.stride(1) != 1 or not weight.is_contiguous():
             return None
-        return config_for(x.shape[0], weight.shape[0], weight.shape[1], _num_sms(x.device))
+        m, (n, k) = x.shape[0], weight.shape
+        if m > _row_blocks.limit:
+            return None
+        blocks = []
+        for start in range(0, m, MAX_ROWS) if m else (0,):
+            end = min(start + MAX_ROWS, m)
+            cfg = config_for(end - start, n, k, _num_sms(x.device))
+            cfg = swiglu_config(cfg, n, k) if swiglu else cfg
+            if cfg is None:
+                return None
+            blocks.append((start, end, cfg))
+        return blocks
 
 
 class CublasOps(TritonOps):
@@ -246,6 +283,19 @@ class CublasOps(TritonOps):
 
     name = "triton-cublas"
     skinny_gemm = False
+
+
+def _skinny_blocks(x: Tensor, weight: Tensor, residual: Tensor | None, blocks: list[tuple[int, int, SkinnyConfig]],
+                   swiglu: bool = False, out: Tensor | None = None) -> Tensor:
+    """skinny_linear over `blocks` of x's rows, into one output (`TritonOps._skinny`)."""
+    if len(blocks) == 1:
+        return skinny_linear(x, weight, residual, blocks[0][2], swiglu=swiglu, out=out)
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device) if out is None else out
+    for start, end, cfg in blocks:
+        skinny_linear(x[start:end], weight, None if residual is None else residual[start:end], cfg, swiglu=swiglu,
+                      out=y[start:end])
+    return y
 
 
 def warm_up_gemms(ops: type[TorchOps], run_gemms: Callable[[int], None]) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
-from higgs_serve.model.fused_ops import warm_up_gemms
+from higgs_serve.model.fused_ops import gemm_row_blocks, warm_up_gemms
 from higgs_serve.model.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from higgs_serve.model.talker import Talker
 from higgs_serve.progress import ProgressCallback  # on_progress(done, total, label) after each captured size
@@ -34,6 +34,12 @@ from higgs_serve.worker.step_staging import Staged, StepStager
 logger = logging.getLogger(__name__)
 
 TAPE_ROW_QUANTUM = 8  # taped prefill and mixed steps run their token count padded to this
+# Eager steps of up to this many rows are taped: past SKINNY_MAX_ROWS their GEMMs run as row
+# blocks on the skinny kernel (fused_ops.gemm_row_blocks), a second read of the weights that costs
+# the GPU ~1.7 ms a step at the 4B talker's bandwidth, against host time an op-by-op step of this
+# size spends several times over (the high-throughput profile's mixed steps at c = 64: ~63
+# decodes and a prompt chunk)
+TAPE_MAX_ROWS = 2 * SKINNY_MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -190,13 +196,13 @@ class ModelRunner:
         """The token rows an eager step runs. A prefill or mixed step a launch tape can hold runs
         its count padded up to a multiple of TAPE_ROW_QUANTUM, so that steps of nearby sizes
         share a tape (the padding rows belong to no request and write no K/V; every op but
-        attention is row by row, and the GEMM's launch shape only changes at multiples of 16
-        rows, so the real rows' bits are those of the unpadded step). Decodes run exactly."""
+        attention is row by row, and a GEMM row block's launch shape only changes at 16, 32 and
+        64 rows, so the real rows' bits are those of the unpadded step). Decodes run exactly."""
         n = staged.num_tokens
         if self.tapes is None or (n == num_seqs and not staged.has_text):
             return n
         padded = -(-n // TAPE_ROW_QUANTUM) * TAPE_ROW_QUANTUM
-        return padded if padded <= min(SKINNY_MAX_ROWS, self.buffers.max_tokens) else n
+        return padded if padded <= min(TAPE_MAX_ROWS, self.buffers.max_tokens) else n
 
     def _forward_eager(self, inputs: StepInputs, attention, mlp: Callable | None) -> torch.Tensor:
         """The talker's forward op by op; its decoder stack from the launch tape of the step's
@@ -208,13 +214,15 @@ class ModelRunner:
         def decoder(e: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor]:
             return (backbone.decoder(e, c, s, attention, mlp),)
 
-        # past the skinny kernel's rows the GEMMs run on cuBLAS, which no tape can hold
-        if self.tapes is not None and inputs.num_tokens <= SKINNY_MAX_ROWS:
-            # the key: everything the launches depend on (the buffers' addresses never change)
-            key = (inputs.num_tokens, mlp is not None, *attention.launch_key())
-            hidden = self.tapes.run(key, decoder, embeds, cos, sin)
-        else:
-            hidden = decoder(embeds, cos, sin)[0]
+        # taped or not, the same kernels: past TAPE_MAX_ROWS the GEMMs run on cuBLAS, which no
+        # tape can hold
+        with gemm_row_blocks(TAPE_MAX_ROWS):
+            if self.tapes is not None and inputs.num_tokens <= TAPE_MAX_ROWS:
+                # the key: everything the launches depend on (the buffers' addresses never change)
+                key = (inputs.num_tokens, mlp is not None, *attention.launch_key())
+                hidden = self.tapes.run(key, decoder, embeds, cos, sin)
+            else:
+                hidden = decoder(embeds, cos, sin)[0]
         return backbone.norm(hidden)
 
     def _persistent_tensors(self) -> list[torch.Tensor]:

@@ -4,8 +4,9 @@
 #
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
 #   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
-#   tapes       launch tapes (issue 32): their GPU tests, bench_step      est. 5-8 min
-#               MLP graphs with tapes on/off beside the full graph, bench_launch
+#   tapes       launch tapes (issue 32): their GPU tests, bench_step      est. 3-5 min
+#               MLP graphs with tapes on/off beside the full graph (decode
+#               steps, and mixed steps of B decodes + a 64-token chunk), bench_launch
 #   step        bench_step: eager, MLP graphs, full decode graph,       est. 3-5 min
 #               piecewise (pass --mixed-tokens 64 in STEP_ARGS for mixed steps too),
 #               B = 1..64, L = 128/1024/4096, 50 steps each
@@ -118,7 +119,8 @@ stage_tapes() {
   run tapes_tests 240 python3 -m pytest -q tests/gpu/test_launch_tapes.py tests/gpu/test_graph_paths.py \
     tests/gpu/test_skinny_gemm.py tests/gpu/test_launcher_gpu.py -p no:cacheprovider
   run tapes_step 300 python3 benchmarks/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
-    --paths mlp_graphs full_graph --tapes on off --batch 1 16 32 64 --context 128 --iters 30 --out "$OUT/step_tapes.json"
+    --paths mlp_graphs full_graph --tapes on off --batch 1 16 32 64 --context 128 --iters 30 --mixed-tokens 64 \
+    --out "$OUT/step_tapes.json"
   run tapes_launch 120 sh -c "python3 benchmarks/bench_launch.py > '$OUT/launch_overhead.txt'"
 }
 

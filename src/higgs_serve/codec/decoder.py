@@ -159,10 +159,11 @@ def split_residual_unit(x: Tensor, unit: SplitUnit, alpha1: Tensor, alpha2: Tens
 def _fold_input_table(w: dict[str, Tensor], num_quantizers: int) -> Tensor:
     """[Q·codebook_size, fc2 out]: row q·codebook_size + c is code c of quantizer q carried
     through its project_out and fc2 (fc2's bias in quantizer 0's rows). The lookup, each
-    project_out, their sum and fc2 are all linear, so the codes' part of the decoder input is a sum
-    of fixed rows: an offset add, one lookup and one sum a window batch instead of eight lookups,
-    eight GEMMs, seven adds and fc2 (24 launches, and their host work, on the eager codec path). Built in
-    float64, returned in the weights' dtype: as exact as the unfolded float32 chain or more."""
+    project_out, their sum and fc2 are all linear, so the codes' part of the decoder input is a
+    sum of fixed rows: an offset add, one lookup and one sum a window batch instead of eight
+    lookups, eight GEMMs, seven adds and fc2 (24 launches, and their host work, on the eager
+    codec path). Built in float64, returned in the weights' dtype: as exact as the unfolded
+    float32 chain or more."""
     fc2_w, fc2_b = w["fc2.weight"].double(), w["fc2.bias"].double()
     tables = []
     for q in range(num_quantizers):

@@ -130,3 +130,18 @@ def test_tapes_replay_right_after_other_code_churns_memory(loaded):
             step(3 if position % 2 else 1, position)
         del junk
     assert runners[0].tapes.replays >= 8 and runners[1].tapes is None
+
+
+def test_a_dead_runners_tape_pool_goes_to_the_next_and_is_never_destroyed():
+    """torch 2.11 aborts when a MemPool dies while any pool routes allocations: a closed (or
+    collected) EagerTapes hands its pool to the next one made on the device."""
+    from higgs_serve.worker.eager_tapes import EagerTapes
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    first = EagerTapes(device, lambda: [])
+    pool = first._pool
+    del first
+    second = EagerTapes(device, lambda: [])
+    assert second._pool is pool
+    third = EagerTapes(device, lambda: [])  # two live ones never share
+    assert third._pool is not pool

@@ -87,6 +87,23 @@ def test_a_mixed_step_past_64_rows_is_taped_with_row_blocked_gemms(loaded, count
     assert not runner.tapes.void_reasons
 
 
+def test_prefill_tapes_are_recorded_before_traffic(loaded, counts, monkeypatch):
+    """One prompt per taped prefill size runs at start-up (slot 0, K/V on the scratch block), so
+    a fresh server's first prompt of a length replays a tape instead of recording one."""
+    monkeypatch.setattr(fused_ops, "config_for", harness.skinny_config_as_4b)  # 17-64-row GEMMs too
+    shape = bench_step.BenchShape(batches=(1,), contexts=(20,), block_size=16, max_num_batched_tokens=48,
+                                  max_model_len=64)
+    runner = harness.build_runner(loaded, shape, tapes=True)
+    assert runner.record_prefill_tapes() == 6  # 8, 16, ..., 48 rows: the step budget
+    assert runner.tapes.keys == [(n, False, 1, 0, -(-n // 32)) for n in range(8, 49, 8)]
+    assert sum(runner.step_modes.values()) == 0  # serving's step counts start at zero
+    before = counts.op_by_op
+    with torch.inference_mode():  # a 20-token prompt in slot 0, released by the recording: the 24-row tape
+        for plan in bench_step.PlanMaker(shape, loaded.spec.text.vocab_size).prefill_plans(20, ()):
+            runner.execute(plan)
+    assert counts.op_by_op - before == 1 and runner.tapes.replays == 1  # only the final norm op by op
+
+
 def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
     runner, plans = _runner_and_plans(loaded)
     monkeypatch.setattr(fused_ops, "config_for", lambda *shape: None)  # every GEMM on cuBLAS (aten::mm)

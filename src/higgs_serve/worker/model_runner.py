@@ -10,13 +10,15 @@ prompts in their prefill), and one device→host copy of the sampled rows and do
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from higgs_serve.worker.step_contract import NewRequestData, StepPlan, StepResult
+from higgs_serve.sampling_params import SamplingParams
+from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan, StepResult
 from higgs_serve.model.fused_ops import gemm_row_blocks, warm_up_gemms
 from higgs_serve.model.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from higgs_serve.model.talker import Talker
@@ -112,8 +114,8 @@ class ModelRunner:
         self._sampler_graphs: SizedGraphs | None = None  # sampling tails of eager steps
         self._sample_hidden: torch.Tensor | None = None  # their static input rows
         self._piecewise: PiecewiseGraphs | None = None
-        # launch tapes of eager steps of up to 64 tokens (CUDA only: they replay cached Triton
-        # launches); False runs every eager step op by op (benchmarks compare the two)
+        # launch tapes of eager steps of up to TAPE_MAX_ROWS tokens (CUDA only: they replay cached
+        # Triton launches); False runs every eager step op by op (benchmarks compare the two)
         self.tapes = EagerTapes(device, self._persistent_tensors) if launch_tapes and device.type == "cuda" else None
         # how each step mode runs a staged step: (plan, staged, padded size) -> None
         self._launchers: dict[CudaGraphMode, Callable[[StepPlan, Staged, int], None]] = {
@@ -397,7 +399,36 @@ class ModelRunner:
 
             self.capture_info.append(timed_capture(kind, sizes, capture_all, self.device))
         self._follow_setup_work()
+        self.record_prefill_tapes()
         return self.capture_info
+
+    def record_prefill_tapes(self) -> int:
+        """Record the launch tapes of one-prompt prefill steps, every taped size, before any
+        request: a step shape's first run goes op by op while its tape is recorded, and a fresh
+        server's first prompt of each length would pay that in time to first audio. Each prompt is
+        staged for slot 0 with its K/V on the scratch block (where padded decode rows write theirs),
+        and the slot is released after. Returns the prefill steps run (0 without tapes)."""
+        if self.tapes is None:
+            return 0
+        t0 = time.perf_counter()
+        limit = min(TAPE_MAX_ROWS, self.buffers.max_tokens, self.max_model_len)
+        sampling = SamplingParams(seed=0, max_new_tokens=1)
+        # one prompt length per tape key: its padded rows, and its query tiles, which change only
+        # at multiples of 32 tokens (so every length of an 8-token group shares them); only the
+        # sizes that run eagerly (a piecewise profile's prefill replays its graphs)
+        lengths = [n for n in range(TAPE_ROW_QUANTUM, limit + 1, TAPE_ROW_QUANTUM)
+                   if self.graphs.dispatch(n, False)[0] is CudaGraphMode.NONE]
+        for length in lengths:
+            new = NewRequestData(request_id=f"prefill-tape-{length}", slot=0, prompt_token_ids=(0,) * length,
+                                 placeholder_rows=None, placeholder_start=0, sampling=sampling, max_frames=1,
+                                 min_frames=0)
+            pages = (self.scratch_block,) * -(-length // self.kv.block_size)
+            chunk = ScheduledChunk(new.request_id, 0, 0, length, pages, samples=True)
+            self.execute(StepPlan(step_id=-1, new_requests=(new,), chunks=(chunk,), released_slots=()))
+            self.stager.release(0)
+        self.step_modes = dict.fromkeys(self.step_modes, 0)  # serving's counts start at zero
+        logger.info("recorded the launch tapes of %d prefill sizes in %.2f s", len(lengths), time.perf_counter() - t0)
+        return len(lengths)
 
     def _graph_captures(self) -> list[tuple[str, tuple[int, ...], Callable[[], CaptureSize]]]:
         """The graph kinds of the mode, in capture order: (kind, sizes, prepare), where

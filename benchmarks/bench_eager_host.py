@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import BenchShape, PlanMaker  # noqa: E402
-from common import command_line, device_description, git_commit, markdown_table, now_iso, profile_listing, write_json  # noqa: E402
+from common import markdown_table, now_iso, profile_listing, provenance, write_json  # noqa: E402
 
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
 from higgs_serve.kernels import launch_tape  # noqa: E402
@@ -248,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                         runner.execute(plans.decode_plan(batches[0], args.context))
                     prof.disable()
                 listing = profile_listing(prof, args.profile_top, cumulative=False)
-    result = {"tool": "bench_eager_host", "command": command_line(), "git_commit": git_commit(),
-              "device": device_description(), "started_at": started, "finished_at": now_iso(),
+    result = {**provenance("bench_eager_host", started),
               "note": "CPU, launches faked (no driver cost): host work around the launches of the real eager path",
               "layers": args.layers, "steps": args.steps, "context": args.context, "mixed_tokens": MIXED_TOKENS,
               "rows": rows, "profile_op_by_op_decode": listing}

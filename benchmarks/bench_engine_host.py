@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import fixed_length_requests  # noqa: E402
-from common import command_line, device_description, git_commit, markdown_table, now_iso, write_json  # noqa: E402
+from common import markdown_table, now_iso, provenance, write_json  # noqa: E402
 from profile_engine import stub_codec  # noqa: E402
 
 from higgs_serve.config.loader import load_deploy_config  # noqa: E402
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = [("batch", "B"), ("steps", "steps"), *((f"{p}_ms", f"{p} ms") for p in PHASES), ("host_ms", "sum ms")]
     print(markdown_table(rows, columns))
     if args.out:
-        write_json(args.out, {"tool": "bench_engine_host", "command": command_line(), "git_commit": git_commit(),
-                              "device": device_description(), "started_at": started, "finished_at": now_iso(),
+        write_json(args.out, {**provenance("bench_engine_host", started),
                               "note": "CPU; per engine step, best of --rounds runs; talker compute and codec excluded",
                               "rows": rows})
     return 0

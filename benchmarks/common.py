@@ -89,6 +89,13 @@ def device_description() -> dict:
     }
 
 
+def provenance(tool: str, started_at: str) -> dict:
+    """The head of a result file: the tool, how it was run, at which commit, on what, and when
+    (finished now)."""
+    return {"tool": tool, "command": command_line(), "git_commit": git_commit(), "device": device_description(),
+            "started_at": started_at, "finished_at": now_iso()}
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """q-th percentile (0..100, linear interpolation); None for no values."""
     if len(values) == 0:

@@ -39,9 +39,10 @@ MAX_TAPES = 512  # a tape holds a few hundred launch tuples (tens of kB) and no 
 _SPARE_POOLS: dict[int, list] = {}
 
 
-def _take_pool(device: torch.device):
-    spares = _SPARE_POOLS.setdefault(torch.device(device).index or 0, [])
-    return spares.pop() if spares else torch.cuda.MemPool()
+def _spare_pools(device_index: int) -> list:
+    """The pools closed EagerTapes left on this device (module note)."""
+    return _SPARE_POOLS.setdefault(device_index, [])
+
 
 # body(embeds, cos, sin) -> (hidden before the final norm,)
 DecoderBody = Callable[[Tensor, Tensor, Tensor], tuple[Tensor]]
@@ -56,7 +57,10 @@ class EagerTapes:
         self._persistent = persistent
         self._spans: list[tuple[int, int]] | None = None
         self._device_index = device.index or 0
-        self._pool = _take_pool(device) if device.type == "cuda" else None
+        self._pool = None
+        if device.type == "cuda":
+            spares = _spare_pools(self._device_index)
+            self._pool = spares.pop() if spares else torch.cuda.MemPool()
         self._tapes: OrderedDict[tuple, launch_tape.LaunchTape] = OrderedDict()  # least recently used first
         self._voids: dict[tuple, int] = {}
         self.void_reasons: dict[tuple, str] = {}  # the last reason a shape's recording was void
@@ -106,7 +110,7 @@ class EagerTapes:
         self._tapes.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
-            _SPARE_POOLS.setdefault(self._device_index, []).append(pool)
+            _spare_pools(self._device_index).append(pool)
 
     def __del__(self) -> None:
         self.close()

@@ -117,6 +117,7 @@ class ModelRunner:
         # launch tapes of eager steps of up to TAPE_MAX_ROWS tokens (CUDA only: they replay cached
         # Triton launches); False runs every eager step op by op (benchmarks compare the two)
         self.tapes = EagerTapes(device, self._persistent_tensors) if launch_tapes and device.type == "cuda" else None
+        self._tape_rows = min(TAPE_MAX_ROWS, self.buffers.max_tokens)  # the most token rows a taped step has
         # how each step mode runs a staged step: (plan, staged, padded size) -> None
         self._launchers: dict[CudaGraphMode, Callable[[StepPlan, Staged, int], None]] = {
             CudaGraphMode.FULL: self._run_full_graph,
@@ -204,7 +205,7 @@ class ModelRunner:
         if self.tapes is None or (n == num_seqs and not staged.has_text):
             return n
         padded = -(-n // TAPE_ROW_QUANTUM) * TAPE_ROW_QUANTUM
-        return padded if padded <= min(TAPE_MAX_ROWS, self.buffers.max_tokens) else n
+        return padded if padded <= self._tape_rows else n
 
     def _forward_eager(self, inputs: StepInputs, attention, mlp: Callable | None) -> torch.Tensor:
         """The talker's forward op by op; its decoder stack from the launch tape of the step's
@@ -219,7 +220,7 @@ class ModelRunner:
         # taped or not, the same kernels: past TAPE_MAX_ROWS the GEMMs run on cuBLAS, which no
         # tape can hold
         with gemm_row_blocks(TAPE_MAX_ROWS):
-            if self.tapes is not None and inputs.num_tokens <= TAPE_MAX_ROWS:
+            if self.tapes is not None and inputs.num_tokens <= self._tape_rows:
                 # the key: everything the launches depend on (the buffers' addresses never change)
                 key = (inputs.num_tokens, mlp is not None, *attention.launch_key())
                 hidden = self.tapes.run(key, decoder, embeds, cos, sin)
@@ -411,7 +412,7 @@ class ModelRunner:
         if self.tapes is None:
             return 0
         t0 = time.perf_counter()
-        limit = min(TAPE_MAX_ROWS, self.buffers.max_tokens, self.max_model_len)
+        limit = min(self._tape_rows, self.max_model_len)
         sampling = SamplingParams(seed=0, max_new_tokens=1)
         # one prompt length per tape key: its padded rows, and its query tiles, which change only
         # at multiples of 32 tokens (so every length of an 8-token group shares them); only the

@@ -179,8 +179,8 @@ def test_codec_decode_matches_transformers(foreign, loaded):
     peak = ref.abs().max().item()
     # the same function (the codes' lookup is folded into one table here,
     # docs/model.md#codec-geometry): in float64 they differ only by the weights, which the loader
-    # folds (weight norm) in float32 (2.4e-5 of peak)
+    # folds (weight norm) in float32
     assert (ours64 - ref).abs().max().item() <= 5e-5 * peak
-    # float32 against that: this random-weight decoder amplifies float32 rounding to ~1e-4 of
-    # peak (transformers' own float32 decode lands as far, 0.9-1.4e-4 over four seeds)
+    # float32 against that: this random-weight decoder amplifies float32 rounding to about 1e-4
+    # of peak (for transformers' own float32 decode as well)
     assert (ours - ref).abs().max().item() <= 2e-4 * peak

@@ -41,7 +41,8 @@ import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import free_port, stop_server, wait_ready  # noqa: E402
-from common import REPO_ROOT, command_line, device_description, git_commit, now_iso, percentile, write_json  # noqa: E402
+from common import (REPO_ROOT, command_line, device_description, git_commit, now_iso, nvidia_smi,  # noqa: E402
+                    percentile, write_json)
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu for a CPU smoke run")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--deploy-config", default=None)
+    p.add_argument("--mps", action="store_true",
+                   help="the N replicas' shared GPUs under NVIDIA MPS (serve --mps; --devices with a repeated GPU)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[64, 128, 256])
     p.add_argument("--frames", type=int, default=250, help="frames per request (25 = 1 s)")
     p.add_argument("--num-requests", type=int, default=None, help="per level (bench_serving's default)")
@@ -74,7 +77,16 @@ def _n_replicas(args: argparse.Namespace) -> int:
 
 
 def _dp_flags(args: argparse.Namespace) -> list[str]:
-    return ["--devices", args.devices] if args.devices else ["--data-parallel-size", str(args.data_parallel_size)]
+    flags = ["--devices", args.devices] if args.devices else ["--data-parallel-size", str(args.data_parallel_size)]
+    return flags + (["--mps"] if args.mps else [])
+
+
+def _compute_apps() -> dict:
+    """The processes on the GPUs (nvidia-smi), and whether an MPS server is among them: the
+    replicas of an `--mps` run are its clients, so nvidia-smi lists the server."""
+    apps = nvidia_smi("pid,process_name,used_memory", what="compute-apps")
+    return {"compute_apps": apps, "mps_server_running": None if apps is None else
+            any("nvidia-cuda-mps-server" in line for line in apps)}
 
 
 def _common_flags(args: argparse.Namespace) -> list[str]:
@@ -90,8 +102,8 @@ def _common_flags(args: argparse.Namespace) -> list[str]:
 def run_scaling(args: argparse.Namespace, work: Path) -> dict:
     """bench_serving.py against 1 replica (its own server), then against the front end over N
     replicas (started here, measured once every replica is ready); same levels, same requests."""
-    runs = {}
-    for label in ("1 replica", f"{_n_replicas(args)} replicas"):
+    runs, apps = {}, {}
+    for label in ("1 replica", f"{_n_replicas(args)} replicas" + (" (MPS)" if args.mps else "")):
         out = work / f"scaling_{len(runs)}.json"
         command = [sys.executable, str(HERE / "bench_serving.py"), "--label", label,
                    "--frames", str(args.frames), "--out", str(out),
@@ -101,6 +113,7 @@ def run_scaling(args: argparse.Namespace, work: Path) -> dict:
         frontend = None
         if runs:  # the N-replica run
             frontend, url = _start_frontend(args, work, "affinity", max(args.concurrency) + 8)
+            apps = _compute_apps()
             command += ["--url", url]
         else:
             command += ["--model", args.model, "--ready-timeout", str(args.ready_timeout),
@@ -112,7 +125,7 @@ def run_scaling(args: argparse.Namespace, work: Path) -> dict:
             if frontend is not None:
                 stop_server(frontend)
         runs[label] = json.loads(out.read_text()) if out.exists() else None
-    return {"runs": runs, "ratio": _ratios(runs)}
+    return {"runs": runs, "ratio": _ratios(runs), "n_replicas_gpu_processes": apps}
 
 
 def _ratios(runs: dict) -> list[dict]:

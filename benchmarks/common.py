@@ -56,12 +56,13 @@ def git_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
-def nvidia_smi(query: str) -> list[str] | None:
-    """One CSV line per GPU for `--query-gpu=query`, or None without nvidia-smi."""
+def nvidia_smi(query: str, what: str = "gpu") -> list[str] | None:
+    """One CSV line per GPU (or per `what`: "compute-apps" lists the processes on the GPUs) for
+    `--query-{what}=query`, or None without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -17,6 +17,9 @@
 #   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
 #   longform    bench_seam (joins with and without the seam ramp), then  est. 3-5 min
 #               bench_ws_stream against a server (WebSocket TTFA at LLM text speed, c = 1/4/16)
+#   scaleout_mps  bench_scaleout: one engine against two, then three,      est. 4-6 min
+#               engines sharing GPU 0 under MPS (serve --devices 0,0 --mps), saturation
+#               profile (bf16x3 codec, 256 sequences), c = 128/256, 512 requests a level
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
 #               against float32 and of float32 against float64, 4 random
 #               codecs x (64 streaming windows + 4 whole clips)
@@ -129,6 +132,20 @@ stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_thro
 stage_serving_fp() { serving_profile serving_fp higgs_multimodal_qwen3_full_and_piecewise 255; }
 stage_serving() { stage_serving_ll; stage_serving_ht; stage_serving_fp; }
 
+stage_scaleout_mps() {
+  # issue 33 point 5: engines sharing one GPU under MPS (cluster/mps.py) against one engine, each
+  # side with the same per-engine config; the JSON records whether nvidia-smi saw the MPS server
+  local n devices config
+  for n in 2 3; do
+    devices=0,0 config=benchmarks/configs/saturation_256_bf16x3_shared_gpu.yaml
+    [ "$n" = 3 ] && devices=0,0,0 config=benchmarks/configs/saturation_256_bf16x3_thirds.yaml
+    run "scaleout_mps$n" 280 python3 benchmarks/bench_scaleout.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+      --devices "$devices" --mps \
+      --deploy-config "$config" --concurrency 128 256 --num-requests 512 --frames "$FRAMES" --parts scaling \
+      --ready-timeout 200 --out "$OUT/scaleout_mps$n.json"
+  done
+}
+
 stage_longform() {
   run seam 240 python3 benchmarks/bench_seam.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
     --segments 20 --frames 100 --out "$OUT/seam.json"
@@ -171,13 +188,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|scaleout_mps|longform|codec_snr|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|longform|codec_snr|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, longform, codec_snr, plots)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|scaleout_mps|longform|codec_snr|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, scaleout_mps, longform, codec_snr, plots)" >&2
        exit 2 ;;
   esac
 done

@@ -180,6 +180,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     preflight.check_device(args.device)
     if args.data_parallel_size is not None or args.devices:
         return _serve_data_parallel(args)
+    if args.mps:
+        raise HiggsServeError("--mps shares a GPU between replicas: use it with --devices (e.g. --devices 0,0)")
     voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
     sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
     port = sock.getsockname()[1]  # the real one when --port 0
@@ -209,14 +211,17 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     import torch
 
     from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
+    from higgs_serve.cluster.mps import check_mps
     from higgs_serve.model.hf_config import load_model_spec
     from higgs_serve.server.settings import ServerSettings
 
     devices = plan_devices(args.data_parallel_size, args.devices, args.device,
                            torch.cuda.device_count())
+    if args.mps:
+        check_mps(devices)  # before the model is read: a missing binary is a flag error
     model_dir, deploy = _model_and_deploy(args, args.load_format)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
-                       routing=args.routing)
+                       routing=args.routing, mps=args.mps)
     # every single-server flag except where it listens, its key and its voices directory
     # (the front end owns those); the device comes from the plan
     passed = {"--max-queue": args.max_queue, "--max-input-chars": args.max_input_chars,

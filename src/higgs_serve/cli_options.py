@@ -150,6 +150,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", default=None,
                    help="GPU indices of the replicas, e.g. 0,1,2,3; a repeated index shares a GPU "
                         "(default: 0..N-1 with --data-parallel-size N)")
+    p.add_argument("--mps", action="store_true",
+                   help="run the replicas that share a GPU (a GPU listed twice in --devices) under NVIDIA "
+                        "MPS, so their kernels run at once instead of in turns: the front end starts a "
+                        "private MPS control daemon per shared GPU and stops it at exit "
+                        "(needs nvidia-cuda-mps-control on PATH; default: off, time-sliced)")
     p.add_argument("--routing", choices=["affinity", "least-loaded"], default="affinity",
                    help="with several replicas: route a voice to the replica that has it cached "
                         "(affinity) or every request to the less loaded of two (least-loaded)")

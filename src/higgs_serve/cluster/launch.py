@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_frontend
+from higgs_serve.cluster.mps import MpsDaemon, check_mps, start_daemons, stop_daemons
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router
 from higgs_serve.errors import HiggsServeError
@@ -27,6 +28,7 @@ class ClusterPlan:
     capacity: int                  # requests one replica admits (max_num_seqs + max_queue)
     routing: str = "affinity"
     load_bound: float = 1.5
+    mps: bool = False              # replicas sharing a GPU run under a private MPS daemon (mps.py)
 
 
 def plan_devices(data_parallel_size: int | None, devices: str | None, device: str | None,
@@ -58,8 +60,9 @@ def plan_devices(data_parallel_size: int | None, devices: str | None, device: st
 
 
 def make_replicas(plan: ClusterPlan, model: str, serve_args: list[str], log_level: str,
-                  work_dir: Path) -> dict[str, Replica]:
-    """serve_args: the single-server flags every replica gets (not host/port/voices-dir)."""
+                  work_dir: Path, mps: dict[str, MpsDaemon] | None = None) -> dict[str, Replica]:
+    """serve_args: the single-server flags every replica gets (not host/port/voices-dir); `mps`:
+    the MPS daemon of each shared GPU (its replicas run as that daemon's clients)."""
     replicas = {}
     for index, device in enumerate(plan.devices):
         voices_dir = work_dir / f"replica-{index}-voices"
@@ -70,7 +73,9 @@ def make_replicas(plan: ClusterPlan, model: str, serve_args: list[str], log_leve
                     "--voices-dir", str(voices_dir), "--device", "cpu" if device == "cpu" else "cuda",
                     *serve_args]
 
-        env = {} if device == "cpu" else {"CUDA_VISIBLE_DEVICES": device}
+        env: dict[str, str | None] = {} if device == "cpu" else {"CUDA_VISIBLE_DEVICES": device}
+        if mps and device in mps:
+            env = mps[device].client_env
         replicas[str(index)] = Replica(id=str(index), command=command, env=env,
                                        stop_with_parent=True)
     return replicas
@@ -81,17 +86,21 @@ def run_cluster(plan: ClusterPlan, model: str, serve_args: list[str], *, host: s
                 max_input_chars: int, graceful_shutdown_s: int = 30) -> None:
     """Serve the front end until SIGINT/SIGTERM; the replicas stop with it."""
     work_dir = Path(tempfile.mkdtemp(prefix="higgs-serve-dp-"))
+    daemons: dict[str, MpsDaemon] = {}
     try:
-        replicas = make_replicas(plan, model, serve_args, log_level, work_dir)
+        if plan.mps:
+            daemons = start_daemons(check_mps(plan.devices), plan.devices, work_dir)
+        replicas = make_replicas(plan, model, serve_args, log_level, work_dir, daemons)
         router = Router({rid: plan.capacity for rid in replicas}, policy=plan.routing,
                         load_bound=plan.load_bound)
         frontend = Frontend(replicas, router, voices_dir, sample_rate_hz,
                             FrontendSettings(api_key=api_key, graceful_shutdown_s=graceful_shutdown_s,
                                              max_input_chars=max_input_chars))
-        logger.info("data parallel: %d replicas on %s, routing %s", len(replicas),
-                    ",".join(plan.devices), plan.routing)
+        logger.info("data parallel: %d replicas on %s, routing %s%s", len(replicas),
+                    ",".join(plan.devices), plan.routing, ", MPS on " + ",".join(daemons) if daemons else "")
         config = uvicorn.Config(build_frontend(frontend), host=host, port=port, lifespan="on",
                                 timeout_graceful_shutdown=graceful_shutdown_s, log_level="info")
         uvicorn.Server(config).run()
     finally:
+        stop_daemons(daemons)  # after the replicas: the front end's shutdown stopped them
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -53,7 +53,7 @@ class Replica:
     id: str
     url: str = ""
     command: Callable[[int], list[str]] | None = None  # port -> argv
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)  # over the front end's; None removes a variable
     log_path: Path | None = None
     # SIGTERM the server if the thread that started it dies (only where that thread lives as
     # long as the process: the front end's event loop, not a Ray actor's worker threads)
@@ -68,7 +68,7 @@ class Replica:
     def start(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, **self.env}
+        env = {k: v for k, v in {**os.environ, **self.env}.items() if v is not None}
         log = open(self.log_path, "ab") if self.log_path else None  # None: the front end's
         try:
             self.process = subprocess.Popen(self.command(port), env=env, stdout=log,
@@ -79,7 +79,8 @@ class Replica:
             if log is not None:
                 log.close()
         logger.info("replica %s: started pid %d on %s (%s)", self.id, self.process.pid, self.url,
-                    " ".join(f"{k}={v}" for k, v in self.env.items()) or "inherited env")
+                    " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in self.env.items())
+                    or "inherited env")
 
     @property
     def exited(self) -> bool:

@@ -1,0 +1,163 @@
+"""`serve --devices 0,0 --mps`: the private MPS daemons and the replicas' environment.
+
+No CPU machine has NVIDIA's control binary, so these tests put a stand-in `nvidia-cuda-mps-control`
+on PATH that behaves as the real one does at its interface: `-d` daemonizes and makes the control
+pipe in CUDA_MPS_PIPE_DIRECTORY, a plain call writes its stdin into that pipe, and `quit` ends the
+daemon. The real daemon runs in the GPU suite's `scaleout_mps` stage.
+"""
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from higgs_serve.cli import main
+from higgs_serve.cluster.launch import ClusterPlan, make_replicas
+from higgs_serve.cluster.mps import CONTROL_BINARY, MpsDaemon, check_mps, shared_gpus, start_daemons, stop_daemons
+from higgs_serve.cluster.replicas import Replica
+from higgs_serve.errors import HiggsServeError
+
+FAKE_CONTROL = f"""#!{sys.executable}
+import os, sys
+pipe, log = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
+control = os.path.join(pipe, "control")
+def note(text):
+    with open(os.path.join(log, "control.log"), "a") as f:
+        f.write(text + "\\n")
+if sys.argv[1:] == ["-d"]:
+    if os.environ.get("FAKE_MPS_FAIL"):
+        sys.stderr.write("An instance of this daemon is already running\\n")
+        sys.exit(1)
+    if os.fork():
+        sys.exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    note("start CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
+    if not os.environ.get("FAKE_MPS_NO_PIPE"):
+        os.mkfifo(control)
+        while True:
+            with open(control) as fifo:
+                for line in fifo:
+                    note("command " + line.strip())
+                    if line.strip() == "quit":
+                        os.unlink(control)
+                        os._exit(0)
+    os._exit(0)
+with open(control, "w") as fifo:
+    fifo.write(sys.stdin.read())
+"""
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    binary = bin_dir / CONTROL_BINARY
+    binary.write_text(FAKE_CONTROL)
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return binary
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_shared_gpus_are_those_listed_twice():
+    assert shared_gpus(("0", "0", "1")) == ["0"]
+    assert shared_gpus(("1", "0", "1", "0", "2")) == ["1", "0"]
+    assert shared_gpus(("0", "1")) == []
+
+
+@pytest.mark.parametrize("devices, message", [
+    (("cpu", "cpu"), "CPU replicas"),
+    (("0", "1"), "several replicas share"),
+])
+def test_mps_refuses_replicas_it_cannot_serve(devices, message, fake_control):
+    with pytest.raises(HiggsServeError, match=message):
+        check_mps(devices)
+
+
+def test_mps_names_the_missing_binary(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HiggsServeError, match=f"needs {CONTROL_BINARY}"):
+        check_mps(("0", "0"))
+
+
+def test_one_daemon_per_shared_gpu_started_and_stopped(fake_control, tmp_path):
+    daemons = start_daemons(check_mps(("0", "0", "1")), ("0", "0", "1"), tmp_path / "work")
+    try:
+        assert list(daemons) == ["0"]
+        daemon = daemons["0"]
+        control = daemon.directory / "pipe" / "control"
+        assert control.exists()
+        log = daemon.directory / "log" / "control.log"
+        assert log.read_text().splitlines() == ["start CUDA_VISIBLE_DEVICES=0"]  # the daemon sees its GPU
+        assert daemon.client_env == {"CUDA_VISIBLE_DEVICES": None,
+                                     "CUDA_MPS_PIPE_DIRECTORY": str(daemon.directory / "pipe"),
+                                     "CUDA_MPS_LOG_DIRECTORY": str(daemon.directory / "log")}
+    finally:
+        stop_daemons(daemons)
+    assert wait_for(lambda: not control.exists())
+    assert log.read_text().splitlines()[-1] == "command quit"
+    stop_daemons(daemons)  # a second stop sends nothing
+    assert log.read_text().splitlines()[-1] == "command quit"
+
+
+def test_a_daemon_that_fails_to_start_is_named(fake_control, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_FAIL", "1")
+    with pytest.raises(HiggsServeError, match="failed .exit 1.: An instance of this daemon is already running"):
+        start_daemons(str(fake_control), ("0", "0"), tmp_path)
+
+
+def test_a_daemon_without_a_control_pipe_is_an_error(fake_control, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_NO_PIPE", "1")
+    daemon = MpsDaemon(str(fake_control), "0", tmp_path / "d")
+    with pytest.raises(HiggsServeError, match="made no control pipe"):
+        daemon.start(timeout_s=0.5)
+    assert not daemon.started
+
+
+def test_replicas_on_a_shared_gpu_are_mps_clients(fake_control, tmp_path):
+    devices = ("0", "0", "1")
+    plan = ClusterPlan(devices, capacity=8, mps=True)
+    daemons = start_daemons(check_mps(devices), devices, tmp_path)
+    try:
+        replicas = make_replicas(plan, "model", [], "INFO", tmp_path, daemons)
+    finally:
+        stop_daemons(daemons)
+    for rid in ("0", "1"):
+        assert replicas[rid].env == daemons["0"].client_env
+    assert replicas["2"].env == {"CUDA_VISIBLE_DEVICES": "1"}  # alone on GPU 1: no MPS
+
+
+def test_a_replica_runs_without_a_variable_its_env_removes(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    seen = tmp_path / "seen"
+    script = f"import os; open({str(seen)!r}, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
+    replica = Replica(id="0", command=lambda port: [sys.executable, "-c", script],
+                      env={"CUDA_VISIBLE_DEVICES": None, "CUDA_MPS_PIPE_DIRECTORY": "/p"})
+    replica.start()
+    assert replica.process.wait(timeout=30) == 0
+    assert seen.read_text() == "unset"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cpu", "--mps"], "use it with --devices"),
+    (["--device", "cpu", "--data-parallel-size", "2", "--mps"], "CPU replicas"),
+])
+def test_the_cli_refuses_mps_where_it_cannot_apply(flags, message, tiny_model_dir, capsys):
+    assert main(["serve", str(tiny_model_dir), *flags]) == 2
+    assert message in capsys.readouterr().err

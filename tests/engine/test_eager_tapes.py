@@ -7,6 +7,8 @@ GEMM) stays eager. The numbers the tapes produce are checked against op-by-op st
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,17 @@ def test_mixed_steps_are_padded_to_share_a_tape(loaded, counts):
     np.testing.assert_array_equal(buf.host("slot_mapping")[9:16], -1)
     np.testing.assert_array_equal(buf.host("audio_src_slot")[9:16], -1)
     assert buf.host_query_start_loc()[4] == 9  # the requests end at the real rows
+
+
+def test_a_serving_sweep_replays_tapes_for_nearly_every_eager_step(tmp_path):
+    """bench_tape_keys: the real engine under closed-loop clients, each eager step classified.
+    Every step is one of the kinds; after the first wave, decodes replay their tapes."""
+    out = tmp_path / "keys.json"
+    assert load_bench("bench_tape_keys").main(["--concurrency", "1", "4", "--frames", "24", "--warmup", "1",
+                                               "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    for row in rows:
+        assert row["steps"] == row["replay"] + row["recording"] + row["void"] + row["untaped"] > 0
+        assert row["void"] == 0
+        assert row["replay"] > 0.8 * row["steps"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import sys
 import tempfile
 import time
@@ -68,16 +69,31 @@ def run(engine: SyncEngine, timer: PhaseTimer, batch: int, frames: int, tag: str
             first.append(time.perf_counter())
 
     steps0 = engine.core.counters.steps
+    codec0 = dataclasses.replace(engine.core.codec.counters)
     timer.reset()
     t0 = time.perf_counter()
     results = engine.generate_batch(requests, on_chunk)
     wall = time.perf_counter() - t0
+    codec = engine.core.codec.counters
     spans = list(timer.spans)
     steps = engine.core.counters.steps - steps0
     rows = sum(len(r.rows) for r in results)
     return {"run": tag, "batch": batch, "wall_s": wall, "steps": steps, "step_ms": 1e3 * wall / steps,
             "rows_per_step": rows / steps, "audio_s_per_s": sum(len(r.frames) for r in results) / FRAMES_PER_SECOND / wall,
-            **first_audio(spans, t0, first[0])}
+            **first_audio(spans, t0, first[0]), **codec_share(codec0, codec, wall)}
+
+
+def codec_share(before, after, wall: float) -> dict:
+    """Stage 1 over a run, from its counters (0 calls when stubbed): calls, windows per call,
+    wall ms per call (host copy included: on a shared GPU this is the call's latency, not its
+    GPU time) and the fraction of the run the codec thread spent in calls."""
+    calls = after.calls - before.calls
+    busy = after.busy_s - before.busy_s
+    return {"codec_calls": calls,
+            "codec_windows_per_call": (after.windows - before.windows) / calls if calls else None,
+            "codec_ms_per_call": 1e3 * busy / calls if calls else None,
+            "codec_graph_call_fraction": (after.graph_calls - before.graph_calls) / calls if calls else None,
+            "codec_busy_fraction": busy / wall}
 
 
 def profiled(engine: SyncEngine, timer: PhaseTimer, batch: int, frames: int, tag: str,
@@ -106,7 +122,8 @@ def main() -> None:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--deploy-config", default=None)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, nargs="+", default=[64],
+                   help="requests per run; several: one run each, on one engine sized for the largest")
     p.add_argument("--frames", type=int, default=250)
     p.add_argument("--codec", nargs="+", choices=["real", "stubbed"], default=["real", "stubbed"])
     p.add_argument("--profile", action="store_true", help="also one cProfiled run per codec mode")
@@ -123,7 +140,7 @@ def main() -> None:
     loaded = load_model(args.model, options)
     # as `higgs-serve serve --max-num-seqs B` would: the profile's capture sizes fitted to B
     deploy = deploy_from_args(argparse.Namespace(deploy_config=args.deploy_config, stage_overrides=None,
-                                                 max_num_seqs=args.batch, device=args.device), loaded.model_dir)
+                                                 max_num_seqs=max(args.batch), device=args.device), loaded.model_dir)
     rows, profiles, timelines = [], {}, {}
     for codec in args.codec:
         timer = PhaseTimer()  # every step's span, cProfile around steps when asked
@@ -131,25 +148,28 @@ def main() -> None:
         try:
             if codec == "stubbed":
                 stub_codec(engine, loaded.spec.codec.hop_length)
-            run(engine, timer, min(args.batch, 4), 20, f"warm-{codec}")
-            rows.append({"codec": codec, **run(engine, timer, args.batch, args.frames, f"{codec}")})
-            print(rows[-1], flush=True)
-            if args.profile:
-                row, text = profiled(engine, timer, args.batch, args.frames, f"{codec}-profiled", args.top)
-                rows.append({"codec": codec, **row})
-                profiles[codec] = text
-                print(text, flush=True)
-            if args.gpu_trace:
-                row, timelines[codec] = gpu_traced(engine, timer, args.batch, args.frames, f"{codec}-gpu-traced")
-                rows.append({"codec": codec, **row})
-                print(timelines[codec], flush=True)
+            run(engine, timer, min(args.batch[0], 4), 20, f"warm-{codec}")
+            for batch in args.batch:
+                rows.append({"codec": codec, **run(engine, timer, batch, args.frames, f"{codec}")})
+                print(rows[-1], flush=True)
+                if args.profile:
+                    row, text = profiled(engine, timer, batch, args.frames, f"{codec}-profiled", args.top)
+                    rows.append({"codec": codec, **row})
+                    profiles[f"{codec}-b{batch}"] = text
+                    print(text, flush=True)
+                if args.gpu_trace:
+                    row, timelines[f"{codec}-b{batch}"] = gpu_traced(engine, timer, batch, args.frames,
+                                                                     f"{codec}-gpu-traced")
+                    rows.append({"codec": codec, **row})
+                    print(timelines[f"{codec}-b{batch}"], flush=True)
         finally:
             engine.close()
     print(markdown_table(rows, [("codec", "codec"), ("run", "run"), ("batch", "B"), ("wall_s", "wall s"),
                                 ("steps", "steps"), ("step_ms", "step ms"), ("rows_per_step", "rows/step"),
                                 ("audio_s_per_s", "audio s/s"), ("ttfa_ms", "TTFA ms"),
                                 ("first_step_ms", "first step ms"), ("steps_before_first_chunk", "steps to 1st chunk"),
-                                ("step_p50_ms", "step p50 ms")]))
+                                ("step_p50_ms", "step p50 ms"), ("codec_ms_per_call", "codec ms/call"),
+                                ("codec_windows_per_call", "windows/call"), ("codec_busy_fraction", "codec busy")]))
     if args.out:
         write_json(args.out, {"tool": "profile_engine", "command": command_line(), "git_commit": git_commit(),
                               "device": device_description(), "time": now_iso(), "rows": rows,

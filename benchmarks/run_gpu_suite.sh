@@ -17,6 +17,9 @@
 #   plots       PNGs from whatever JSON is in $OUT                      est. 10 s
 #   longform    bench_seam (joins with and without the seam ramp), then  est. 3-5 min
 #               bench_ws_stream against a server (WebSocket TTFA at LLM text speed, c = 1/4/16)
+#   codec_eager profile_engine, low-latency / high-throughput / full_and_piecewise est. 3-4 min
+#               at B = 4 and 16 (codec real and stubbed, GPU timeline): what the eager
+#               codec of the two user profiles costs per call against the codec graphs
 #   scaleout_mps  bench_scaleout: one engine against two, then three,      est. 4-6 min
 #               engines sharing GPU 0 under MPS (serve --devices 0,0 --mps), saturation
 #               profile (bf16x3 codec, 256 sequences), c = 128/256, 512 requests a level
@@ -132,6 +135,18 @@ stage_serving_ht() { serving_profile serving_ht higgs_multimodal_qwen3_high_thro
 stage_serving_fp() { serving_profile serving_fp higgs_multimodal_qwen3_full_and_piecewise 255; }
 stage_serving() { stage_serving_ll; stage_serving_ht; stage_serving_fp; }
 
+stage_codec_eager() {
+  # issue 32 point 3: at c = 4-16 the two user profiles' eager codec was busy 46-57 % of the time
+  # against 9-19 % for the codec graphs (serving_*_264330c / _tapes_poolfix JSON): per-call latency,
+  # windows per call and GPU timelines in the engine loop, codec stubbed beside, settle why
+  local profile
+  for profile in low_latency high_throughput full_and_piecewise; do
+    run "codec_eager_$profile" 200 python3 benchmarks/profile_engine.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+      --device "$DEVICE" --deploy-config "higgs_multimodal_qwen3_$profile" --batch 4 16 --frames "$FRAMES" --gpu-trace \
+      --out "$OUT/codec_eager_$profile.json"
+  done
+}
+
 stage_scaleout_mps() {
   # issue 33 point 5: engines sharing one GPU under MPS (cluster/mps.py) against one engine, each
   # side with the same per-engine config; the JSON records whether nvidia-smi saw the MPS server
@@ -188,13 +203,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|scaleout_mps|longform|codec_snr|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|scaleout_mps|longform|codec_snr|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, scaleout_mps, longform, codec_snr, plots)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots)" >&2
        exit 2 ;;
   esac
 done

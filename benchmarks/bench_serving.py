@@ -304,7 +304,13 @@ SERVER_TTFA_SERIES = ("higgs_serve_ttfa_seconds_sum", "higgs_serve_ttfa_seconds_
 # Stage 1's batching: windows per codec call, and how much of the level the codec thread decoded.
 CODEC_SERIES = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
                 "higgs_serve_codec_graph_calls_total", "higgs_serve_codec_busy_seconds_total")
-SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES)
+# How Stage 0's steps ran (step mode; for eager steps, launch tape or not): a level slower than the
+# step benchmarks shows here whether its steps took the graphs and tapes they were measured with.
+STEP_MODES = ("full", "piecewise", "local_mlp", "none")
+EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
+STEP_KIND_SERIES = {**{f"stage0_steps_{m}": f'higgs_serve_stage0_steps_total{{mode="{m}"}}' for m in STEP_MODES},
+                    **{f"eager_steps_{o}": f'higgs_serve_eager_steps_total{{outcome="{o}"}}' for o in EAGER_OUTCOMES}}
+SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + tuple(STEP_KIND_SERIES.values()))
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -346,6 +352,13 @@ def server_ttfa_metrics(before: dict[str, float], after: dict[str, float]) -> di
         return {"server_ttfa_ms_mean": None}
     seconds, count = deltas
     return {"server_ttfa_ms_mean": 1e3 * seconds / count if count else None}
+
+
+def step_kind_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Stage 0 steps of a level per step mode, and its eager steps per launch-tape outcome (None
+    where the server does not export the series)."""
+    return {key: int(after[name] - before[name]) if name in before and name in after else None
+            for key, name in STEP_KIND_SERIES.items()}
 
 
 def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
@@ -433,6 +446,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
+    metrics.update(step_kind_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
 

@@ -5,9 +5,11 @@ attention backend's host code, output processing) runs bench_serving's workload:
 clients at each concurrency, 2c requests of exactly `--frames` frames each, texts from
 bench_serving's sentences. Every Triton launch is a counting no-op (bench_eager_host's fakes), the
 codec is stubbed, and the GEMM choice is the 4B talker's, so what is counted is what the runner
-would do on the GPU: each eager step of the profile is a tape replay, a recording (an op-by-op
-step that records its tape), a void recording, or untaped (past the taped row bound: op by op
-with cuBLAS GEMMs). On the H200 an op-by-op step costs ~12 ms of wall time against ~4-5 ms taped
+would do on the GPU. Each eager step of the profile is counted by the runner itself
+(`ModelRunner.eager_steps`, exported as `higgs_serve_eager_steps_total`): a tape replay, a
+recording (op by op while its tape records), a void recording, or op by op without a tape (past
+the taped row bound, with cuBLAS GEMMs). The start-up recording of prefill tapes does not run here
+(the tapes are added after the engine is built), so its sizes are recorded on first use. On the H200 an op-by-op step costs ~12 ms of wall time against ~4-5 ms taped
 (benchmarks/results/step_tapes_264330c_h200.json), so the op-by-op share of a sweep's steps is
 time the GPU runs below its pace.
 
@@ -43,49 +45,23 @@ from higgs_serve.model import fused_ops  # noqa: E402
 from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
 from higgs_serve.sampling_params import SamplingParams  # noqa: E402
 from higgs_serve.worker.eager_tapes import EagerTapes  # noqa: E402
+from higgs_serve.worker.model_runner import EAGER_OUTCOMES  # noqa: E402
 
-KINDS = ("replay", "recording", "void", "untaped")
 MAX_NUM_SEQS = 64  # the profile's
 
 
 class StepKinds:
-    """Wraps the runner's eager forward and its tapes' `run`: the kind of every eager step."""
+    """The runner's own count of how its eager steps ran (ModelRunner.eager_steps), per level."""
 
     def __init__(self, runner) -> None:
-        self.counts: collections.Counter = collections.Counter()
-        self.keys: set = set()
-        tapes, forward = runner.tapes, runner._forward_eager
-        run = tapes.run
-        self._in_tapes = False
-
-        def counted_run(key, *args):
-            self._in_tapes = True
-            had, voids = key in tapes._tapes, tapes._voids.get(key, 0)
-            out = run(key, *args)
-            self.keys.add(key)
-            if had:
-                self.counts["replay"] += 1
-            elif key in tapes._tapes:
-                self.counts["recording"] += 1
-            else:
-                self.counts["void" if tapes._voids.get(key, 0) > voids else "untaped"] += 1
-            return out
-
-        def counted_forward(inputs, *args):
-            self._in_tapes = False
-            out = forward(inputs, *args)
-            if not self._in_tapes:
-                self.counts["untaped"] += 1
-            return out
-
-        tapes.run = counted_run
-        runner._forward_eager = counted_forward
+        self.runner = runner
+        self.last = dict(runner.eager_steps)
 
     def take(self) -> dict:
-        counts, keys = dict(self.counts), len(self.keys)
-        self.counts.clear()
-        self.keys.clear()
-        return {**{k: counts.get(k, 0) for k in KINDS}, "new_keys": keys}
+        now = dict(self.runner.eager_steps)
+        delta = {k: now[k] - self.last[k] for k in EAGER_OUTCOMES}
+        self.last = now
+        return {**delta, "tapes": len(self.runner.tapes.keys)}
 
 
 def request(index: int, frames: int) -> SpeechRequest:
@@ -155,24 +131,23 @@ def main(argv: list[str] | None = None) -> int:
                 closed_loop(engine, c, index, count, args.frames)
                 index += count
                 row = {"concurrency": c, "requests": count, **kinds.take()}
-                row["steps"] = sum(row[k] for k in KINDS)
+                row["steps"] = sum(row[k] for k in EAGER_OUTCOMES)
                 row["op_by_op_share"] = (row["steps"] - row["replay"]) / max(1, row["steps"])
                 rows.append(row)
                 print(f"c={c}: {row}", flush=True)
-            taped_keys = len(engine.core.runner.tapes.keys)
         finally:
             engine.close()
     columns = [("concurrency", "c"), ("requests", "requests"), ("steps", "eager steps"), ("replay", "replayed"),
-               ("recording", "recorded"), ("void", "void"), ("untaped", "untaped"), ("new_keys", "keys seen"),
-               ("op_by_op_share", "op-by-op share")]
+               ("recorded", "recorded"), ("void", "void"), ("op_by_op", "op by op, no tape"),
+               ("tapes", "tapes after"), ("op_by_op_share", "share not replayed")]
     print(markdown_table(rows, columns))
-    print(f"warm-up (start-up and {args.warmup} requests): {start}; tapes at the end: {taped_keys}")
+    print(f"warm-up ({args.warmup} requests): {start}")
     if args.out:
         write_json(args.out, {**provenance("bench_tape_keys", started),
                               "note": "CPU, launches faked, codec stubbed: the kind of each eager step of the "
                                       "high-throughput profile under bench_serving's closed-loop workload",
                               "frames": args.frames, "warmup": args.warmup, "warmup_steps": start,
-                              "tapes_at_end": taped_keys, "rows": rows})
+                              "rows": rows})
     return 0
 
 

@@ -58,6 +58,30 @@ CODEC_COUNTERS: dict[str, tuple[str, str]] = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
 }
 
+# Engine counters with one label, exported from the stats keys "<family>:<label value>": family ->
+# (metric name, label, help). How Stage 0's steps ran: a serving run that is slower than the step
+# benchmarks says whether its steps took the graphs and the launch tapes they were measured with.
+LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "stage0_steps": ("stage0_steps", "mode",
+                     "Stage 0 steps by step mode: full (the whole decode step's CUDA graph), piecewise, "
+                     "local_mlp (eager attention, the layers' MLP graphs), none (eager)."),
+    "eager_steps": ("eager_steps", "outcome",
+                    "Eagerly run Stage 0 steps (modes local_mlp and none) by how their decoder stack ran: "
+                    "replay (from a launch tape), recorded (op by op while its tape recorded), void (recorded, "
+                    "not kept), op_by_op (no tape: past the taped size, or tapes off)."),
+}
+
+
+def _labelled_counters(stats: Mapping[str, float]) -> Iterator[CounterMetricFamily]:
+    for family, (name, label, help_text) in LABELLED_COUNTERS.items():
+        samples = [(key.partition(":")[2], value) for key, value in stats.items()
+                   if key.partition(":")[0] == family]
+        if samples:
+            metric = CounterMetricFamily(f"{PREFIX}_{name}", help_text, labels=[label])
+            for label_value, value in samples:
+                metric.add_metric([label_value], value)
+            yield metric
+
 
 class _EngineStats(Collector):
     """Reads the engine's stats (gauges, and the codec's counters) and the server's in-flight
@@ -76,6 +100,7 @@ class _EngineStats(Collector):
         for key, (name, help_text) in CODEC_COUNTERS.items():
             if key in stats:
                 yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
+        yield from _labelled_counters(stats)
         yield GaugeMetricFamily(f"{PREFIX}_server_in_flight_requests",
                                 "Speech requests admitted by the server and not yet finished.",
                                 value=self._in_flight())

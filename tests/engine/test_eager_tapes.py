@@ -8,11 +8,13 @@ GEMM) stays eager. The numbers the tapes produce are checked against op-by-op st
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from higgs_serve.config.deploy import CudaGraphMode
 from higgs_serve.engine.builder import RuntimeOptions, load_model
 from higgs_serve.model import fused_ops
 from higgs_serve.worker.eager_tapes import MAX_VOID_RECORDINGS
@@ -70,6 +72,9 @@ def test_decode_steps_replay_their_batch_size_tape(loaded, counts):
     keys = runner.tapes.keys  # (token rows, MLP graphs, requests, decodes, prefill query tiles)
     assert (1, False, 1, 1, 1) in keys and (3, False, 3, 3, 1) in keys
     assert runner.tapes.replays == 4
+    # the metrics' count: the two decode recordings, and the 3-prompt prefill step (24 rows, whose
+    # GEMMs go to cuBLAS at these widths: a void recording)
+    assert runner.eager_steps == {"replay": 4, "recorded": 2, "void": 1, "op_by_op": 0}
 
 
 def test_a_mixed_step_past_64_rows_is_taped_with_row_blocked_gemms(loaded, counts, monkeypatch):
@@ -106,13 +111,32 @@ def test_prefill_tapes_are_recorded_before_traffic(loaded, counts, monkeypatch):
     assert counts.op_by_op - before == 1 and runner.tapes.replays == 1  # only the final norm op by op
 
 
+def test_prefill_tapes_are_recorded_for_every_size_that_runs_eagerly(loaded, counts, monkeypatch):
+    """The high-throughput profile runs prefills of up to 64 tokens eagerly between the layers'
+    MLP graphs (step mode local_mlp), longer ones without them (none): both are taped, so both are
+    recorded at start-up; sizes a profile replays as graphs (piecewise) are not."""
+    shape = bench_step.BenchShape(batches=(1,), contexts=(20,), block_size=16, max_num_batched_tokens=48,
+                                  max_model_len=64)
+    runner = harness.build_runner(loaded, shape, tapes=True)
+    mode_of = {8: CudaGraphMode.LOCAL_MLP, 16: CudaGraphMode.LOCAL_MLP, 24: CudaGraphMode.PIECEWISE,
+               32: CudaGraphMode.NONE, 40: CudaGraphMode.FULL, 48: CudaGraphMode.NONE}
+    monkeypatch.setattr(runner, "graphs", SimpleNamespace(dispatch=lambda n, pure_decode: (mode_of[n], n)))
+    ran = []
+    monkeypatch.setattr(runner, "execute", lambda plan: ran.append(plan.chunks[0].num_tokens))
+    assert runner.record_prefill_tapes() == 4
+    assert ran == [8, 16, 32, 48]
+
+
 def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):
     runner, plans = _runner_and_plans(loaded)
+    before = runner.eager_steps
     monkeypatch.setattr(fused_ops, "config_for", lambda *shape: None)  # every GEMM on cuBLAS (aten::mm)
     for _ in range(MAX_VOID_RECORDINGS + 2):
         op_by_op, issued = _decode(runner, plans, 1, counts)
         assert op_by_op == issued > 0
     assert not [key for key in runner.tapes.keys if key[0] == 1] and runner.tapes.replays == 0
+    after = runner.eager_steps
+    assert after["void"] - before["void"] == MAX_VOID_RECORDINGS and after["op_by_op"] - before["op_by_op"] == 2
 
 
 def test_a_tape_that_fails_to_launch_turns_tapes_off_and_the_step_still_runs(loaded, counts):
@@ -159,7 +183,7 @@ def test_mixed_steps_are_padded_to_share_a_tape(loaded, counts):
 
 
 def test_a_serving_sweep_replays_tapes_for_nearly_every_eager_step(tmp_path):
-    """bench_tape_keys: the real engine under closed-loop clients, each eager step classified.
+    """bench_tape_keys: the real engine under closed-loop clients, its eager steps counted by kind.
     Every step is one of the kinds; after the first wave, decodes replay their tapes."""
     out = tmp_path / "keys.json"
     assert load_bench("bench_tape_keys").main(["--concurrency", "1", "4", "--frames", "24", "--warmup", "1",
@@ -167,6 +191,6 @@ def test_a_serving_sweep_replays_tapes_for_nearly_every_eager_step(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["concurrency"] for r in rows] == [1, 4]
     for row in rows:
-        assert row["steps"] == row["replay"] + row["recording"] + row["void"] + row["untaped"] > 0
+        assert row["steps"] == row["replay"] + row["recorded"] + row["void"] + row["op_by_op"] > 0
         assert row["void"] == 0
         assert row["replay"] > 0.8 * row["steps"]

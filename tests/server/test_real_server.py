@@ -193,6 +193,20 @@ def test_codec_counters_count_the_windows_of_a_request(http):
     assert busy > 0
 
 
+def test_stage0_step_counters_say_how_each_step_ran(http):
+    """A CPU server runs every step eagerly (no graphs, no launch tapes: those are CUDA's), so a
+    request's steps are all mode none and all op by op; the other samples exist at 0."""
+    modes = [f'higgs_serve_stage0_steps_total{{mode="{m}"}}' for m in ("none", "local_mlp", "piecewise", "full")]
+    outcomes = [f'higgs_serve_eager_steps_total{{outcome="{o}"}}' for o in ("op_by_op", "replay", "recorded", "void")]
+    before = [metric(http, name) for name in modes + outcomes]
+    steps = metric(http, "higgs_serve_stage0_step_seconds_count")
+    _pcm(http, 7)
+    none, local_mlp, piecewise, full, op_by_op, replay, recorded, void = (
+        metric(http, name) - b for name, b in zip(modes + outcomes, before))
+    assert none == op_by_op == metric(http, "higgs_serve_stage0_step_seconds_count") - steps > 0
+    assert local_mlp == piecewise == full == replay == recorded == void == 0
+
+
 def _idle_state(http: httpx.Client) -> tuple[float, float, float]:
     return (metric(http, "higgs_serve_server_in_flight_requests"),
             metric(http, "higgs_serve_running_requests"),

@@ -300,6 +300,9 @@ def test_bench_serving_against_the_real_server(serving_json: Path):
     assert 0 < level["ttfa_ms_p50"] < level["latency_s_p50"] * 1e3
     assert level["rtf_mean"] > 0 and level["audio_s_per_s"] > 0
     assert data["server"]["ready_s"] > 0 and data["finished_at"]
+    # a CPU server: every step eager (mode none) and op by op (launch tapes are CUDA's)
+    assert level["stage0_steps_none"] == level["eager_steps_op_by_op"] == level["engine_steps"] > 0
+    assert level["stage0_steps_full"] == level["eager_steps_replay"] == 0
 
 
 def test_plots_are_written(step_json: Path, serving_json: Path, tmp_path: Path):

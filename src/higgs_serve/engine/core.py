@@ -135,6 +135,9 @@ class EngineCore:
                 "codec_busy_seconds": codec.busy_s,
                 "prefix_cache_queries": self.scheduler.kv.prefix_cache_queries,
                 "prefix_cache_hits": self.scheduler.kv.prefix_cache_hits,
+                # labelled counters (metrics.LABELLED_COUNTERS): "<family>:<label value>"
+                **{f"stage0_steps:{mode.value.lower()}": n for mode, n in self.runner.step_modes.items()},
+                **{f"eager_steps:{outcome}": n for outcome, n in self.runner.eager_steps.items()},
             }
 
     # ------------------------------------------------------------------ the loop

@@ -16,7 +16,7 @@ then runs eagerly for good. At most MAX_TAPES are kept, the least recently used 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 
 import torch
@@ -65,6 +65,9 @@ class EagerTapes:
         self._voids: dict[tuple, int] = {}
         self.void_reasons: dict[tuple, str] = {}  # the last reason a shape's recording was void
         self.replays = 0
+        # how each step given to `run` went (metrics): "replay", "recorded" (op by op while its
+        # tape recorded), "void" (recorded, not kept), "op_by_op" (tapes off or the shape stays eager)
+        self.outcomes: Counter[str] = Counter()
         self.disabled = False  # set when a replay raised: every step runs op by op from then on
 
     def run(self, key: tuple, body: DecoderBody, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -73,6 +76,7 @@ class EagerTapes:
         inputs = (embeds, cos, sin)
         tape = self._tapes.get(key)
         if hooks_set():  # a profiler's launch hooks see only launches made through Triton
+            self.outcomes["op_by_op"] += 1
             return body(*inputs)[0]
         if tape is not None:
             self._tapes.move_to_end(key)
@@ -86,14 +90,18 @@ class EagerTapes:
                 logger.warning("launch tapes disabled: replaying the tape of %d rows failed", key[0], exc_info=True)
                 self.disabled = True
                 self._tapes.clear()
+                self.outcomes["op_by_op"] += 1
                 return body(*inputs)[0]
             self.replays += 1
+            self.outcomes["replay"] += 1
             return tape.outputs[0]
         if self.disabled or self._voids.get(key, 0) >= MAX_VOID_RECORDINGS:
+            self.outcomes["op_by_op"] += 1
             return body(*inputs)[0]
         if self._spans is None:
             self._spans = launch_tape.spans(self._persistent())
         outputs, tape = launch_tape.record(body, inputs, self._spans, self._pool)
+        self.outcomes["recorded" if tape.void_reason is None else "void"] += 1
         if tape.void_reason is None:
             self._tapes[key] = tape
             if len(self._tapes) > MAX_TAPES:

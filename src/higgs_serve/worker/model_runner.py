@@ -42,6 +42,12 @@ TAPE_ROW_QUANTUM = 8  # taped prefill and mixed steps run their token count padd
 # size spends several times over (the high-throughput profile's mixed steps at c = 64: ~63
 # decodes and a prompt chunk)
 TAPE_MAX_ROWS = 2 * SKINNY_MAX_ROWS
+# The step modes whose steps run the decoder stack eagerly (through `_run_eager`, and so through
+# the launch tapes), with or without the layers' MLP graphs
+EAGER_MODES = (CudaGraphMode.NONE, CudaGraphMode.LOCAL_MLP)
+# How eager steps ran, the keys of `ModelRunner.eager_steps` (metrics): from a launch tape, op by
+# op while recording one, recorded but not kept (void), op by op without a tape
+EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class ModelRunner:
             CudaGraphMode.NONE: lambda plan, staged, padded: self._run_eager(plan, staged, None),
         }
         self.step_modes = {mode: 0 for mode in self._launchers}  # steps run per step mode (metrics)
+        self._untaped_steps = 0  # eager steps that did not go through the tapes (see eager_steps)
         self.capture_info: list[dict] = []
         # Steps run on the device's highest-priority stream: the codec's kernels (Stage 1, its own
         # default-priority stream) then fill the SMs a decode step leaves idle instead of
@@ -225,8 +232,17 @@ class ModelRunner:
                 key = (inputs.num_tokens, mlp is not None, *attention.launch_key())
                 hidden = self.tapes.run(key, decoder, embeds, cos, sin)
             else:
+                self._untaped_steps += 1
                 hidden = decoder(embeds, cos, sin)[0]
         return backbone.norm(hidden)
+
+    @property
+    def eager_steps(self) -> dict[str, int]:
+        """How the eager steps so far ran, per EAGER_OUTCOMES (every one op by op without tapes)."""
+        outcomes = self.tapes.outcomes if self.tapes is not None else {}
+        counts = {outcome: outcomes.get(outcome, 0) for outcome in EAGER_OUTCOMES}
+        counts["op_by_op"] += self._untaped_steps
+        return counts
 
     def _persistent_tensors(self) -> list[torch.Tensor]:
         """Every device tensor an eager forward reads or writes that lives as long as the runner."""
@@ -416,9 +432,10 @@ class ModelRunner:
         sampling = SamplingParams(seed=0, max_new_tokens=1)
         # one prompt length per tape key: its padded rows, and its query tiles, which change only
         # at multiples of 32 tokens (so every length of an 8-token group shares them); only the
-        # sizes that run eagerly (a piecewise profile's prefill replays its graphs)
+        # sizes that run eagerly, with or without the MLP graphs (a piecewise profile's prefill
+        # replays its graphs)
         lengths = [n for n in range(TAPE_ROW_QUANTUM, limit + 1, TAPE_ROW_QUANTUM)
-                   if self.graphs.dispatch(n, False)[0] is CudaGraphMode.NONE]
+                   if self.graphs.dispatch(n, False)[0] in EAGER_MODES]
         for length in lengths:
             new = NewRequestData(request_id=f"prefill-tape-{length}", slot=0, prompt_token_ids=(0,) * length,
                                  placeholder_rows=None, placeholder_start=0, sampling=sampling, max_frames=1,
@@ -428,6 +445,8 @@ class ModelRunner:
             self.execute(StepPlan(step_id=-1, new_requests=(new,), chunks=(chunk,), released_slots=()))
             self.stager.release(0)
         self.step_modes = dict.fromkeys(self.step_modes, 0)  # serving's counts start at zero
+        self.tapes.outcomes.clear()
+        self._untaped_steps = 0
         logger.info("recorded the launch tapes of %d prefill sizes in %.2f s", len(lengths), time.perf_counter() - t0)
         return len(lengths)
 

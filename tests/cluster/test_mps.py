@@ -122,6 +122,14 @@ def test_a_daemon_that_fails_to_start_is_named(fake_control, tmp_path, monkeypat
         start_daemons(str(fake_control), ("0", "0"), tmp_path)
 
 
+def test_a_control_binary_that_cannot_run_is_named(tmp_path):
+    broken = tmp_path / CONTROL_BINARY
+    broken.write_text("not a program")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)  # executable, but no interpreter line: exec fails
+    with pytest.raises(HiggsServeError, match="did not run"):
+        MpsDaemon(str(broken), "0", tmp_path / "d").start()
+
+
 def test_a_daemon_without_a_control_pipe_is_an_error(fake_control, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_NO_PIPE", "1")
     daemon = MpsDaemon(str(fake_control), "0", tmp_path / "d")

@@ -83,8 +83,11 @@ class MpsDaemon:
         """Start the daemon and wait for its control pipe."""
         for sub in ("pipe", "log"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([self.binary, "-d"], env=self._env(), capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        try:
+            done = subprocess.run([self.binary, "-d"], env=self._env(), capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise HiggsServeError(f"{CONTROL_BINARY} -d for GPU {self.gpu} did not run: {exc}") from exc
         if done.returncode != 0:
             raise HiggsServeError(f"{CONTROL_BINARY} -d for GPU {self.gpu} failed (exit {done.returncode}): "
                                   f"{(done.stderr or done.stdout).strip()}")

@@ -64,7 +64,6 @@ class EagerTapes:
         self._tapes: OrderedDict[tuple, launch_tape.LaunchTape] = OrderedDict()  # least recently used first
         self._voids: dict[tuple, int] = {}
         self.void_reasons: dict[tuple, str] = {}  # the last reason a shape's recording was void
-        self.replays = 0
         # how each step given to `run` went (metrics): "replay", "recorded" (op by op while its
         # tape recorded), "void" (recorded, not kept), "op_by_op" (tapes off or the shape stays eager)
         self.outcomes: Counter[str] = Counter()
@@ -92,7 +91,6 @@ class EagerTapes:
                 self._tapes.clear()
                 self.outcomes["op_by_op"] += 1
                 return body(*inputs)[0]
-            self.replays += 1
             self.outcomes["replay"] += 1
             return tape.outputs[0]
         if self.disabled or self._voids.get(key, 0) >= MAX_VOID_RECORDINGS:
@@ -122,6 +120,10 @@ class EagerTapes:
 
     def __del__(self) -> None:
         self.close()
+
+    @property
+    def replays(self) -> int:
+        return self.outcomes["replay"]
 
     @property
     def keys(self) -> list[tuple]:

@@ -1,13 +1,14 @@
 """`serve --devices 0,0 --mps`: the private MPS daemons and the replicas' environment.
 
 No CPU machine has NVIDIA's control binary, so these tests put a stand-in `nvidia-cuda-mps-control`
-on PATH that behaves as the real one does at its interface: `-d` daemonizes and makes the control
-pipe in CUDA_MPS_PIPE_DIRECTORY, a plain call writes its stdin into that pipe, and `quit` ends the
-daemon. The real daemon runs in the GPU suite's `scaleout_mps` stage.
+on PATH that behaves as the real one does at its interface: `-f` runs the daemon in the
+foreground and makes the control pipe in CUDA_MPS_PIPE_DIRECTORY, a plain call writes its stdin
+into that pipe, and `quit` ends the daemon. The real daemon runs in the GPU suite's `scaleout_mps` stage.
 """
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,35 +22,27 @@ from higgs_serve.cluster.replicas import Replica
 from higgs_serve.errors import HiggsServeError
 
 FAKE_CONTROL = f"""#!{sys.executable}
-import os, sys
+import os, sys, time
 pipe, log = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
 control = os.path.join(pipe, "control")
 def note(text):
     with open(os.path.join(log, "control.log"), "a") as f:
         f.write(text + "\\n")
-if sys.argv[1:] == ["-d"]:
+if sys.argv[1:] == ["-f"]:
     if os.environ.get("FAKE_MPS_FAIL"):
-        sys.stderr.write("An instance of this daemon is already running\\n")
+        print("An instance of this daemon is already running")
         sys.exit(1)
-    if os.fork():
-        sys.exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
     note("start CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
-    if not os.environ.get("FAKE_MPS_NO_PIPE"):
-        os.mkfifo(control)
-        while True:
-            with open(control) as fifo:
-                for line in fifo:
-                    note("command " + line.strip())
-                    if line.strip() == "quit":
-                        os.unlink(control)
-                        os._exit(0)
-    os._exit(0)
+    if os.environ.get("FAKE_MPS_NO_PIPE"):
+        time.sleep(600)
+    os.mkfifo(control)
+    while True:
+        with open(control) as fifo:
+            for line in fifo:
+                note("command " + line.strip())
+                if line.strip() == "quit":
+                    os.unlink(control)
+                    sys.exit(0)
 with open(control, "w") as fifo:
     fifo.write(sys.stdin.read())
 """
@@ -64,15 +57,6 @@ def fake_control(tmp_path, monkeypatch) -> Path:
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return binary
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_shared_gpus_are_those_listed_twice():
@@ -101,8 +85,9 @@ def test_one_daemon_per_shared_gpu_started_and_stopped(fake_control, tmp_path):
     try:
         assert list(daemons) == ["0"]
         daemon = daemons["0"]
+        process = daemon.process
         control = daemon.directory / "pipe" / "control"
-        assert control.exists()
+        assert control.exists() and process.poll() is None
         log = daemon.directory / "log" / "control.log"
         assert log.read_text().splitlines() == ["start CUDA_VISIBLE_DEVICES=0"]  # the daemon sees its GPU
         assert daemon.client_env == {"CUDA_VISIBLE_DEVICES": None,
@@ -110,7 +95,7 @@ def test_one_daemon_per_shared_gpu_started_and_stopped(fake_control, tmp_path):
                                      "CUDA_MPS_LOG_DIRECTORY": str(daemon.directory / "log")}
     finally:
         stop_daemons(daemons)
-    assert wait_for(lambda: not control.exists())
+    assert process.poll() == 0 and not control.exists()  # it took quit and ended
     assert log.read_text().splitlines()[-1] == "command quit"
     stop_daemons(daemons)  # a second stop sends nothing
     assert log.read_text().splitlines()[-1] == "command quit"
@@ -118,7 +103,7 @@ def test_one_daemon_per_shared_gpu_started_and_stopped(fake_control, tmp_path):
 
 def test_a_daemon_that_fails_to_start_is_named(fake_control, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_FAIL", "1")
-    with pytest.raises(HiggsServeError, match="failed .exit 1.: An instance of this daemon is already running"):
+    with pytest.raises(HiggsServeError, match="exited with 1; it said: An instance of this daemon is already running"):
         start_daemons(str(fake_control), ("0", "0"), tmp_path)
 
 
@@ -130,12 +115,12 @@ def test_a_control_binary_that_cannot_run_is_named(tmp_path):
         MpsDaemon(str(broken), "0", tmp_path / "d").start()
 
 
-def test_a_daemon_without_a_control_pipe_is_an_error(fake_control, tmp_path, monkeypatch):
+def test_a_daemon_without_a_control_pipe_is_ended_and_named(fake_control, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_NO_PIPE", "1")
     daemon = MpsDaemon(str(fake_control), "0", tmp_path / "d")
-    with pytest.raises(HiggsServeError, match="made no control pipe"):
+    with pytest.raises(HiggsServeError, match="made no control pipe in 0.5 s"):
         daemon.start(timeout_s=0.5)
-    assert not daemon.started
+    assert daemon.process is None  # ended, not left running
 
 
 def test_replicas_on_a_shared_gpu_are_mps_clients(fake_control, tmp_path):
@@ -169,3 +154,35 @@ def test_a_replica_runs_without_a_variable_its_env_removes(tmp_path, monkeypatch
 def test_the_cli_refuses_mps_where_it_cannot_apply(flags, message, tiny_model_dir, capsys):
     assert main(["serve", str(tiny_model_dir), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_killed_front_end_leaves_no_daemon(fake_control, tmp_path):
+    """The daemon is the front end's child with a parent-death signal: SIGKILL the process that
+    started it and the daemon ends too (Linux)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("parent-death signals are Linux's")
+    script = (f"import sys, time; from pathlib import Path; from higgs_serve.cluster.mps import MpsDaemon; "
+              f"d = MpsDaemon({str(fake_control)!r}, '0', Path({str(tmp_path / 'd')!r})); d.start(); "
+              f"print(d.process.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        daemon_pid = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(daemon_pid):
+        assert time.monotonic() < deadline, "the MPS daemon outlived the front end"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) is gone too
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -15,7 +15,9 @@ in CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY. A GPU that only one replica
 without MPS.
 
 A CUDA client that cannot reach its daemon runs without MPS and says nothing, so the start waits
-for the daemon's control pipe and fails loudly when it does not appear.
+for the daemon's control pipe and fails loudly when it does not appear. The daemon runs in the
+foreground as the front end's child (SIGTERM when the front end dies, as the replicas get), so a
+killed front end leaves no daemon behind.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from higgs_serve.cluster.replicas import sigterm_with_parent
 from higgs_serve.errors import HiggsServeError
 
 logger = logging.getLogger(__name__)
@@ -60,12 +63,13 @@ def check_mps(devices: Sequence[str]) -> str:
 
 @dataclass
 class MpsDaemon:
-    """One private MPS control daemon, serving one GPU (module note)."""
+    """One private MPS control daemon, serving one GPU (module note). It runs in the foreground
+    (`-f`) as the front end's child, so it also ends when the front end is killed."""
 
     binary: str
     gpu: str
     directory: Path
-    started: bool = False
+    process: subprocess.Popen | None = None
 
     @property
     def client_env(self) -> dict[str, str | None]:
@@ -73,6 +77,14 @@ class MpsDaemon:
         return {"CUDA_VISIBLE_DEVICES": None,
                 "CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
                 "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log")}
+
+    @property
+    def _control(self) -> Path:
+        return self.directory / "pipe" / "control"
+
+    @property
+    def _output(self) -> Path:
+        return self.directory / "log" / "daemon.out"
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **{k: v for k, v in self.client_env.items() if v is not None}}
@@ -83,24 +95,24 @@ class MpsDaemon:
         """Start the daemon and wait for its control pipe."""
         for sub in ("pipe", "log"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run([self.binary, "-d"], env=self._env(), capture_output=True, text=True,
-                                  timeout=timeout_s, check=False)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise HiggsServeError(f"{CONTROL_BINARY} -d for GPU {self.gpu} did not run: {exc}") from exc
-        if done.returncode != 0:
-            raise HiggsServeError(f"{CONTROL_BINARY} -d for GPU {self.gpu} failed (exit {done.returncode}): "
-                                  f"{(done.stderr or done.stdout).strip()}")
-        self.started = True
-        control = self.directory / "pipe" / "control"
+        with open(self._output, "ab") as out:
+            try:
+                self.process = subprocess.Popen([self.binary, "-f"], env=self._env(), stdin=subprocess.DEVNULL,
+                                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                                preexec_fn=sigterm_with_parent)
+            except OSError as exc:
+                raise HiggsServeError(f"{CONTROL_BINARY} for GPU {self.gpu} did not run: {exc}") from exc
         deadline = time.monotonic() + timeout_s
-        while not control.exists():
-            if time.monotonic() > deadline:
+        while not self._control.exists():
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
                 self.stop()
-                raise HiggsServeError(f"the MPS daemon for GPU {self.gpu} made no control pipe in {timeout_s:.0f} s; "
-                                      f"its log: {self.directory / 'log' / 'control.log'}")
+                said = self._output.read_text(errors="replace").strip()[-500:] or "nothing"
+                why = f"exited with {code}" if code is not None else f"made no control pipe in {timeout_s:g} s"
+                raise HiggsServeError(f"the MPS control daemon for GPU {self.gpu} {why}; it said: {said}")
             time.sleep(0.05)
-        logger.info("MPS: control daemon for GPU %s up (pipes in %s)", self.gpu, self.directory / "pipe")
+        logger.info("MPS: control daemon for GPU %s up (pid %d, pipes in %s)", self.gpu, self.process.pid,
+                    self.directory / "pipe")
 
     def command(self, line: str, timeout_s: float = STOP_TIMEOUT_S) -> str:
         """One control command (`get_server_list`, `quit`, ...); returns its answer."""
@@ -108,15 +120,25 @@ class MpsDaemon:
                               text=True, timeout=timeout_s, check=False)
         return done.stdout.strip()
 
-    def stop(self) -> None:
-        """Ask the daemon to quit (it stops its MPS server once the clients are gone)."""
-        if not self.started:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask the daemon to quit (it stops its MPS server once the clients are gone); end it if
+        it does not, or if it never made its control pipe."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
             return
-        self.started = False
+        if self._control.exists():
+            try:
+                self.command("quit", timeout_s)
+                process.wait(timeout=timeout_s)
+                return
+            except (OSError, subprocess.SubprocessError) as exc:
+                logger.warning("MPS: the daemon for GPU %s did not quit: %s", self.gpu, exc)
+        process.terminate()
         try:
-            self.command("quit")
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.warning("MPS: the daemon for GPU %s did not take quit: %s", self.gpu, exc)
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def start_daemons(binary: str, devices: Sequence[str], work_dir: Path) -> dict[str, MpsDaemon]:

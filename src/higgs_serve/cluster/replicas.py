@@ -32,9 +32,9 @@ RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)  # after 1st, 2nd, ... consecutive cra
 _PR_SET_PDEATHSIG = 1
 
 
-def _stop_with_parent() -> None:
+def sigterm_with_parent() -> None:
     """In the child before exec: SIGTERM it if the front end dies without stopping it (Linux;
-    elsewhere a killed front end leaves its replicas running)."""
+    elsewhere a killed front end leaves its replicas, and MPS daemons, running)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -74,7 +74,7 @@ class Replica:
             self.process = subprocess.Popen(self.command(port), env=env, stdout=log,
                                             stderr=subprocess.STDOUT if log else None,
                                             start_new_session=True,
-                                            preexec_fn=_stop_with_parent if self.stop_with_parent else None)
+                                            preexec_fn=sigterm_with_parent if self.stop_with_parent else None)
         finally:
             if log is not None:
                 log.close()

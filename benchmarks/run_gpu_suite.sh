@@ -20,7 +20,8 @@
 #   codec_eager profile_engine, low-latency / high-throughput / full_and_piecewise est. 3-4 min
 #               at B = 4 and 16 (codec real and stubbed, GPU timeline): what the eager
 #               codec of the two user profiles costs per call against the codec graphs
-#   scaleout_mps  bench_scaleout: one engine against two, then three,      est. 4-6 min
+#   scaleout_mps  tests/gpu/test_mps_gpu.py (the private daemon serves two    est. 4-6 min
+#               CUDA processes), then bench_scaleout: one engine against two, then three,
 #               engines sharing GPU 0 under MPS (serve --devices 0,0 --mps), saturation
 #               profile (bf16x3 codec, 256 sequences), c = 128/256, 512 requests a level
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
@@ -96,7 +97,9 @@ setup() {
 
 stage_tests() {
   # test_bench_tools: bench_step on all three graph paths (tiny model) + a real-server bench run
-  run tests 540 python3 -m pytest -q -x tests/gpu tests/unit/test_bench_tools.py -p no:cacheprovider
+  # test_mps_gpu runs in the scaleout_mps stage: a container that cannot run MPS stops nothing else
+  run tests 540 python3 -m pytest -q -x tests/gpu tests/unit/test_bench_tools.py -p no:cacheprovider \
+    --ignore=tests/gpu/test_mps_gpu.py
 }
 
 stage_step() {
@@ -151,6 +154,7 @@ stage_scaleout_mps() {
   # issue 33 point 5: engines sharing one GPU under MPS (cluster/mps.py) against one engine, each
   # side with the same per-engine config; the JSON records whether nvidia-smi saw the MPS server
   local n devices config
+  run mps_tests 120 python3 -m pytest -q tests/gpu/test_mps_gpu.py -p no:cacheprovider
   for n in 2 3; do
     devices=0,0 config=benchmarks/configs/saturation_256_bf16x3_shared_gpu.yaml
     [ "$n" = 3 ] && devices=0,0,0 config=benchmarks/configs/saturation_256_bf16x3_thirds.yaml

@@ -111,20 +111,21 @@ def test_prefill_tapes_are_recorded_before_traffic(loaded, counts, monkeypatch):
     assert counts.op_by_op - before == 1 and runner.tapes.replays == 1  # only the final norm op by op
 
 
-def test_prefill_tapes_are_recorded_for_every_size_that_runs_eagerly(loaded, counts, monkeypatch):
-    """The high-throughput profile runs prefills of up to 64 tokens eagerly between the layers'
-    MLP graphs (step mode local_mlp), longer ones without them (none): both are taped, so both are
-    recorded at start-up; sizes a profile replays as graphs (piecewise) are not."""
+def test_prefill_tapes_are_recorded_only_for_sizes_that_run_eagerly(loaded, counts, monkeypatch):
+    """A profile whose prefills of some sizes replay graphs (piecewise) records only the others
+    at start-up; the high-throughput profile's prefill and mixed steps are all mode none (its
+    MLP graphs serve decode steps only)."""
+    assert CudaGraphMode.LOCAL_MLP.mixed_mode is CudaGraphMode.NONE
     shape = bench_step.BenchShape(batches=(1,), contexts=(20,), block_size=16, max_num_batched_tokens=48,
                                   max_model_len=64)
     runner = harness.build_runner(loaded, shape, tapes=True)
-    mode_of = {8: CudaGraphMode.LOCAL_MLP, 16: CudaGraphMode.LOCAL_MLP, 24: CudaGraphMode.PIECEWISE,
-               32: CudaGraphMode.NONE, 40: CudaGraphMode.FULL, 48: CudaGraphMode.NONE}
+    mode_of = {8: CudaGraphMode.PIECEWISE, 16: CudaGraphMode.PIECEWISE, 24: CudaGraphMode.PIECEWISE,
+               32: CudaGraphMode.NONE, 40: CudaGraphMode.NONE, 48: CudaGraphMode.NONE}
     monkeypatch.setattr(runner, "graphs", SimpleNamespace(dispatch=lambda n, pure_decode: (mode_of[n], n)))
     ran = []
     monkeypatch.setattr(runner, "execute", lambda plan: ran.append(plan.chunks[0].num_tokens))
-    assert runner.record_prefill_tapes() == 4
-    assert ran == [8, 16, 32, 48]
+    assert runner.record_prefill_tapes() == 3
+    assert ran == [32, 40, 48]
 
 
 def test_a_step_the_tape_cannot_hold_stays_eager(loaded, counts, monkeypatch):

@@ -42,9 +42,6 @@ TAPE_ROW_QUANTUM = 8  # taped prefill and mixed steps run their token count padd
 # size spends several times over (the high-throughput profile's mixed steps at c = 64: ~63
 # decodes and a prompt chunk)
 TAPE_MAX_ROWS = 2 * SKINNY_MAX_ROWS
-# The step modes whose steps run the decoder stack eagerly (through `_run_eager`, and so through
-# the launch tapes), with or without the layers' MLP graphs
-EAGER_MODES = (CudaGraphMode.NONE, CudaGraphMode.LOCAL_MLP)
 # How eager steps ran, the keys of `ModelRunner.eager_steps` (metrics): from a launch tape, op by
 # op while recording one, recorded but not kept (void), op by op without a tape
 EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
@@ -432,10 +429,10 @@ class ModelRunner:
         sampling = SamplingParams(seed=0, max_new_tokens=1)
         # one prompt length per tape key: its padded rows, and its query tiles, which change only
         # at multiples of 32 tokens (so every length of an 8-token group shares them); only the
-        # sizes that run eagerly, with or without the MLP graphs (a piecewise profile's prefill
-        # replays its graphs)
+        # sizes that run eagerly (a piecewise profile's prefill replays its graphs; prefill and
+        # mixed steps never take the MLP graphs: LOCAL_MLP's mixed mode is NONE)
         lengths = [n for n in range(TAPE_ROW_QUANTUM, limit + 1, TAPE_ROW_QUANTUM)
-                   if self.graphs.dispatch(n, False)[0] in EAGER_MODES]
+                   if self.graphs.dispatch(n, False)[0] is CudaGraphMode.NONE]
         for length in lengths:
             new = NewRequestData(request_id=f"prefill-tape-{length}", slot=0, prompt_token_ids=(0,) * length,
                                  placeholder_rows=None, placeholder_start=0, sampling=sampling, max_frames=1,

@@ -39,6 +39,8 @@ from higgs_serve.engine.async_engine import SyncEngine  # noqa: E402
 from higgs_serve.engine.builder import RuntimeOptions, load_model  # noqa: E402
 from higgs_serve.engine.core import EngineHooks  # noqa: E402
 
+CODEC_MODES = ("real", "stubbed", "real-high-priority")
+
 
 def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
     """Deliver every window at once as silence of the right length: no Stage 1 work at all."""
@@ -46,6 +48,14 @@ def stub_codec(engine: SyncEngine, samples_per_frame: int) -> None:
         frames = len(job.frames) - job.trim_front_frames - job.trim_back_frames
         job.deliver(job, np.zeros(frames * samples_per_frame, np.float32))
     engine.core.codec.submit = submit
+
+
+def high_priority_codec(engine: SyncEngine) -> None:
+    """The codec's kernels on a stream of the highest priority, as Stage 0's step stream is
+    (model_runner.py), instead of the lowest: whether the eager codec's calls wait for SMs behind
+    Stage 0. Decodes already captured as graphs replay on the new stream as well."""
+    codec = engine.core.codec
+    codec._stream = torch.cuda.Stream(codec.device, priority=-100)
 
 
 def first_audio(spans: list[tuple[float, float]], t_submit: float, t_first: float) -> dict:
@@ -125,7 +135,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[64],
                    help="requests per run; several: one run each, on one engine sized for the largest")
     p.add_argument("--frames", type=int, default=250)
-    p.add_argument("--codec", nargs="+", choices=["real", "stubbed"], default=["real", "stubbed"])
+    p.add_argument("--codec", nargs="+", choices=list(CODEC_MODES), default=["real", "stubbed"],
+                   help="real; stubbed (windows delivered at once as silence); real-high-priority (an "
+                        "experiment: the codec on a stream of the step stream's priority instead of the lowest)")
+    p.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="an experiment: CPython's GIL switch interval for the run (default: CPython's 5 ms)")
     p.add_argument("--profile", action="store_true", help="also one cProfiled run per codec mode")
     p.add_argument("--gpu-trace", action="store_true", help="also one run per codec mode under torch.profiler")
     p.add_argument("--top", type=int, default=None, help="functions listed per profile (with --profile; default 25)")
@@ -136,6 +150,10 @@ def main() -> None:
     args.top = 25 if args.top is None else args.top
     if args.gpu_trace and not torch.cuda.is_available():
         p.error("--gpu-trace traces CUDA kernels: it needs a CUDA device")
+    if "real-high-priority" in args.codec and not torch.cuda.is_available():
+        p.error("--codec real-high-priority moves the codec to another CUDA stream: it needs a CUDA device")
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     options = RuntimeOptions(load_format=args.load_format, device=args.device)
     loaded = load_model(args.model, options)
     # as `higgs-serve serve --max-num-seqs B` would: the profile's capture sizes fitted to B
@@ -148,6 +166,8 @@ def main() -> None:
         try:
             if codec == "stubbed":
                 stub_codec(engine, loaded.spec.codec.hop_length)
+            elif codec == "real-high-priority":
+                high_priority_codec(engine)
             run(engine, timer, min(args.batch[0], 4), 20, f"warm-{codec}")
             for batch in args.batch:
                 rows.append({"codec": codec, **run(engine, timer, batch, args.frames, f"{codec}")})
@@ -172,7 +192,8 @@ def main() -> None:
                                 ("codec_windows_per_call", "windows/call"), ("codec_busy_fraction", "codec busy")]))
     if args.out:
         write_json(args.out, {"tool": "profile_engine", "command": command_line(), "git_commit": git_commit(),
-                              "device": device_description(), "time": now_iso(), "rows": rows,
+                              "device": device_description(), "time": now_iso(),
+                              "switch_interval_s": sys.getswitchinterval(), "rows": rows,
                               "profiles": profiles, "gpu_timelines": timelines})
 
 

@@ -19,7 +19,8 @@
 #               bench_ws_stream against a server (WebSocket TTFA at LLM text speed, c = 1/4/16)
 #   codec_eager profile_engine, low-latency / high-throughput / full_and_piecewise est. 3-4 min
 #               at B = 4 and 16 (codec real and stubbed, GPU timeline): what the eager
-#               codec of the two user profiles costs per call against the codec graphs
+#               codec of the two user profiles costs per call against the codec graphs; for
+#               low latency also the codec at Stage 0's stream priority, and a 0.5 ms GIL interval
 #   scaleout_mps  tests/gpu/test_mps_gpu.py (the private daemon serves two    est. 4-6 min
 #               CUDA processes), then bench_scaleout: one engine against two, then three,
 #               engines sharing GPU 0 under MPS (serve --devices 0,0 --mps), saturation
@@ -142,12 +143,20 @@ stage_codec_eager() {
   # issue 32 point 3: at c = 4-16 the two user profiles' eager codec was busy 46-57 % of the time
   # against 9-19 % for the codec graphs (serving_*_264330c / _tapes_poolfix JSON): per-call latency,
   # windows per call and GPU timelines in the engine loop, codec stubbed beside, settle why
-  local profile
+  # The low-latency profile also runs the two experiments that tell the explanations apart: the
+  # codec's stream at Stage 0's priority, and a 0.5 ms GIL switch interval.
+  local profile codecs
   for profile in low_latency high_throughput full_and_piecewise; do
+    codecs="real stubbed"
+    [ "$profile" = low_latency ] && codecs="real real-high-priority stubbed"
+    # shellcheck disable=SC2086  # codecs is a list
     run "codec_eager_$profile" 200 python3 benchmarks/profile_engine.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
       --device "$DEVICE" --deploy-config "higgs_multimodal_qwen3_$profile" --batch 4 16 --frames "$FRAMES" --gpu-trace \
-      --out "$OUT/codec_eager_$profile.json"
+      --codec $codecs --out "$OUT/codec_eager_$profile.json"
   done
+  run codec_eager_low_latency_gil 120 python3 benchmarks/profile_engine.py --model "$MODEL" \
+    --load-format "$LOAD_FORMAT" --device "$DEVICE" --deploy-config higgs_multimodal_qwen3_low_latency --batch 4 16 \
+    --frames "$FRAMES" --codec real --switch-interval-ms 0.5 --out "$OUT/codec_eager_low_latency_gil0p5ms.json"
 }
 
 stage_scaleout_mps() {

@@ -203,7 +203,9 @@ class CodecDecoder(FlatWeights):
         self.split_units: dict[str, SplitUnit] | None = None  # residual unit -> its split weights ("bf16x3")
         # "bf16x3" splits the units of this many channels and more (narrower ones: float32 convs)
         self.split_conv_min_channels = SPLIT_CONV_MIN_CHANNELS
-        # [Q·codebook_size, fc2 out] and [Q]: see `_fold_input_table`; derived in `_pick_forms`
+        # [Q·codebook_size, fc2 out] and [Q]: see `_fold_input_table`. The table is built from the
+        # weights at its first use and dropped by `_pick_forms` (every load, move and cast), so
+        # start-up's construct, move, load and precision steps build it once, not four times.
         self._input_table: Tensor | None = None
         self._input_offsets: Tensor | None = None
         self._pick_forms()
@@ -244,7 +246,7 @@ class CodecDecoder(FlatWeights):
         self.gemm_conv_min_channels = GEMM_CONV_MIN_CHANNELS if wide else None
         split = self.precision == "bf16x3" and some.dtype == torch.float32
         self.split_units = self._split_units() if split else None
-        self._input_table = _fold_input_table(self._w(), self.cfg.num_quantizers)
+        self._input_table = None
         self._input_offsets = torch.arange(self.cfg.num_quantizers, device=some.device) * self.cfg.codebook_size
 
     def _split_units(self) -> dict[str, SplitUnit]:
@@ -264,10 +266,12 @@ class CodecDecoder(FlatWeights):
     def codes_to_input(self, codes: Tensor) -> Tensor:
         """codes [B, T, Q] -> the acoustic decoder's input [B, T, fc2 out]: fc2 of the RVQ sum
         Σ_q project_out_q(codebook_q[code_q]), as one lookup of `_input_table`."""
-        table, offsets = self._input_table, self._input_offsets
+        table = self._input_table
+        if table is None:
+            table = self._input_table = _fold_input_table(self._w(), self.cfg.num_quantizers)
         # a gather and a sum (embedding_bag would be one launch, but these two are known to
         # capture in the codec's CUDA graphs)
-        return F.embedding(codes + offsets, table).sum(dim=2)
+        return F.embedding(codes + self._input_offsets, table).sum(dim=2)
 
     @torch.no_grad()
     def forward(self, codes: Tensor, keep: tuple[int, int] | None = None) -> Tensor:

@@ -8,9 +8,10 @@ recorded, later steps copy their embeddings and RoPE tables into the tape's inpu
 the tape. The shape (the key) is the token count, whether the MLP graphs run, and the host
 values the attention backend's launches depend on (`BoundAttention.launch_key`); the runner pads
 prefill and mixed steps to a multiple of 8 tokens so that nearby sizes share a tape. Steps past
-64 tokens are not taped (their GEMMs run on cuBLAS); a shape whose recordings come out void (a
-profiler's launch hooks, a GEMM shape the skinny kernel does not take) is tried again a few times,
-then runs eagerly for good. At most MAX_TAPES are kept, the least recently used dropped first.
+128 tokens are not taped (their GEMMs run on cuBLAS; from 65 to 128 they run as row blocks on the
+skinny kernel, model_runner.TAPE_MAX_ROWS); a shape whose recordings come out void (a profiler's
+launch hooks, a GEMM shape the skinny kernel does not take) is tried again a few times, then runs
+eagerly for good. At most MAX_TAPES are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations

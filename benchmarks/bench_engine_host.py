@@ -15,7 +15,6 @@ codec thread and the HTTP server.
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_cpu import fixed_length_requests  # noqa: E402
-from common import markdown_table, now_iso, provenance, write_json  # noqa: E402
+from common import PhaseTimer, markdown_table, now_iso, provenance, write_json  # noqa: E402
 from profile_engine import stub_codec  # noqa: E402
 
 from higgs_serve.config.loader import load_deploy_config  # noqa: E402
@@ -35,37 +34,7 @@ from higgs_serve.model.tiny import write_tiny_model  # noqa: E402
 PHASES = ("schedule", "stage", "collect", "update", "outputs")
 
 
-class PhaseTotals:
-    """EngineHooks.profile: seconds and count per phase."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = collections.defaultdict(float)
-        self.calls: collections.Counter = collections.Counter()
-
-    def __call__(self, phase: str) -> _Span:
-        return _Span(self, phase)
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] += seconds
-        self.calls[phase] += 1
-
-    def clear(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
-
-class _Span:
-    def __init__(self, totals: PhaseTotals, phase: str):
-        self.totals, self.phase = totals, phase
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        self.totals.add(self.phase, time.perf_counter() - self.t0)
-
-
-def time_staging(engine: SyncEngine, totals: PhaseTotals) -> None:
+def time_staging(engine: SyncEngine, totals: PhaseTimer) -> None:
     """Count the runner's staging (host buffers) as its own phase, inside "launch"."""
     stager = engine.core.runner.stager
     stage = stager.stage
@@ -87,7 +56,7 @@ def measure(model_dir: Path, batch: int, frames: int, rounds: int) -> dict:
                                 stage_overrides={"0": {"max_num_seqs": batch, "devices": "cpu",
                                                        "num_gpu_blocks": batch * (frames // 16 + 16)},
                                                  "1": {"devices": "cpu"}})
-    totals = PhaseTotals()
+    totals = PhaseTimer(timed=PHASES)  # "stage" is added by time_staging (inside "launch")
     engine = SyncEngine(loaded, deploy, options, EngineHooks(profile=totals))
     try:
         stub_codec(engine, loaded.spec.codec.hop_length)
@@ -95,11 +64,11 @@ def measure(model_dir: Path, batch: int, frames: int, rounds: int) -> dict:
         engine.generate_batch(fixed_length_requests(min(batch, 4), 10, "warm"))
         best: dict[str, float] = {}
         for r in range(rounds):
-            totals.clear()
+            totals.reset()
             engine.generate_batch(fixed_length_requests(batch, frames, f"r{r}"))
             steps = totals.calls["outputs"]
             for phase in PHASES:
-                ms = 1e3 * totals.seconds[phase] / max(1, steps)
+                ms = 1e3 * totals.by_phase[phase] / max(1, steps)
                 best[phase] = min(best.get(phase, ms), ms)
         row = {"batch": batch, "frames": frames, "steps": steps, **{f"{p}_ms": best[p] for p in PHASES}}
         row["host_ms"] = sum(best[p] for p in PHASES)

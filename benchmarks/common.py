@@ -5,6 +5,7 @@ JSON output, markdown tables and cProfile listings. Standard library + numpy onl
 
 from __future__ import annotations
 
+import collections
 import cProfile
 import io
 import json
@@ -147,29 +148,39 @@ def profile_listing(prof: cProfile.Profile, top: int, cumulative: bool = True) -
 
 class PhaseTimer:
     """A profiling hook for the engine loop (`EngineHooks.profile`, engine/core.py): the seconds
-    spent in the `timed` phases, the (start, end) of every "step", and, while `profiler` is set,
-    that cProfile enabled around each step. Other phases cost one dict lookup."""
+    spent in the `timed` phases (in all, and per phase with its count), the (start, end) of every
+    "step", and, while `profiler` is set, that cProfile enabled around each step. Other phases
+    cost one dict lookup. `add` counts time measured elsewhere as a phase of its own."""
 
     def __init__(self, timed: Sequence[str] = ()):
         self.seconds = 0.0  # in the timed phases since the last reset
+        self.by_phase: dict[str, float] = collections.defaultdict(float)  # the same, per phase
+        self.calls: collections.Counter = collections.Counter()  # times each timed phase ran
         self.spans: list[tuple[float, float]] = []  # every step's (start, end), perf_counter
         self.profiler: cProfile.Profile | None = None
-        self._spans = {phase: _PhaseSpan(self, timed=True) for phase in timed}
-        self._spans["step"] = _PhaseSpan(self, timed="step" in timed, step=True)
-        self._untimed = _PhaseSpan(self, timed=False)
+        self._spans = {phase: _PhaseSpan(self, phase, timed=True) for phase in timed}
+        self._spans["step"] = _PhaseSpan(self, "step", timed="step" in timed, step=True)
+        self._untimed = _PhaseSpan(self, "", timed=False)
 
     def __call__(self, phase: str) -> "_PhaseSpan":
         return self._spans.get(phase, self._untimed)
 
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds += seconds
+        self.by_phase[phase] += seconds
+        self.calls[phase] += 1
+
     def reset(self) -> None:
         self.seconds, self.spans = 0.0, []
+        self.by_phase.clear()
+        self.calls.clear()
 
 
 class _PhaseSpan:
     """One phase's context manager; a phase never nests in itself, so one object serves all calls."""
 
-    def __init__(self, timer: PhaseTimer, timed: bool, step: bool = False):
-        self.timer, self.timed, self.step = timer, timed, step
+    def __init__(self, timer: PhaseTimer, phase: str, timed: bool, step: bool = False):
+        self.timer, self.phase, self.timed, self.step = timer, phase, timed, step
         self.t0 = 0.0
 
     def __enter__(self) -> None:
@@ -184,4 +195,4 @@ class _PhaseSpan:
                 self.timer.profiler.disable()
             self.timer.spans.append((self.t0, t1))
         if self.timed:
-            self.timer.seconds += t1 - self.t0
+            self.timer.add(self.phase, t1 - self.t0)

@@ -44,3 +44,26 @@ def test_a_bare_decoder_has_its_table_and_a_load_replaces_it():
     assert torch.count_nonzero(decoder.codes_to_input(codes)) == 0
     decoder.load_state(random_codec_tensors(cfg, seed=5))
     assert torch.count_nonzero(decoder.codes_to_input(codes)) > 0
+
+
+def test_the_table_is_built_once_at_first_use_not_at_each_set_up_step(monkeypatch):
+    """Start-up constructs, moves, loads and sets the precision of the decoder: each of those
+    changes the weights the table comes from, so the table is built at its first use after them,
+    once, and again only after the next change."""
+    import higgs_serve.codec.decoder as decoder_module
+
+    builds = []
+    fold = decoder_module._fold_input_table
+    monkeypatch.setattr(decoder_module, "_fold_input_table", lambda *a: builds.append(1) or fold(*a))
+    cfg = CodecConfig.tiny()
+    decoder = CodecDecoder(cfg).to(dtype=torch.float32)
+    decoder.load_state(random_codec_tensors(cfg, seed=6))
+    decoder.use_precision("float32")
+    assert builds == []
+    codes = torch.zeros(1, 2, cfg.num_quantizers, dtype=torch.int64)
+    decoder.codes_to_input(codes)
+    decoder.codes_to_input(codes)
+    assert len(builds) == 1
+    decoder.load_state(random_codec_tensors(cfg, seed=7))
+    decoder.codes_to_input(codes)
+    assert len(builds) == 2

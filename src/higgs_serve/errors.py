@@ -43,3 +43,8 @@ class EngineOverloadedError(HiggsServeError):
 
 class EngineDeadError(HiggsServeError):
     """The engine loop has stopped; no request can be served."""
+
+
+class AlignmentError(HiggsServeError):
+    """Word timestamps could not be computed for some audio (alignment/): the audio is still
+    delivered; its timestamps are reported as missing."""

@@ -20,6 +20,10 @@ and the aligner's CPU seconds (this process's user+system time, /proc) per secon
 with the one-time model load apart. Acceptance (issue 42): mean <= 40 ms, p95 <= 100 ms.
 
     python benchmarks/bench_alignment.py --out benchmarks/results/alignment_accuracy.json
+
+`--fixture DIR` writes the corpus' first sentence instead (aligned_sentence.flac, 16-bit, and
+aligned_sentence.json with its words' true edges; no noise floor): the unit tests' copy, so CI
+needs no espeak-ng.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def trim(clip: np.ndarray) -> np.ndarray:
     return clip[loud[0]: min(len(clip), loud[-1] + 1)] if len(loud) else clip[:0]
 
 
-def build_sentence(text: str, rng: np.random.Generator, workdir: Path) -> Sentence:
+def build_sentence(text: str, rng: np.random.Generator, workdir: Path, noise_rms: float = NOISE_RMS) -> Sentence:
     lead = int(LEAD_S * RATE_HZ)
     pieces, truth, cursor = [np.zeros(lead, np.float32)], [], lead
     words = text.split()
@@ -94,15 +98,27 @@ def build_sentence(text: str, rng: np.random.Generator, workdir: Path) -> Senten
             cursor += gap
     pieces.append(np.zeros(lead, np.float32))
     audio = np.concatenate(pieces)
-    audio = audio + rng.normal(0.0, NOISE_RMS, len(audio)).astype(np.float32)
+    audio = audio + rng.normal(0.0, noise_rms, len(audio)).astype(np.float32)
     return Sentence(text, audio.astype(np.float32), truth)
 
 
-def build_corpus(seed: int, limit: int | None = None) -> list[Sentence]:
+def build_corpus(seed: int, limit: int | None = None, noise_rms: float = NOISE_RMS) -> list[Sentence]:
     rng = np.random.default_rng(seed)
     lines = [line.strip() for line in CORPUS.read_text().splitlines() if line.strip()][:limit]
     with tempfile.TemporaryDirectory() as tmp:
-        return [build_sentence(line, rng, Path(tmp)) for line in lines]
+        return [build_sentence(line, rng, Path(tmp), noise_rms) for line in lines]
+
+
+def write_fixture(directory: Path, sentence: Sentence) -> int:
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    sf.write(directory / "aligned_sentence.flac", sentence.audio, RATE_HZ, subtype="PCM_16")
+    (directory / "aligned_sentence.json").write_text(json.dumps({
+        "text": sentence.text, "sample_rate_hz": RATE_HZ, "made_by": "benchmarks/bench_alignment.py --fixture",
+        "words": [{"word": w, "start_s": round(a, 5), "end_s": round(b, 5)} for w, a, b in sentence.truth]}, indent=1))
+    print(f"wrote {directory}/aligned_sentence.flac and .json")
+    return 0
 
 
 def cpu_s() -> float:
@@ -134,8 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/alignment_accuracy.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fixture", metavar="DIR", help="write the first sentence as a test fixture and stop")
     args = parser.parse_args(argv)
     started = now_iso()
+    if args.fixture:
+        # without the noise floor, which would not compress (the tests add their own)
+        return write_fixture(Path(args.fixture), build_corpus(args.seed, limit=1, noise_rms=0.0)[0])
     from higgs_serve.alignment import user_words
     from higgs_serve.alignment.pocketsphinx_aligner import PocketsphinxAligner
 

@@ -90,9 +90,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
     from higgs_serve.sampling_params import SamplingParams
-    from higgs_serve.synth_report import SynthMonitor, stream_check, synth_long_form, write_result
+    from higgs_serve.synth_report import SynthMonitor, WordsWriter, stream_check, synth_long_form, write_result
 
     preflight.check_texts(args.text)
+    if args.word_timestamps:
+        preflight.check_alignable(args.text)
     if args.segment_max_chars < 1 or args.max_audio_s <= 0:
         raise ConfigError("--segment-max-chars and --max-audio-s must be positive")
     long_text = next((i for i, text in enumerate(args.text) if len(text) > args.segment_max_chars), None)
@@ -111,7 +113,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     out_dir = preflight.check_output_dir(args.output_dir, "--output-dir")
     ids = [f"{i:04d}" for i in range(len(args.text))]
     for request_id in ids:  # a directory in the way fails now, not after the synthesis
-        for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()):
+        for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()) + (
+                (".words.json",) if args.word_timestamps else ()):
             preflight.check_output_file(str(out_dir / f"{request_id}{suffix}"), "--output-dir")
     model_dir, deploy = _model_and_deploy(args, args.load_format)
     _log_graph_path(deploy)
@@ -127,18 +130,24 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         sample_rate = engine.loaded.spec.codec.sample_rate
         long_texts = [r for r in requests if len(r.text) > args.segment_max_chars]  # one recording each
         requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
-        synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s, out_dir)
+        words = WordsWriter(out_dir, sample_rate) if args.word_timestamps else None
+        synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s, out_dir, words)
         monitor = SynthMonitor(out_dir, [r.request_id for r in requests], sample_rate, stream=args.stream,
                                progress=ProgressReporter(unit="req"))
         try:
             results = engine.generate_batch(requests, on_chunk=monitor.on_chunk)
         finally:
             monitor.close()
-        for res in results:
+        for res, request in zip(results, requests):
             paths = write_result(out_dir, res, sample_rate)
+            if words is not None:  # after the batch: alignment never delays its audio
+                paths.append(words.write(res.request_id, res.audio, [(request.text, 0, len(res.audio))]))
             note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
             print(monitor.line(res, paths, note), flush=True)
         print(monitor.summary(), flush=True)
+        if words is not None and words.failed_pieces:
+            print(f"word timestamps: {words.failed_pieces} text(s) or segment(s) could not be aligned (audio too "
+                  "short for their words): their words have null times", flush=True)
     finally:
         engine.close()
     return 0

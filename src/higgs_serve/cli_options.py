@@ -105,6 +105,9 @@ def add_synth_flags(p: argparse.ArgumentParser) -> None:
                    help="a longer --text is split into segments of at most this many characters and "
                         "spoken as one recording (NNNN.wav + NNNN.segments.json)")
     p.add_argument("--max-audio-s", type=float, default=7200.0, help="longest audio of one long-form --text (seconds)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="also write OUT/NNNN.words.json: [{word, start_ms, end_ms}] per word of the text, by "
+                        "forced alignment (English; docs/api.md#word-timestamps)")
 
 
 def add_encode_voice_flags(p: argparse.ArgumentParser) -> None:

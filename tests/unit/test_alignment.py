@@ -40,6 +40,7 @@ def test_user_words_drop_tags_and_split_on_whitespace():
     ("50%", ["fifty", "percent"]), ("21st", ["twenty", "first"]), ("3.5", ["three", "point", "five"]),
     ("1,000", ["one", "thousand"]), ("1984", ["nineteen", "eighty", "four"]),
     ("$1", ["one", "dollar"]), ("R&D", ["r", "and", "d"]), ("e-mail", ["e", "mail"]),
+    ("1234567890123456", "one two three four five six seven eight nine zero one two three four five six".split()),
 ])
 def test_spoken_tokens(word, tokens):
     assert spoken_tokens(word) == tokens

@@ -36,6 +36,7 @@ DECODER_RATE_HZ = 16000  # the bundled acoustic model's sample rate
 FRAME_S = 0.010  # one PocketSphinx frame
 SINGLE_LETTER_COST = 4  # a one-letter piece counts as this many pieces when spelling an unknown word
 MAX_SPELLED_ACRONYM = 5
+MAX_PIECE_LETTERS = 24  # longer dictionary pieces are not tried: spelling stays O(24 n) lookups
 _VARIANT = re.compile(r"\(\d+\)$")  # "the(2)": the dictionary's second pronunciation of "the"
 _NOT_SPOKEN = frozenset({"<sil>", "<s>", "</s>"})
 
@@ -115,7 +116,7 @@ def _fewest_pieces(letters: str, lookup) -> list[str]:
     n = len(letters)
     best: list[tuple[int, int]] = [(0, 0)] + [(10 ** 9, 0)] * n  # (cost, start of last piece)
     for end in range(1, n + 1):
-        for start in range(end):
+        for start in range(max(0, end - MAX_PIECE_LETTERS), end):
             cost = best[start][0] + (SINGLE_LETTER_COST if end - start == 1 else 1)
             if cost < best[end][0] and lookup(letters[start:end]) is not None:
                 best[end] = (cost, start)

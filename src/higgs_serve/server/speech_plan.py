@@ -49,7 +49,8 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
             "instructions are not supported: Higgs-Audio V3 cannot follow free-form style "
             "instructions; leave the field out", param="instructions")
     check_format(body.response_format)
-    sample_rate_hz = body.sample_rate or state.engine.sample_rate_hz
+    # None is "not given"; 0 (or any other rate not offered) is refused, naming the field
+    sample_rate_hz = state.engine.sample_rate_hz if body.sample_rate is None else body.sample_rate
     check_output_rate(sample_rate_hz, body.response_format)
     mode = _mode(body)
     _check_initial_chunk(body, mode, state)

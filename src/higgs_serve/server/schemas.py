@@ -150,15 +150,25 @@ class SpeechFields(PeerModel):
                              "clones from a single clip")
         return value
 
-    @field_validator("reference_codes")
+    @field_validator("reference_codes", mode="before")
     @classmethod
-    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
-        if len(value) > MAX_REFERENCE_FRAMES:  # before building an array of it
+    def _codes_size(cls, value: Any) -> Any:
+        """The shape from the raw lists, before any code is validated: validating every element
+        of an oversize list first cost time that grew with the list (issue 40 item 2)."""
+        if not isinstance(value, list):
+            return value  # the type error is pydantic's
+        if len(value) > MAX_REFERENCE_FRAMES:
             raise ValueError(f"must hold 1-{MAX_REFERENCE_FRAMES} frames (30 s), got {len(value)}")
-        bad_rows = [i for i, row in enumerate(value) if len(row) != NUM_CODEBOOKS]
+        bad_rows = [i for i, row in enumerate(value)
+                    if isinstance(row, list) and len(row) != NUM_CODEBOOKS]
         if bad_rows:
             raise ValueError(f"must have shape [T, {NUM_CODEBOOKS}]: frame {bad_rows[0]} has "
                              f"{len(value[bad_rows[0]])} codes")
+        return value
+
+    @field_validator("reference_codes")
+    @classmethod
+    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
         try:  # the same rule as `synth --ref-codes` files
             codes = np.asarray(value, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
         except OverflowError as error:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 
 import pytest
 import websockets
 from live_engine import start_live_engine_server
+from server_log import faults, server_log
 
 from higgs_serve.server.settings import ServerSettings
 
@@ -68,17 +68,7 @@ def _done_soon_after_audio(events: list[dict]) -> None:
     assert events[-1]["type"] == "session.done" and events[-1]["t"] - last_audio < 1.0
 
 
-@pytest.fixture
-def server_log(caplog):
-    caplog.set_level(logging.INFO)
-    return caplog
-
-
-def _tracebacks(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
-
-
-def test_vllm_omni_e2e_sequence_ends_the_utterance_with_session_done(live, server_log):
+def test_vllm_omni_e2e_sequence_ends_the_utterance_with_session_done(live):
     """vllm-omni's e2e client: config, one text, input.done, read until session.done, close.
     Before: no session.done came; 30 s later an idle_timeout error did (issue 42)."""
     async def run():
@@ -90,7 +80,9 @@ def test_vllm_omni_e2e_sequence_ends_the_utterance_with_session_done(live, serve
             await ws.send(json.dumps({"type": "input.done"}))
             return await _until(ws, "session.done")
 
-    events = asyncio.run(run())
+    with server_log() as log:
+        events = asyncio.run(run())
+        time.sleep(0.2)  # the server's side of the close
     _no_errors(events)
     _done_soon_after_audio(events)
     kinds = [e["type"] for e in events if e["type"] != "<binary>"]
@@ -100,7 +92,7 @@ def test_vllm_omni_e2e_sequence_ends_the_utterance_with_session_done(live, serve
     assert (done["utterance_index"], done["sentence_index"], done["error"]) == (0, 0, False)
     assert done["total_bytes"] == sum(e["bytes"] for e in events if e["type"] == "<binary>")
     assert (session_done["utterance_index"], session_done["total_sentences"]) == (0, 1)
-    assert _tracebacks(server_log) == []  # the client closing right after session.done is normal
+    assert faults(log) == []  # the client closing right after session.done is normal
 
 
 def test_vllm_omni_utterances_share_one_connection_and_session_close_ends_it(live):

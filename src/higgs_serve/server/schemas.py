@@ -49,6 +49,17 @@ class PeerModel(BaseModel):
                 or (key not in fields and key not in UNSUPPORTED_FIELDS)}
 
 
+def unicode_text(value: str) -> str:
+    """`value` if it is valid Unicode: JSON's escapes can spell a lone surrogate (\\ud800),
+    which Python keeps but the tokenizer and the sentence splitter cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"holds a lone surrogate ({value[error.start]!r} at character "
+                         f"{error.start}): not valid Unicode text") from None
+    return value
+
+
 class ReferenceClip(PeerModel):
     """One entry of `references` (Boson's cloning shape): one audio field + its transcript."""
 
@@ -70,6 +81,11 @@ class ReferenceClip(PeerModel):
         if self.media_type is not None and not self.media_type.startswith("audio/"):
             raise ValueError(f"media_type must be an audio/* type, got {self.media_type!r}")
         return self
+
+    @field_validator("text")
+    @classmethod
+    def _text_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
 
     def source(self) -> tuple[str, str]:
         """(the audio value, the name of the field it came in)."""
@@ -179,6 +195,11 @@ class SpeechFields(PeerModel):
             raise ValueError(str(error).removeprefix("reference_codes ")) from error
         return value
 
+    @field_validator("ref_text", "reference_text")
+    @classmethod
+    def _transcript_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
+
     @field_validator("language")
     @classmethod
     def _language(cls, value: str) -> str:
@@ -206,7 +227,7 @@ class SpeechRequestBody(SpeechFields):
     def _input_has_text(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("input must contain non-whitespace text")
-        return value
+        return unicode_text(value)
 
 
 MAX_BATCH_ITEMS = 32

@@ -155,10 +155,13 @@ async def unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | 
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-        if not work.done():
+        left = not work.done()
+        if left:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
+    # decided by which finished first, not by work.cancelled(): a cancelled gather() ends with
+    # a CancelledError exception, not in the cancelled state (issue 40 item 10)
+    if left:
         return CLIENT_GONE
     return work.result()
 

@@ -43,6 +43,7 @@ from higgs_serve.server import speech_run
 from higgs_serve.server.errors import ApiError, to_api_error
 from higgs_serve.server.json_limits import JsonShapeError, JsonTooDeepError, check_json_shape
 from higgs_serve.server.long_form import max_audio_samples
+from higgs_serve.server.schemas import unicode_text
 from higgs_serve.server.state import ServerState
 from higgs_serve.server.ws_audio import TRANSPORTS, AudioTransport
 from higgs_serve.server.ws_config import SessionConfig, parse_session_config
@@ -55,8 +56,9 @@ CLOSE_POLICY = 1008  # bad API key; a client that stopped reading
 CLOSE_INTERNAL = 1011  # the engine stopped
 CLOSE_TRY_AGAIN = 1013  # engine not ready
 # The last error event and close frame of a session ending on a fault: never waited on longer
-# (a client that stopped reading would hold them forever).
+# (a client that stopped reading would hold them forever); after a send timeout, barely at all.
 FINAL_SEND_S = 1.0
+UNREAD_FINAL_SEND_S = 0.05
 # Text past this many characters is segmented on a worker thread (sentencex takes about 1 s per
 # million characters): the event loop is never held for more than a few milliseconds by it.
 SEGMENT_ON_LOOP_CHARS = 4096
@@ -79,10 +81,12 @@ class Ending:
 
     close_code: int | None
     error: dict | None = None
+    wait_s: float = FINAL_SEND_S  # at most, for the error event and close frame together
 
     @staticmethod
-    def failed(code: str, message: str, close_code: int, type: str = "server_error") -> Ending:
-        return Ending(close_code, error_event(message, code, type=type))
+    def failed(code: str, message: str, close_code: int, type: str = "server_error",
+               wait_s: float = FINAL_SEND_S) -> Ending:
+        return Ending(close_code, error_event(message, code, type=type), wait_s)
 
 
 GONE = Ending(None)
@@ -142,19 +146,20 @@ class SpeechStreamSession:
         return Ending.failed("internal_error", "internal server error", CLOSE_INTERNAL)
 
     async def end(self, ending: Ending) -> None:
-        """Send the ending's error event and close frame, each within FINAL_SEND_S; a client
+        """Send the ending's error event and close frame, both within FINAL_SEND_S; a client
         that is gone or not reading changes nothing (and is never logged as a fault)."""
         if ending.close_code is None:
             return
-        if ending.error is not None:
-            await self._final(self.ws.send_text(json.dumps(ending.error, separators=(",", ":"))))
-        await self._final(self.ws.close(ending.close_code))
-
-    async def _final(self, sending) -> None:
         try:
-            await asyncio.wait_for(sending, min(FINAL_SEND_S, self.state.settings.send_timeout_s))
+            await asyncio.wait_for(self._send_ending(ending),
+                                   min(ending.wait_s, self.state.settings.send_timeout_s))
         except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client left or stopped reading: there is no one to tell
+
+    async def _send_ending(self, ending: Ending) -> None:
+        if ending.error is not None:
+            await self.ws.send_text(json.dumps(ending.error, separators=(",", ":")))
+        await self.ws.close(ending.close_code)
 
     # ------------------------------------------------------------------ reading
     async def _read_loop(self) -> Ending:
@@ -185,8 +190,11 @@ class SpeechStreamSession:
         if not ended.timed_out:
             return GONE
         timeout_s = self.state.settings.send_timeout_s
+        # the client is not reading: the event and close frame go out only if the socket
+        # takes them at once
         return Ending.failed("send_timeout", f"the client read nothing for {timeout_s:g} s; the "
-                             "session is closed", CLOSE_POLICY, type="invalid_request_error")
+                             "session is closed", CLOSE_POLICY, type="invalid_request_error",
+                             wait_s=UNREAD_FINAL_SEND_S)
 
     async def _handle(self, message: dict) -> None:
         """One client message: acted on, or answered with an error event."""
@@ -272,6 +280,11 @@ class SpeechStreamSession:
         if not isinstance(text, str):
             await self.send_error("input.text needs a string 'text'", code="invalid_message",
                                   param="text")
+            return
+        try:
+            unicode_text(text)
+        except ValueError as error:
+            await self.send_error(f"text {error}", code="invalid_message", param="text")
             return
         limit = self.state.settings.max_input_chars
         if self.segmenter.pending_chars + self.queued_chars + len(text) > limit:

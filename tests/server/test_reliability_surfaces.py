@@ -309,3 +309,16 @@ def test_a_lone_surrogate_is_refused_on_every_surface(fake, live):
     assert [e["error"]["param"] for e in errors] == ["ref_text", "text"]
     assert all("lone surrogate" in e["message"] for e in errors)
     assert events[-1]["type"] == "session.done"
+
+
+def test_a_long_form_request_logs_its_progress(fake, caplog):
+    """Item 11: a long-form request logged nothing while it ran (hours, at 100,000 characters)."""
+    caplog.set_level("INFO", logger="higgs_serve.server.long_form")
+    text = " ".join(f"Sentence {i} of a long input is here." for i in range(40))
+    answer = httpx.post(f"{fake.url}/v1/audio/speech", timeout=60,
+                        json={"input": text, "response_format": "pcm", "max_new_tokens": 3})
+    assert answer.status_code == 200 and int(answer.headers["x-segment-count"]) >= 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "higgs_serve.server.long_form"]
+    count = answer.headers["x-segment-count"]
+    assert lines[0].endswith(f": {count} segments, {len(text)} characters")
+    assert f"segment {count}/{count} done" in lines[-1]

@@ -3,7 +3,8 @@
 The envelope's speech fields are defaults; an item's own fields (non-null) override them. The
 envelope is validated as a whole (a malformed batch is a 400); each item is then validated,
 admitted, planned and generated on its own, concurrently, through the same engine and admission
-gate as single requests, at most `max_num_seqs` of one batch at a time. Whatever goes wrong with
+gate as single requests, at most `max_num_seqs` of one batch at a time; an item longer than one
+segment is spoken as /speech speaks it (long-form: one recording, one slot). Whatever goes wrong with
 one item (bad field, bad reference, queue full, engine error) becomes that item's error result;
 the batch itself answers 200 with `results` in item order and `total`/`succeeded`/`failed`.
 A client that disconnects abandons the batch: every item in flight is aborted.
@@ -23,8 +24,9 @@ from pydantic import ValidationError
 
 from higgs_serve.audio import formats
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.server import speech_run
-from higgs_serve.server.errors import describe_validation_errors, to_api_error
+from higgs_serve.server import long_form, speech_run
+from higgs_serve.server.errors import ApiError, describe_validation_errors, to_api_error
+from higgs_serve.server.generation import Generation
 from higgs_serve.server.routers.speech import check_engine
 from higgs_serve.server.schemas import (
     ERROR_RESPONSES,
@@ -34,7 +36,9 @@ from higgs_serve.server.schemas import (
     SpeechRequestBody,
     Usage,
 )
+from higgs_serve.server.speech_plan import SpeechPlan
 from higgs_serve.server.state import ServerState, server_state
+from higgs_serve.text import Segment
 
 router = APIRouter(tags=["audio"])
 _STREAM_FIELDS = ("stream", "stream_format")
@@ -94,8 +98,17 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
 
 async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
                     arrived_s: float) -> BatchItemResult:
-    generation = await speech_run.admit(body, state, arrived_s)
-    plan = generation.plan
+    """One item exactly as POST /v1/audio/speech answers the same body with stream false: the
+    same plan, and an input longer than one segment spoken as one long-form recording."""
+    plan = await speech_run.admit_plan(body, state)  # the input limit is checked here
+    try:
+        segments = await long_form.plan_segments(body.input, state.settings)
+    except BaseException:
+        state.gate.release()
+        raise
+    if len(segments) > 1:
+        return await _generate_long_form(index, plan, segments, state, arrived_s)
+    generation = Generation(state, plan, arrived_s)
     await speech_run.start(generation, state)
     try:
         audio = await generation.collect()
@@ -110,10 +123,39 @@ async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
         generation.close(outcome="error")
         raise
     generation.close()
-    usage = Usage(input_tokens=plan.input_tokens, output_tokens=generation.num_frames,
-                  total_tokens=plan.input_tokens + generation.num_frames)
+    return _success(index, plan, data, generation.finish_reason, generation.num_frames)
+
+
+async def _generate_long_form(index: int, plan: SpeechPlan, segments: list[Segment],
+                              state: ServerState, arrived_s: float) -> BatchItemResult:
+    """A long item: its admitted plan's segment chain (server/long_form.py), one slot for all
+    of it, collected and rendered as /speech's long-form file response does."""
+    run = long_form.LongFormRun(state, plan, segments, arrived_s)
+    with speech_run.counted_failures(state):  # labelled as a single request's start
+        await run.start()
+    try:
+        if run.aborted_before_audio:  # queued past the shutdown's grace period
+            raise speech_run.shutting_down()
+        audio = await run.collect()
+        if run.finish_reason == "abort":  # cut by the shutdown's grace period
+            raise speech_run.shutting_down()
+        data = await speech_run.render_file(audio, plan, state)
+    except asyncio.CancelledError:
+        await asyncio.shield(run.close())  # the batch was abandoned: counted "abort"
+        raise
+    except BaseException as error:
+        await run.close(outcome=None if isinstance(error, ApiError) else "error")
+        raise
+    await run.close()
+    return _success(index, plan, data, run.finish_reason, run.session.num_frames)
+
+
+def _success(index: int, plan: SpeechPlan, data: bytes, finish_reason: str | None,
+             num_frames: int) -> BatchItemResult:
+    usage = Usage(input_tokens=plan.input_tokens, output_tokens=num_frames,
+                  total_tokens=plan.input_tokens + num_frames)
     return BatchItemResult(index=index, status="success",
                            audio_data=base64.b64encode(data).decode("ascii"),
                            media_type=formats.MEDIA_TYPES[plan.response_format],
                            sample_rate=plan.sample_rate_hz,
-                           finish_reason=generation.finish_reason, usage=usage)
+                           finish_reason=finish_reason, usage=usage)

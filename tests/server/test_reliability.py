@@ -214,3 +214,41 @@ def test_the_limits_section_matches_the_code():
     for phrase in expected:
         assert phrase in limits, phrase
     assert settings.DEFAULT_SEND_TIMEOUT_S == defaults.send_timeout_s
+
+
+def test_the_limits_section_covers_the_websocket_batch_and_long_form_limits():
+    """Issue 40: the surfaces added since issue 28 have their limits in the same table, and
+    its numbers are the code's."""
+    from pathlib import Path
+
+    from higgs_serve.server import json_limits, long_form, ws_session
+    from higgs_serve.server.schemas import MAX_BATCH_ITEMS
+    from higgs_serve.server.settings import ServerSettings
+    from higgs_serve.voices.codes_file import MAX_REFERENCE_FRAMES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    limits = text[text.index("## Limits"):text.index("## Batch")]
+    defaults = ServerSettings()
+    rows = {line.split("|")[1].strip(): line for line in limits.splitlines()
+            if line.startswith("| ") and not line.startswith("| what")}
+    expected = {
+        "JSON shape (bodies and WebSocket messages)": [
+            f"nested at most {json_limits.MAX_DEPTH} deep", f"{json_limits.MAX_CONTAINERS:,} arrays",
+            f"{json_limits.MAX_MEMBERS:,} object members", f"{json_limits.MAX_VALUES:,} values"],
+        "`reference_codes`": [f"at most {MAX_REFERENCE_FRAMES} rows"],
+        "long-form audio": [f"({defaults.max_audio_s:g} s)",
+                            f"at most every {long_form.PROGRESS_LOG_S:g} s"],
+        "long-form timestamps header": [f"up to {long_form.MAX_SEGMENTS_HEADER_BYTES} bytes"],
+        "batch": [f"1–{MAX_BATCH_ITEMS} items", "`max_num_seqs` items"],
+        "WebSocket message": [f"{defaults.max_ws_message_bytes:,} bytes"],
+        "WebSocket text waiting": [f"({defaults.max_input_chars})",
+                                   f"{ws_session.MAX_PENDING_UTTERANCES} utterance ends"],
+        "WebSocket session end": [f"({defaults.ws_idle_timeout_s:g} s)", "close 1000",
+                                  f"close {ws_session.CLOSE_POLICY}",
+                                  f"at most {ws_session.FINAL_SEND_S:g} s"],
+    }
+    for row, phrases in expected.items():
+        assert row in rows, row
+        for phrase in phrases:
+            assert phrase in rows[row], (row, phrase)
+    assert defaults.max_ws_message_bytes == defaults.max_json_body_bytes

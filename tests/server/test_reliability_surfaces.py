@@ -322,3 +322,24 @@ def test_a_long_form_request_logs_its_progress(fake, caplog):
     count = answer.headers["x-segment-count"]
     assert lines[0].endswith(f": {count} segments, {len(text)} characters")
     assert f"segment {count}/{count} done" in lines[-1]
+
+
+def test_messages_after_session_close_never_keep_the_session_open(live):
+    """Found by the WebSocket fuzzer: session.close followed at once by more messages left the
+    session open until the client gave up. The reader was cancelled once, in the same loop
+    iteration as its receive completed, and Python 3.11's wait_for swallowed the cancellation;
+    it read on, and its idle clock never runs while the session is closing. session.done is
+    also the last event: nothing is answered after it."""
+    async def run():
+        async with websockets.connect(_ws_url(live)) as ws:
+            for frame in ['{"type": "session.close"}', b"", '{"type": "session.close"}',
+                          '{"type": "input.text", "text": "late"}']:
+                await ws.send(frame)
+            started = time.monotonic()
+            events, _ = await _events(ws, timeout_s=10)
+            return events, time.monotonic() - started, ws.close_code
+
+    for _ in range(5):
+        events, took_s, code = asyncio.run(run())
+        assert events[-1]["type"] == "session.done" and code == 1000, events
+        assert took_s < 1.0

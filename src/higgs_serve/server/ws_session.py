@@ -101,6 +101,17 @@ class _UtteranceEnd:
     last: bool  # the session ends after it (session.close, sglang-omni's input.done)
 
 
+async def _cancelled(task: asyncio.Task) -> None:
+    """Cancel `task` and wait until it has ended. One cancel() is not enough on Python 3.11:
+    asyncio.wait_for returns the inner result, swallowing the cancellation, when both land in
+    the same loop iteration (a message already queued), and the reader would read on."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if not task.cancelled():
+        task.exception()  # retrieved: an ending already decided is not logged twice
+
+
 def error_event(message: str, code: str, param: str | None = None,
                 type: str = "invalid_request_error") -> dict:
     error = {"message": message, "type": type, "param": param, "code": code}
@@ -120,6 +131,7 @@ class SpeechStreamSession:
         self.pending_utterances = 0  # utterance ends queued and not yet reached
         self.speaking = False
         self.closing = False  # the last utterance end is queued: nothing more is accepted
+        self.over = False  # the last session.done is going out: nothing more is answered
         self.utterance_index = 0  # of the utterance being spoken
         self.utterance: list[SegmentDone] = []  # its sentences spoken so far
 
@@ -132,9 +144,7 @@ class SpeechStreamSession:
             done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_COMPLETED)
             ending = self._ending_of(speaker if speaker in done else reader)
         finally:  # also when the server cancels the session (shutdown)
-            for task in (reader, speaker):
-                task.cancel()
-            await asyncio.gather(reader, speaker, return_exceptions=True)
+            await asyncio.gather(_cancelled(reader), _cancelled(speaker))
         await self.end(ending)
 
     @staticmethod
@@ -198,6 +208,8 @@ class SpeechStreamSession:
 
     async def _handle(self, message: dict) -> None:
         """One client message: acted on, or answered with an error event."""
+        if self.over:
+            return
         event = await self._parse(message)
         if event is None:
             return
@@ -365,6 +377,8 @@ class SpeechStreamSession:
 
     async def _end_of(self, mark: _UtteranceEnd) -> bool:
         """session.done for the utterance just spoken (unless a flush); True: the last one."""
+        if mark.last:
+            self.over = True  # session.done is the last event: later messages are not read
         if mark.done:
             self.pending_utterances -= 1
             await self._send_json(self._session_done())

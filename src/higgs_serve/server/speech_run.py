@@ -159,9 +159,10 @@ async def unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | 
         if left:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-    # decided by which finished first, not by work.cancelled(): a cancelled gather() ends with
-    # a CancelledError exception, not in the cancelled state (issue 40 item 10)
-    if left:
+    # a cancelled gather() ends with a CancelledError exception, not in the cancelled state
+    # (issue 40 item 10); work that finished anyway (a cancellation swallowed by wait_for on
+    # Python 3.11) gives its result, so whatever it holds is closed by its caller
+    if left and (work.cancelled() or isinstance(work.exception(), asyncio.CancelledError)):
         return CLIENT_GONE
     return work.result()
 

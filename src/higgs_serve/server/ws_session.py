@@ -108,8 +108,6 @@ async def _cancelled(task: asyncio.Task) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=0.05)
-    if not task.cancelled():
-        task.exception()  # retrieved: an ending already decided is not logged twice
 
 
 def error_event(message: str, code: str, param: str | None = None,
@@ -142,9 +140,13 @@ class SpeechStreamSession:
         speaker = asyncio.create_task(self._speak_loop())
         try:
             done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_COMPLETED)
-            ending = self._ending_of(speaker if speaker in done else reader)
+            first = speaker if speaker in done else reader
+            ending = self._ending_of(first)
         finally:  # also when the server cancels the session (shutdown)
             await asyncio.gather(_cancelled(reader), _cancelled(speaker))
+        other = reader if first is speaker else speaker
+        if not other.cancelled() and other.exception() is not None:
+            self._ending_of(other)  # failed as well before it was stopped: logged too
         await self.end(ending)
 
     @staticmethod

@@ -10,7 +10,7 @@ The protocol (vllm-omni's "Streaming Text Input", with sglang-omni's variant beh
 
 Auth: with --api-key, `Authorization: Bearer <key>` or the `api_key` query parameter; a wrong or
 missing key gets an `error` event and close code 1008. A server still warming up (or whose engine
-died) answers `error` and close code 1013.
+died) answers `error` and close code 1013. How a session ends: server/ws_session.py.
 """
 
 from __future__ import annotations

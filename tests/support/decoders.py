@@ -18,6 +18,8 @@ CODEC_FRAME = {"opus": lambda rate: rate // 50, "aac": lambda rate: 1024,
 # cannot carry LAME's delay (576 encoder + 529 decoder samples), ADTS cannot carry AAC's 1024
 # priming samples; both are padded to whole frames. Ogg/Opus carries pre-skip and end: exact.
 STREAM_DELAY = {"mp3": 1105, "aac": 1024, "opus": 0}
+# a file (stream: false): mp3's LAME/Info frame carries the delay; ADTS still cannot
+FILE_DELAY = {"aac": 1024}
 
 
 def ffmpeg_decode(data: bytes, response_format: str, rate_hz: int) -> np.ndarray:

@@ -128,7 +128,8 @@ async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -
 
 
 def audio_headers(plan: SpeechPlan) -> dict[str, str]:
-    """Every audio response: what the bytes are, and the language the request was checked for.
+    """Every audio response, streamed or not: what the bytes are, the language the request was
+    checked for, and its input tokens (ours and sglang-omni's name: known before any audio).
     X-Bit-Depth only where the samples are on the wire (pcm, wav, flac: 16; G.711: 8)."""
     depth = formats.FORMATS[plan.response_format].bits_per_sample
     bits = {"X-Bit-Depth": str(depth)} if depth is not None else {}
@@ -138,19 +139,19 @@ def audio_headers(plan: SpeechPlan) -> dict[str, str]:
         "X-Channels": "1",
         **bits,
         "X-Language": plan.language,
+        "X-Usage-Input-Tokens": str(plan.input_tokens),
+        "X-Prompt-Tokens": str(plan.input_tokens),
     }
 
 
 def file_headers(plan: SpeechPlan, finish_reason: str | None, num_frames: int,
                  engine_time_s: float) -> dict[str, str]:
-    """A finished file (single or long-form): ours (X-Usage-*) and sglang-omni's usage names,
-    same numbers."""
+    """A finished file (single or long-form, `stream: false`): what only the end knows, ours
+    (X-Usage-*) and sglang-omni's usage names, same numbers."""
     return {
         **audio_headers(plan),
         "X-Finish-Reason": str(finish_reason),
-        "X-Usage-Input-Tokens": str(plan.input_tokens),
         "X-Usage-Output-Tokens": str(num_frames),
-        "X-Prompt-Tokens": str(plan.input_tokens),
         "X-Completion-Tokens": str(num_frames),
         "X-Engine-Time": f"{engine_time_s:.4f}",
     }

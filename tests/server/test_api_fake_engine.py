@@ -139,6 +139,21 @@ def test_sse_deltas_equal_the_non_streamed_audio(oai, http):
     assert done["usage"] == {"input_tokens": 2, "output_tokens": FRAMES, "total_tokens": 2 + FRAMES}
 
 
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "alaw"])
+def test_sse_carries_the_formats_bytes(http, fmt):
+    """SSE deltas are base64 of the raw stream's bytes, in order: joined, they are the same file
+    (LiveKit reads mp3 this way)."""
+    body = {"input": TEXT, "response_format": fmt, "seed": 12}
+    raw = http.post("/v1/audio/speech", json=body).content
+    events = parse_sse(http.post("/v1/audio/speech",
+                                 json={**body, "stream_format": "sse"}).text)
+    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) > 1 and b"".join(deltas) == raw
+    assert events[-1]["type"] == "speech.audio.done"
+    rate = FORMATS[fmt].default_rate_hz or RATE
+    assert ffmpeg_decode(raw, fmt, rate).size >= FRAMES * 960 * rate // RATE
+
+
 def test_sampling_fields_reach_the_engine_and_seed_repeats(fake_server, http):
     body = {"input": TEXT, "response_format": "pcm", "seed": 5, "temperature": 0.5,
             "top_p": 0.9, "top_k": 12, "max_new_tokens": 10, "min_new_tokens": 9, "stream": False}

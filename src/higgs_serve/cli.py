@@ -191,7 +191,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
-        ws_idle_timeout_s=args.ws_idle_timeout_s,
+        ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
+        voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         **voices,
     )
@@ -219,6 +220,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
                            torch.cuda.device_count())
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
+    aliases = ServerSettings(voice_aliases=preflight.read_voice_aliases(args.voice_alias)).voice_aliases
     model_dir, deploy = _model_and_deploy(args, args.load_format)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
@@ -229,11 +231,13 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--ws-idle-timeout-s": args.ws_idle_timeout_s,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
-              "--send-timeout-s": args.send_timeout_s,
+              "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype}
     serve_args = ["--served-model-name", *args.served_model_name]
+    # each replica gets the aliases (checked above, before the model was read) as NAME=VOICE
+    serve_args += [x for alias, voice in aliases for x in ("--voice-alias", f"{alias}={voice}")]
     serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
                    for x in (flag, value)]
     voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir

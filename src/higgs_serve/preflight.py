@@ -134,3 +134,35 @@ def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRNOTAVAIL:
         return f"--host {host}: not an address of this machine"
     return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def read_voice_aliases(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """--voice-alias values (NAME=VOICE, or @FILE holding such lines; '#' starts a comment) ->
+    (alias, voice) pairs in order. Names are checked by ServerSettings."""
+    pairs: list[tuple[str, str]] = []
+    for value in values or ():
+        if value.startswith("@"):
+            lines = _read_alias_file(value[1:])
+        else:
+            lines = [(value, "")]
+        for line, where in lines:
+            name, sep, voice = (part.strip() for part in line.partition("="))
+            if not sep or not name or not voice:
+                raise ConfigError(f"--voice-alias {line!r}{where}: expected NAME=VOICE, e.g. "
+                                  "alloy=default")
+            pairs.append((name, voice))
+    return tuple(pairs)
+
+
+def _read_alias_file(path: str) -> list[tuple[str, str]]:
+    file = check_input_file(path, "--voice-alias @FILE")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--voice-alias @{path}: cannot be read as UTF-8 text: {e}") from e
+    lines = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            lines.append((line, f" (line {number} of {path})"))
+    return lines

@@ -84,7 +84,8 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
         raise InvalidRequestError(
             f"batch items are answered as files, not streamed: drop {', '.join(streamed)}",
             param=streamed[0])
-    merged = {**defaults, **{key: value for key, value in item.items() if value is not None}}
+    merged = {**defaults, **{key: value for key, value in item.items() if value is not None},
+              "stream": False}  # a file, as /speech answers the same body with stream: false
     try:
         return SpeechRequestBody.model_validate(merged)
     except ValidationError as error:

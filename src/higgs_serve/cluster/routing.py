@@ -106,7 +106,7 @@ def body_key(body: bytes, key_of: Callable[[Mapping], str | None] = routing_key)
     answers the 400 in its own words)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     return key_of(parsed) if isinstance(parsed, dict) else None
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay", type=float, default=0.4, help="seconds between a stream's chunks")
     p.add_argument("--chunk-frames", type=int, default=25)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--clone", action="store_true",
+                   help="accept ref_audio / registered voices (a stand-in encoder: zero codes)")
     args = p.parse_args(argv)
     # frames_per_char is high enough that the request's max_new_tokens, not its text, ends it
     engine = FakeEngine(deploy=fake_deploy(max_num_seqs=args.max_num_seqs, max_tokens=4096),
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = ServerSettings(port=args.port, max_queue=args.max_num_seqs + 8,
                               voices_dir=Path(tempfile.mkdtemp(prefix="higgs-fake-voices-")))
     where = {"uds": args.uds} if args.uds else {"host": "127.0.0.1", "port": args.port}
-    uvicorn.run(build_app(engine, settings), log_level="warning", **where)
+    encoder = (lambda audio: np.zeros((3, 8), np.int64)) if args.clone else None
+    uvicorn.run(build_app(engine, settings, reference_encoder=encoder), log_level="warning", **where)
     return 0
 
 

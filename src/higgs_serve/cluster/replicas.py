@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from higgs_serve.cluster.http1 import fetch
 from higgs_serve.cluster.routing import Router
 
 logger = logging.getLogger(__name__)
@@ -198,14 +199,14 @@ class Supervisor:
                 replica.start()
                 replica.restarts += 1
             return
-        client = self.clients[replica.id]
+        path = str(replica.socket_path)
         try:
-            ready = (await client.get("/ready", timeout=POLL_TIMEOUT_S)).status_code == 200
+            ready = (await fetch(path, "/ready", POLL_TIMEOUT_S))[0] == 200
             if ready:
-                metrics = await client.get("/metrics", timeout=POLL_TIMEOUT_S)
-                in_flight, kv_usage = parse_load(metrics.text)
+                status, metrics = await fetch(path, "/metrics", POLL_TIMEOUT_S)
+                in_flight, kv_usage = parse_load(metrics.decode("utf-8", "replace"))
                 self.router.report(replica.id, in_flight=in_flight, kv_usage=kv_usage)
-        except httpx.HTTPError:
+        except (OSError, asyncio.TimeoutError, ValueError):
             ready = False
         if ready and replica.synced_version < self.voices_version():
             ready = await self._sync(replica)

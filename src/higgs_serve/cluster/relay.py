@@ -50,6 +50,7 @@ from higgs_serve.cluster.http1 import (
 )
 from higgs_serve.cluster.routing import RETRYABLE_STATUS, batch_routing_key, body_key, routing_key
 from higgs_serve.cluster.ws_relay import PATH as WS_PATH
+from higgs_serve.server.errors import RETRY_AFTER_S
 
 if TYPE_CHECKING:
     from higgs_serve.cluster.frontend import Frontend
@@ -228,13 +229,15 @@ class Relay:
         head_bytes = upstream_request(request, body, drop=_TO_REPLICA_DROP)
         tried: list[str] = []
         passed_on: bytes | None = None  # the last 429/503 answer, given if no replica takes it
+        failed = False  # a connection to a replica failed after it was made
         while True:
             decision = router.choose(key, exclude=tried)
             if decision is None:
                 if passed_on is not None:
                     conn.writer.write(passed_on)
                     return request.keep_alive
-                conn.writer.write(error_bytes(_no_replica(frontend), request.keep_alive))
+                error = _replica_failed() if failed else _no_replica(frontend)
+                conn.writer.write(error_bytes(error, request.keep_alive))
                 return request.keep_alive
             replica = frontend.replicas[decision.replica]
             router.dispatched(replica.id)
@@ -245,6 +248,7 @@ class Relay:
                 frontend.mark_down(replica)
             except UpstreamFailed:
                 router.finished(replica.id)
+                failed = True
             else:
                 if head.status in RETRYABLE_STATUS:
                     answer = await self._read_whole(head, reader, writer, str(replica.socket_path))
@@ -414,6 +418,12 @@ async def _pipe_both(a_reader, a_writer, b_reader, b_writer) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         b_writer.close()
+
+
+def _replica_failed() -> HttpError:
+    return HttpError(503, "the engine replica's connection failed before it answered; retry",
+                     code="replica_failed", type="server_error",
+                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _no_replica(frontend: Frontend) -> HttpError:

@@ -168,7 +168,7 @@ async def _pump(client: WebSocket, upstream, replica_id: str) -> None:
     if tasks[0] in done and tasks[0].exception() is None:
         await upstream.close()  # the client left: the replica aborts the session's work
         return
-    received = upstream.close_rcvd
+    received = upstream.protocol.close_rcvd
     if received is None:  # the connection dropped without a close frame: the replica died
         logger.warning("replica %s: lost during a WebSocket session; the client is told to retry",
                        replica_id)

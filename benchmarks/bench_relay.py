@@ -104,9 +104,13 @@ def run_frontend_child(port: int, work: Path, replicas: int, fake_args: list[str
         runner.run(main())
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+def cpu_s(pids: int | list[int]) -> float:
+    """CPU seconds (user + system) the process(es) used so far, summed."""
+    total = 0
+    for pid in [pids] if isinstance(pids, int) else pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / CLK_TCK
 
 
 # ----------------------------------------------------------------------------- the client
@@ -277,15 +281,14 @@ async def part_short(args, frontend, direct, pid) -> dict:
 
 
 async def sequential(target: Target, message: bytes, count: int) -> list[float]:
+    """TTFBs of `count` requests one after another on one kept-alive connection (direct: to one
+    replica; the front end keeps its own upstream connection alive the same way)."""
     conn = await target.connect()
     times = []
     try:
         for _ in range(count):
             _, _, first, _ = await one(conn, message)
             times.append(first)
-            if not target.sticky:
-                conn[1].close()
-                conn = await target.connect()
     finally:
         conn[1].close()
     return times

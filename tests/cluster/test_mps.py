@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from higgs_serve.cli import main
@@ -202,18 +203,25 @@ def test_sigterm_stops_the_daemons_and_removes_the_work_directory(fake_control, 
               "from higgs_serve.cluster.launch import ClusterPlan, run_cluster; "
               "from higgs_serve.server.settings import ServerSettings; "
               "sock = socket.socket(); sock.bind(('127.0.0.1', 0)); sock.listen(); "
+              "print(sock.getsockname()[1], flush=True); "
               "run_cluster(ClusterPlan(('0', '0'), capacity=2, mps=True), 'no-such-model', [], "
               f"listener=sock, voices_dir=Path({str(tmp_path / 'voices')!r}), sample_rate_hz=24000, "
               "settings=ServerSettings(), log_level='ERROR')")
     env = {**os.environ, "TMPDIR": str(tmp), "FAKE_MPS_NOTES": str(notes)}
-    front = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    front = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
     try:
+        port = int(front.stdout.readline())
         deadline = time.monotonic() + 30
-        while not (notes.exists() and "start" in notes.read_text()):
-            assert time.monotonic() < deadline and front.poll() is None, "the daemon never started"
+        while True:  # the front end answers: its signal handlers are in place
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and front.poll() is None, "the front end never served"
             time.sleep(0.05)
-        time.sleep(0.5)  # the front end is serving
+        assert "start" in notes.read_text()
         front.send_signal(signal.SIGTERM)
         assert front.wait(timeout=60) == 0
     finally:

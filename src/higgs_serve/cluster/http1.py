@@ -170,12 +170,20 @@ def upstream_request(request: Request, body: bytes, extra: list[tuple[bytes, byt
 
 
 async def read_response_head(reader: asyncio.StreamReader) -> ResponseHead:
-    raw = await reader.readuntil(b"\r\n\r\n")
+    return parse_response_head(await reader.readuntil(b"\r\n\r\n"))
+
+
+def parse_response_head(raw: bytes) -> ResponseHead:
+    """A response head (ending in the blank line); ConnectionError when it is not one."""
     lines = raw[:-4].split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
         raise ConnectionError("malformed response from upstream")
-    return ResponseHead(int(parts[1]), lines[0], _split_headers(lines[1:]))
+    try:
+        headers = _split_headers(lines[1:])
+    except HttpError:
+        raise ConnectionError("malformed response header from upstream") from None
+    return ResponseHead(int(parts[1]), lines[0], headers)
 
 
 def client_head(head: ResponseHead, keep_alive: bool) -> bytes:

@@ -49,6 +49,7 @@ from higgs_serve.cluster.http1 import (
     upstream_request,
 )
 from higgs_serve.cluster.routing import RETRYABLE_STATUS, batch_routing_key, body_key, routing_key
+from higgs_serve.cluster.upstream import Collect, Pool, Upstream
 from higgs_serve.cluster.ws_relay import PATH as WS_PATH
 from higgs_serve.server.errors import RETRY_AFTER_S
 
@@ -60,10 +61,8 @@ logger = logging.getLogger(__name__)
 ROUTED: Mapping[str, Callable[[dict], str | None]] = {
     "/v1/audio/speech": routing_key, "/v1/audio/speech/batch": batch_routing_key}
 CLIENT_IDLE_S = 5.0      # a kept-alive client connection with no new request is closed (uvicorn's)
-UPSTREAM_IDLE_S = 3.0    # pooled replica connections older than this are not reused (uvicorn: 5 s)
 READ_BYTES = 256 * 1024
 LINGER_S = 2.0  # how long a refused upload may go on being sent (and discarded)
-WRITE_HIGH_BYTES = 1024 * 1024  # past this much unsent to a client, wait for it to read
 # to a replica: not the client's key (replicas take none) nor its hop headers
 _TO_REPLICA_DROP = HOP_HEADERS | {b"authorization"}
 _UNAUTHORIZED = "missing or invalid API key: send 'Authorization: Bearer <key>'"
@@ -77,34 +76,6 @@ class UpstreamFailed(Exception):
     """The connection failed after it was made, before a response head came back."""
 
 
-class _Pool:
-    """Keep-alive connections to Unix sockets, per socket path (most recent first)."""
-
-    def __init__(self) -> None:
-        self.idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]]] = {}
-
-    async def get(self, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
-        """(reader, writer, reused)."""
-        idle = self.idle.get(path)
-        now = time.monotonic()
-        while idle:
-            reader, writer, since = idle.pop()
-            if now - since < UPSTREAM_IDLE_S and not writer.is_closing() and not reader.at_eof():
-                return reader, writer, True
-            writer.transport.abort()
-        reader, writer = await asyncio.open_unix_connection(path, limit=64 * 1024)
-        return reader, writer, False
-
-    def put(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.idle.setdefault(path, []).append((reader, writer, time.monotonic()))
-
-    def close(self) -> None:
-        for idle in self.idle.values():
-            for _, writer, _ in idle:
-                writer.transport.abort()
-        self.idle.clear()
-
-
 class _Conn:
     """One client connection: its streams, and the upstream to cut when it is lost."""
 
@@ -113,7 +84,7 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
         self.lost = False
-        self.upstream: asyncio.StreamWriter | None = None
+        self.upstream: Upstream | None = None
         self.busy = False  # a request is being served
         self.tunnel = False  # a WebSocket session: the control plane closes it on shutdown
 
@@ -122,7 +93,7 @@ class _Conn:
             waiter.exception()  # retrieved: a reset is how clients leave
         self.lost = True
         if self.upstream is not None:
-            self.upstream.transport.abort()  # the replica sees its client leave and aborts
+            self.upstream.abort()  # the replica sees its client leave and aborts
 
 
 class Relay:
@@ -136,7 +107,7 @@ class Relay:
         self.json_limit_bytes = settings.max_json_body_bytes
         self.limits = {"/v1/audio/voices": settings.max_upload_bytes}
         self.send_timeout_s = settings.send_timeout_s
-        self.pool = _Pool()
+        self.pool = Pool()
         self.connections: set[_Conn] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -240,9 +211,10 @@ class Relay:
                 conn.writer.write(error_bytes(error, request.keep_alive))
                 return request.keep_alive
             replica = frontend.replicas[decision.replica]
+            path = str(replica.socket_path)
             router.dispatched(replica.id)
             try:
-                head, reader, writer = await self._exchange(str(replica.socket_path), head_bytes, body)
+                upstream, head, first = await self._exchange(path, head_bytes, body)
             except ReplicaUnreachable:
                 router.finished(replica.id)
                 frontend.mark_down(replica)
@@ -251,13 +223,13 @@ class Relay:
                 failed = True
             else:
                 if head.status in RETRYABLE_STATUS:
-                    answer = await self._read_whole(head, reader, writer, str(replica.socket_path))
+                    answer = await self._read_whole(upstream, head, first, path)
                     router.finished(replica.id)
                     passed_on = answer if answer is not None else passed_on
                 else:
                     try:
-                        return await self._respond(conn, request, head, reader, writer,
-                                                   str(replica.socket_path), replica.id)
+                        return await self._respond(conn, request, upstream, head, first, path,
+                                                   replica.id)
                     finally:
                         router.finished(replica.id)
             if conn.lost:
@@ -267,98 +239,76 @@ class Relay:
 
     async def _exchange(self, path: str, head_bytes: bytes, body: bytes):
         """Send the request on a pooled connection (a fresh one if a reused one fails first);
-        returns (response head, reader, writer)."""
+        returns (connection, response head, the body bytes that came with the head)."""
         for attempt in (0, 1):
             try:
-                reader, writer, reused = await self.pool.get(path)
+                upstream, reused = await self.pool.get(path)
             except OSError as error:
                 raise ReplicaUnreachable(str(error)) from None
             try:
-                writer.writelines((head_bytes, body))
-                return await read_response_head(reader), reader, writer
-            except (OSError, EOFError, asyncio.LimitOverrunError, ConnectionError):
-                writer.transport.abort()
+                head, first = await upstream.exchange(head_bytes, body)
+                return upstream, head, first
+            except (OSError, ConnectionError):
+                upstream.abort()
                 if not (reused and attempt == 0):  # a kept-alive connection the replica closed
                     raise UpstreamFailed() from None
         raise AssertionError("unreachable")
 
-    async def _read_whole(self, head: ResponseHead, reader, writer, path: str) -> bytes | None:
+    async def _read_whole(self, upstream: Upstream, head: ResponseHead, first: bytes,
+                          path: str) -> bytes | None:
         """A small answer (429/503) read whole, as the client would get it; None if cut."""
+        sink = Collect()
         follower = BodyFollower(head, b"POST")
-        parts = [client_head(head, keep_alive=True)]
-        try:
-            while not follower.empty:
-                data = await reader.read(READ_BYTES)
-                if not data:
-                    return None
-                parts.append(data)
-                if follower.feed(data):
-                    break
-        except (OSError, ConnectionError):
-            writer.transport.abort()
+        if not follower.empty and not await upstream.forward(sink, follower, first, _no_drain, 30.0):
             return None
-        self.pool.put(path, reader, writer)
-        return b"".join(parts)
+        self.pool.put(path, upstream)
+        return client_head(head, keep_alive=True) + b"".join(sink.parts)
 
     # ------------------------------------------------------------------ the answer, passed on
-    async def _respond(self, conn: _Conn, request: Request, head: ResponseHead, reader, writer,
-                       path: str, replica_id: str | None) -> bool:
+    async def _respond(self, conn: _Conn, request: Request, upstream: Upstream,
+                       head: ResponseHead, first: bytes, path: str, replica_id: str | None) -> bool:
         """Pass the upstream's answer on as it arrives; pool its connection when it ends whole.
         True to keep the client connection."""
         follower = BodyFollower(head, request.method)
         keep = request.keep_alive and not follower.until_close
         out = conn.writer
         out.write(client_head(head, keep))
-        upstream_keep = (head.header(b"connection") or b"").lower() != b"close"
+        if (head.header(b"connection") or b"").lower() == b"close":
+            upstream.reusable = False
         if follower.empty:
-            self._release(path, reader, writer, upstream_keep)
+            self.pool.put(path, upstream)
             return keep
-        conn.upstream = writer
-        sent = 0
+        conn.upstream = upstream
         try:
-            while True:
-                data = await reader.read(READ_BYTES)
-                if not data:
-                    if follower.until_close:
-                        return False
-                    if not conn.lost:
-                        logger.warning("replica %s: its answer stopped after %d bytes (the replica "
-                                       "closed or died); the client's response is cut",
-                                       replica_id or "control plane", sent)
-                    out.transport.abort()
-                    return False
-                out.write(data)
-                sent += len(data)
-                if follower.feed(data):
-                    break
-                if conn.lost:
-                    return False
-                if out.transport.get_write_buffer_size() > WRITE_HIGH_BYTES:
-                    await asyncio.wait_for(out.drain(), self.send_timeout_s)
+            whole = await upstream.forward(out.transport, follower, first, out.drain,
+                                           self.send_timeout_s)
         except (OSError, ConnectionError, asyncio.TimeoutError):  # the client stalled or left
             out.transport.abort()
-            writer.transport.abort()
+            upstream.abort()
             return False
         finally:
             conn.upstream = None
-        self._release(path, reader, writer, upstream_keep)
+        if not whole:
+            if not conn.lost:
+                logger.warning("replica %s: its answer stopped after %d bytes (the replica closed "
+                               "or died); the client's response is cut",
+                               replica_id or "control plane", upstream.sent)
+            out.transport.abort()
+            return False
+        if follower.until_close:
+            return False
+        self.pool.put(path, upstream)
         return keep
-
-    def _release(self, path: str, reader, writer, keep: bool) -> None:
-        if keep and not writer.is_closing():
-            self.pool.put(path, reader, writer)
-        else:
-            writer.transport.abort()
 
     # ------------------------------------------------------------------ the control plane
     async def _to_control(self, conn: _Conn, request: Request, body: bytes) -> bool:
         head_bytes = upstream_request(request, body)
         try:
-            head, reader, writer = await self._exchange(self.control_socket, head_bytes, body)
+            upstream, head, first = await self._exchange(self.control_socket, head_bytes, body)
         except (ReplicaUnreachable, UpstreamFailed):
             raise HttpError(503, "the front end is shutting down", code="shutting_down",
                             type="server_error") from None
-        return await self._respond(conn, request, head, reader, writer, self.control_socket, None)
+        return await self._respond(conn, request, upstream, head, first, self.control_socket, None)
 
     async def _tunnel(self, conn: _Conn, request: Request) -> bool:
         """A WebSocket upgrade to the control plane's relay (cluster/ws_relay.py), then bytes both
@@ -376,13 +326,32 @@ class Relay:
         except (OSError, EOFError, ConnectionError, asyncio.LimitOverrunError):
             writer.transport.abort()
             return False
-        if head.status != 101:
-            return await self._respond(conn, request, head, reader, writer, self.control_socket, None)
+        if head.status != 101:  # refused before the upgrade: pass the answer on, then close
+            await _pass_until_close(reader, conn.writer, head)
+            writer.transport.abort()
+            return False
         conn.tunnel = True
         conn.writer.write(head.raw_status_line + b"\r\n" +
                           b"".join(b"%s: %s\r\n" % pair for pair in head.headers) + b"\r\n")
         await _pipe_both(conn.reader, conn.writer, reader, writer)
         return False
+
+
+async def _no_drain() -> None:
+    pass
+
+
+async def _pass_until_close(reader: asyncio.StreamReader, out: asyncio.StreamWriter,
+                            head: ResponseHead) -> None:
+    out.write(client_head(head, keep_alive=False))
+    follower = BodyFollower(head, b"GET")
+    while not follower.empty:
+        data = await reader.read(READ_BYTES)
+        if not data:
+            return
+        out.write(data)
+        if follower.feed(data):
+            return
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -76,15 +76,21 @@ def ray_app(sockets: list[str]):
 
 
 def serve_pids() -> dict[str, list[int]]:
-    from ray.util.state import list_actors
-
+    """The Serve actors' processes, by the titles Ray gives them (`ray::ProxyActor`,
+    `ray::ServeReplica:bench:HiggsIngress`, ...): read from /proc, no dashboard needed."""
     pids: dict[str, list[int]] = {"relay": [], "controller": []}
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000):
-        name = actor.class_name or ""
-        if name.startswith("ServeController"):
-            pids["controller"].append(actor.pid)
-        elif name.startswith("ProxyActor") or "HiggsIngress" in name or "FakeEngine" in name:
-            pids["relay"].append(actor.pid)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("ray::ServeController"):
+            pids["controller"].append(int(entry.name))
+        elif title.startswith(("ray::ProxyActor", "ray::ServeReplica:bench:HiggsIngress",
+                               "ray::ServeReplica:bench:FakeEngine")):
+            pids["relay"].append(int(entry.name))
     return pids
 
 

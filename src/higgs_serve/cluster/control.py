@@ -29,7 +29,7 @@ from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from higgs_serve.cluster.frontend import Frontend
+    from higgs_serve.cluster.state import Frontend
 
 logger = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from higgs_serve.cluster.ws_relay import PATH as WS_PATH
 from higgs_serve.server.errors import RETRY_AFTER_S
 
 if TYPE_CHECKING:
-    from higgs_serve.cluster.frontend import Frontend
+    from higgs_serve.cluster.state import Frontend
 
 logger = logging.getLogger(__name__)
 

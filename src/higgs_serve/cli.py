@@ -183,8 +183,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.mps:
         raise HiggsServeError("--mps shares a GPU between replicas: use it with --devices (e.g. --devices 0,0)")
     voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
-    settings = _server_settings(args, args.port, voices)  # its checks run before anything binds
-    if args.uds:
+    if args.uds:  # --port does not apply: the settings keep their default
+        settings = _server_settings(args, ServerSettings.port, voices)
         sock = preflight.bind_unix_socket(args.uds)
         where = f"unix:{args.uds}"
     else:
@@ -233,7 +233,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     devices = plan_devices(args.data_parallel_size, args.devices, args.device,
                            torch.cuda.device_count())
     # the single server's limits and key, checked now and enforced by the front end
-    settings = _server_settings(args, args.port, {})
+    settings = _server_settings(args, args.port or ServerSettings.port, {})
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
     model_dir, deploy = _model_and_deploy(args, args.load_format)

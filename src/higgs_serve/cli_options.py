@@ -122,6 +122,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     p.add_argument("--host", default=ServerSettings.host, help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_number, default=ServerSettings.port, help="TCP port (0: any free port)")
+    p.add_argument("--uds", default=None, metavar="PATH",
+                   help="listen on this Unix socket instead of --host/--port (how a data-parallel "
+                        "front end reaches its replicas; default: TCP)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: open)")
     p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
                    help="one or more names requests may use; /v1/models lists them all")

@@ -125,6 +125,23 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` (a stale socket there is replaced), bound before
+    anything loads."""
+    target = Path(path)
+    if target.exists() and not target.is_socket():
+        raise ConfigError(f"--uds {path}: exists and is not a socket")
+    target.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--uds {path}: cannot listen there ({e.strerror or e})") from e
+    return sock
+
+
 def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRINUSE:
         return (f"port {port} on {host} is already in use (another higgs-serve or other server?): "

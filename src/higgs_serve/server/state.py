@@ -80,6 +80,8 @@ class ServerState:
     gate: AdmissionGate
     reference_encoder: ReferenceEncoder | None
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
+    # response encoding (server/audio_out.py), apart from reference work: --encode-threads
+    encode_workers: AudioWorkers | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
@@ -87,6 +89,10 @@ class ServerState:
     # server/long_form.py): aborted when the shutdown's grace period ends, so each ends its
     # own response (503 or a stream error event)
     generations: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.encode_workers is None:
+            self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
 
     def abort_in_flight(self) -> None:
         for generation in list(self.generations):

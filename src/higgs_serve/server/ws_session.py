@@ -33,13 +33,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone, SegmentStarted
 from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import speech_run
+from higgs_serve.server.audio_out import AudioOut
 from higgs_serve.server.errors import ApiError, to_api_error
 from higgs_serve.server.json_limits import JsonShapeError, JsonTooDeepError, check_json_shape
 from higgs_serve.server.long_form import max_audio_samples
@@ -431,23 +430,21 @@ class SpeechStreamSession:
         if isinstance(event, SegmentStarted):
             record.sentence_index = len(self.utterance)
             record.request_id = event.request_id
-            record.pcm = speech_run.PcmChunks(plan, self.state)  # the session's output rate
+            record.out = speech_run.audio_out(plan, self.state)  # each sentence its own file
             await self._send_json({
                 "type": "audio.start", "id": event.request_id,
                 "utterance_index": self.utterance_index, "sentence_index": record.sentence_index,
                 "sentence_text": event.segment.text, "char_start": event.segment.start,
                 "char_end": event.segment.end, "format": plan.response_format,
                 "sample_rate": plan.sample_rate_hz})
-            if plan.response_format == "wav":  # each sentence is a self-contained (streaming) WAV
-                record.pending.append(formats.streaming_wav_header(plan.sample_rate_hz))
         elif isinstance(event, SegmentAudio):
             record.first_audio(self.state, ready_s)
-            record.pending.append(record.pcm.convert(event.audio, is_final=False))
+            record.pending.append(await record.out.push(event.audio))
             record.num_samples += event.audio.size
             if options.stream_audio:
                 await self._send_audio(record)
         else:
-            record.pending.append(record.pcm.convert(np.zeros(0, np.float32), is_final=True))
+            record.pending.append(await record.out.close())
             await self._send_audio(record)
             await self.audio.end_sentence(self.utterance_index, record.sentence_index)
             record.done = event
@@ -463,7 +460,7 @@ class SpeechStreamSession:
         if not record.pending:
             return
         data, record.pending = b"".join(record.pending), []
-        if not data:  # a resampler's empty tail
+        if not data:  # nothing yet (a codec's lookahead, an empty tail)
             return
         record.num_bytes += len(data)
         await self.audio.send_chunk(data, self.utterance_index, record.sentence_index)
@@ -509,7 +506,7 @@ class _SegmentRecord:
 
     def __init__(self):
         self.pending: list[bytes] = []
-        self.pcm: speech_run.PcmChunks | None = None  # set by the sentence's SegmentStarted
+        self.out: AudioOut | None = None  # the sentence's pipeline, set by its SegmentStarted
         self.sentence_index = 0  # within its utterance
         self.request_id = ""  # its engine request's id (sglang-omni's `id`)
         self.num_bytes = 0

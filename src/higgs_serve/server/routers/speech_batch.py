@@ -88,7 +88,8 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
         raise InvalidRequestError(
             f"batch items are answered as files, not streamed: drop {', '.join(streamed)}",
             param=streamed[0])
-    merged = {**defaults, **{key: value for key, value in item.items() if value is not None}}
+    merged = {**defaults, **{key: value for key, value in item.items() if value is not None},
+              "stream": False}  # a file, as /speech answers the same body with stream: false
     try:
         return SpeechRequestBody.model_validate(merged)
     except ValidationError as error:
@@ -136,10 +137,13 @@ async def _generate_long_form(index: int, plan: SpeechPlan, segments: list[Segme
     try:
         if run.aborted_before_audio:  # queued past the shutdown's grace period
             raise speech_run.shutting_down()
-        audio = await run.collect()
-        if run.finish_reason == "abort":  # cut by the shutdown's grace period
-            raise speech_run.shutting_down()
-        data = await speech_run.render_file(audio, plan, state)
+        file = await speech_run.file_of(run.audio(), plan, state)  # encoded as it is spoken
+        try:
+            if run.finish_reason == "abort":  # cut by the shutdown's grace period
+                raise speech_run.shutting_down()
+            data = file.read_all()
+        finally:
+            file.discard()
     except asyncio.CancelledError:
         await asyncio.shield(run.close())  # the batch was abandoned: counted "abort"
         raise

@@ -115,18 +115,6 @@ async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,
     return await collect_file(audio, audio_out(plan, state, seekable=True))
 
 
-async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> bytes:
-    """A finished 24 kHz signal -> the file's bytes (batch items): the whole-file path fed once."""
-    async def whole() -> AsyncIterator[np.ndarray]:
-        yield audio
-
-    file = await file_of(whole(), plan, state)
-    try:
-        return file.read_all()
-    finally:
-        file.discard()
-
-
 def audio_headers(plan: SpeechPlan) -> dict[str, str]:
     """Every audio response, streamed or not: what the bytes are, the language the request was
     checked for, and its input tokens (ours and sglang-omni's name: known before any audio).

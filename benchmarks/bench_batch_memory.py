@@ -12,12 +12,16 @@ anything; it checks the answer's length against its Content-Length.
 
 Cases (32 items, distinct seeds, 16-bit WAV at 48 kHz: the largest bytes per second):
 - `admitted`: each item --admitted-chars characters, chosen so the 32 items' audio stays just
-  under the 7,200 s the batch may hold (the tiny model, seed i): the largest batch answered 200,
-  its ~690 MB of files sent as ~920 MB of JSON.
+  under the 7,200 s the batch may hold (the tiny model: 220.44 s an item, 7,054 s in all): the
+  largest batch answered 200, its ~677 MB of files sent as ~903 MB of JSON.
 - `refused`: each item 3,125 characters (100,000 in all, the input limit): its audio passes
   7,200 s, so the batch is stopped there and answered 413 `batch_too_large`.
 - `references`: 32 items of one sentence, each with its own inline 7 s WAV reference (a 14 MB
   body, under the 15 MB JSON limit): 32 clips decoded and encoded.
+Each case runs --repeats times in a row, each run with its own seeds and clips: the first batch
+of a kind after the server starts also pays its one-time growth (pages of the KV cache touched
+for the first time, the reference encoder's first runs on the audio worker threads), the later
+ones show what a batch itself holds and whether it is given back.
 Without --model the tool writes the tiny checkpoint to a temporary directory first.
 """
 
@@ -27,11 +31,13 @@ import argparse
 import base64
 import io
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -45,6 +51,8 @@ from bench_serving import SENTENCES, free_port, stop_server, wait_ready  # noqa:
 from common import REPO_ROOT, markdown_table, now_iso, provenance, write_json  # noqa: E402
 
 ITEMS = 32
+# fields of an item's result and of the envelope, read from the answer as it passes
+ITEM_FIELDS = re.compile(rb'"(output_tokens|finish_reason|status|succeeded|failed)":"?(\w+)')
 FORMAT = {"response_format": "wav", "sample_rate": 48000}
 CASES = ("admitted", "refused", "references")
 
@@ -98,23 +106,25 @@ def reference_b64(seconds: float, seed: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def batch_body(case: str, admitted_chars: int) -> dict:
+def batch_body(case: str, admitted_chars: int, run: int) -> dict:
+    """The case's batch; each run its own seeds (and its own reference clips)."""
+    seeds = range(ITEMS * run, ITEMS * (run + 1))
     if case == "references":
-        items = [{"input": SENTENCES[i % len(SENTENCES)], "seed": i,
-                  "ref_audio": reference_b64(7.0, i), "ref_text": SENTENCES[0]}
-                 for i in range(ITEMS)]
+        items = [{"input": SENTENCES[seed % len(SENTENCES)], "seed": seed,
+                  "ref_audio": reference_b64(7.0, seed), "ref_text": SENTENCES[0]}
+                 for seed in seeds]
         return {"items": items, **FORMAT}
     chars = admitted_chars if case == "admitted" else 100_000 // ITEMS
     text = long_input(chars)
-    return {"items": [{"input": text, "seed": i} for i in range(ITEMS)], **FORMAT}
+    return {"items": [{"input": text, "seed": seed} for seed in seeds], **FORMAT}
 
 
-def run_case(client: httpx.Client, pid: int, case: str, admitted_chars: int,
+def run_case(client: httpx.Client, pid: int, case: str, run: int, admitted_chars: int,
              settle_s: float) -> dict:
-    body = batch_body(case, admitted_chars)
+    body = batch_body(case, admitted_chars, run)
     before = rss_mb(pid)
     started = time.perf_counter()
-    size, head = 0, b""
+    size, head, carry, frames, reasons = 0, b"", b"", [], Counter()
     with Sampler(pid) as sampler:
         with client.stream("POST", "/v1/audio/speech/batch", json=body) as response:
             status, headers = response.status_code, response.headers
@@ -122,12 +132,24 @@ def run_case(client: httpx.Client, pid: int, case: str, admitted_chars: int,
                 if len(head) < 4096:
                     head += piece[:4096]
                 size += len(piece)
+                # each item's fields follow its audio: read them from the pieces as they pass
+                # (a short carry joins a field split between two pieces)
+                text = carry + piece
+                for match in ITEM_FIELDS.finditer(text):
+                    if match.end() > len(carry):  # not already read from the last piece
+                        field, value = match.group(1).decode(), match.group(2).decode()
+                        if field == "output_tokens":
+                            frames.append(int(value))
+                        else:
+                            reasons[f"{field} {value}"] += 1
+                carry = text[-256:]
         done_s = time.perf_counter() - started
         time.sleep(settle_s)
     peak = max(rss for _, rss, _ in sampler.samples)
-    row = {"case": case, "items": len(body["items"]),
+    row = {"case": case, "run": run + 1, "items": len(body["items"]),
            "input_chars": sum(len(item["input"]) for item in body["items"]), **FORMAT,
-           "status": status, "answer_mb": size / 1e6,
+           "status": status, "answer_mb": size / 1e6, "fields": dict(reasons),
+           "audio_s": sum(frames) / 25, "item_audio_s": sorted({f / 25 for f in frames}),
            "content_length_ok": status != 200 or int(headers["content-length"]) == size,
            "seconds": done_s, "rss_before_mb": before, "rss_peak_mb": peak,
            "rss_growth_mb": peak - before, "rss_after_mb": sampler.samples[-1][1],
@@ -144,8 +166,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    p.add_argument("--admitted-chars", type=int, default=2_900,
+    p.add_argument("--admitted-chars", type=int, default=720,
                    help="characters per item of the `admitted` case")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="batches per case, one after another (the first after start pays the "
+                   "server's one-time growth)")
     p.add_argument("--settle-s", type=float, default=3.0, help="sampled this long after")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -177,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
                 {"input": long_input(600)},
                 {"input": SENTENCES[1], "ref_audio": reference_b64(7.0, 99),
                  "ref_text": SENTENCES[0]}], **FORMAT})
-            for case in args.cases:
-                row = run_case(client, proc.pid, case, args.admitted_chars, args.settle_s)
+            for case, run in ((case, run) for case in args.cases for run in range(args.repeats)):
+                row = run_case(client, proc.pid, case, run, args.admitted_chars, args.settle_s)
                 result["cases"].append(row)
-                print(f"{case}: {row['status']}, {row['answer_mb']:.0f} MB answer in "
+                print(f"{case} #{run + 1}: {row['status']}, {row['answer_mb']:.0f} MB answer in "
                       f"{row['seconds']:.0f} s; RSS {row['rss_before_mb']:.0f} -> peak "
                       f"{row['rss_peak_mb']:.0f} MB (+{row['rss_growth_mb']:.0f}), after "
                       f"{row['rss_after_mb']:.0f} MB; spooled peak {row['spooled_peak_mb']:.0f} "
@@ -193,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_avg_after"] = os.getloadavg()
     result = {**provenance("bench_batch_memory", started), **result}
     print("\n" + markdown_table(result["cases"], [
-        ("case", "case"), ("status", "status"), ("answer_mb", "answer MB"), ("seconds", "s"),
+        ("case", "case"), ("run", "run"), ("status", "status"), ("answer_mb", "answer MB"), ("seconds", "s"),
         ("rss_before_mb", "RSS before MB"), ("rss_peak_mb", "peak MB"),
         ("rss_growth_mb", "growth MB"), ("rss_after_mb", "after MB"),
         ("spooled_peak_mb", "spooled peak MB")]))

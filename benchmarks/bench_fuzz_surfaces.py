@@ -3,8 +3,9 @@ each hostile input costs the server: status, /health latency, resident memory, l
 
 Three passes against one `higgs-serve serve` subprocess (tiny random checkpoint, CPU):
   1. hostile single requests, one at a time (REST bodies at and past every documented limit,
-     reference codes, local FIFOs, batches, long-form, WebSocket frames and clients that stop
-     reading): each case's status, the worst /health latency while it ran, the server's RSS
+     reference codes, local FIFOs, batches at and past theirs, long-form, every response format
+     streamed and as a `stream: false` file and the combinations a format refuses, WebSocket
+     frames and clients that stop reading): each case's status, the worst /health latency while it ran, the server's RSS
      before, at its peak and 0.5 s after (did it come back?);
   2. schemathesis over every POST/DELETE operation of the server's own OpenAPI document
      (positive and negative cases): never a 5xx;
@@ -53,6 +54,7 @@ IDLE_S = 2.0
 SEND_TIMEOUT_S = 2.0
 FRAMES = 8  # the profile's default frame cap: every generation stays short
 LONG_FORM_CHARS = 100_000
+FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw")
 WS_END_SLACK_S = 1.0  # the last error and close frame (ws_session.FINAL_SEND_S)
 SETTLE_S = 0.5
 
@@ -260,15 +262,55 @@ def rest_cases(server: Server, quick: bool) -> list[tuple[str, object]]:
         (f"long-form: {len(long_text)} characters, SSE stream", _long_form_sse(server, long_text)),
     ]
     if not quick:
+        item_text = long_text[:LONG_FORM_CHARS // 32]
         cases += [
             ("batch: 32 items, each with 750 rows of codes", _post(server, "/v1/audio/speech/batch",
              {"items": [{"input": f"Item {i}.", "reference_codes": [[i] * 8] * 750} for i in range(32)],
               "response_format": "pcm"}, timeout=300)),
-            ("long-form: 20000 characters, wav file (whole-file path: issue 40 item 3, formats)",
-             _post(server, "/v1/audio/speech", {"input": long_text[:20_000], "response_format": "wav"},
-                   timeout=900)),
-        ]
+            (f"long-form: {len(long_text)} characters, wav file (stream false: the whole-file path)",
+             _post(server, "/v1/audio/speech", {"input": long_text, "response_format": "wav",
+                                                "stream": False}, timeout=900)),
+            (f"batch: 32 long-form items of every format, {32 * len(item_text)} characters in all "
+             "(the limit)", _post(server, "/v1/audio/speech/batch", {"items": [
+                 {"input": item_text, "seed": i, "response_format": FORMATS[i % len(FORMATS)]}
+                 for i in range(32)]}, timeout=900)),
+        ] + format_cases(server, long_text[:3000])
+    cases.append(("batch: one character past the input limit, in all", _post(
+        server, "/v1/audio/speech/batch", {"items": [
+            {"input": "x" * (LONG_FORM_CHARS // 2)}, {"input": "y" * (LONG_FORM_CHARS // 2 + 1)}]})))
     return cases
+
+
+def format_cases(server: Server, text: str) -> list[tuple[str, object]]:
+    """Every format streamed (no `stream` field: the streaming rule) and as a file (`stream:
+    false`), each a long-form request; then the combinations a format refuses."""
+    speech = "/v1/audio/speech"
+    cases = []
+    for fmt in FORMATS:
+        cases += [
+            (f"format: {fmt}, streamed (no stream field), {len(text)} characters",
+             _post(server, speech, {"input": text, "response_format": fmt}, timeout=300)),
+            (f"format: {fmt}, stream false, {len(text)} characters",
+             _post(server, speech, {"input": text, "response_format": fmt, "stream": False},
+                   timeout=300)),
+        ]
+    return cases + [
+        ("format: aac over SSE at 48 kHz", _post(server, speech, {
+            "input": text, "response_format": "aac", "sample_rate": 48000,
+            "stream_format": "sse"}, timeout=300)),
+        ("format: mp3, stream false, speed 0.25", _post(server, speech, {
+            "input": text, "response_format": "mp3", "stream": False, "speed": 0.25},
+            timeout=300)),
+        ("format: opus at 22050 Hz", _post(server, speech, {
+            "input": "hi", "response_format": "opus", "sample_rate": 22050})),
+        ("format: ulaw at 12345 Hz", _post(server, speech, {
+            "input": "hi", "response_format": "ulaw", "sample_rate": 12345})),
+        ("format: stream false with stream_format sse", _post(server, speech, {
+            "input": "hi", "response_format": "flac", "stream": False, "stream_format": "sse"})),
+        ("format: stream false with initial_codec_chunk_frames", _post(server, speech, {
+            "input": "hi", "response_format": "alaw", "stream": False,
+            "initial_codec_chunk_frames": 2})),
+    ]
 
 
 def _fifo_requests(server: Server):
@@ -435,7 +477,7 @@ def fuzz_frame(rng: random.Random, configured: bool) -> str | bytes:
     kind = rng.choice(["config", "text", "text", "done", "flush", "json", "deep", "huge",
                        "binary", "unknown", "surrogate", "config_fields", "whitespace"])
     if kind == "config" or (kind == "text" and not configured and rng.random() < 0.5):
-        config = {"type": "session.config", "response_format": rng.choice(["pcm", "wav", "mp3"]),
+        config = {"type": "session.config", "response_format": rng.choice(FORMATS),
                   "max_new_tokens": rng.randint(1, FRAMES)}
         if rng.random() < 0.3:
             config = {"type": "session.config", "session": {k: v for k, v in config.items() if k != "type"}}

@@ -570,7 +570,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
                         "(0: all --frames)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
-    p.add_argument("--response-format", nargs="+", default=["pcm"],
+    p.add_argument("--response-format", dest="response_formats", nargs="+", default=["pcm"],
                    choices=["pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw", "alaw"],
                    help="the format requests stream; several: each concurrency level runs once per "
                         "format, in the order given, on the same server (ratios side by side)")
@@ -601,6 +601,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--frames-spread must be in [0, 1)")
     if args.file_every < 0:
         p.error("--file-every must be >= 0")
+    args.response_format = args.response_formats[0]  # a level's own format replaces it (main)
     return args
 
 
@@ -651,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                      "frames": args.frames, "frames_spread": args.frames_spread, "file_every": args.file_every,
                      "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
-                     "response_format": args.response_format,
+                     "response_format": args.response_formats,
                      "server_pid": args.server_pid,
                      "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
@@ -666,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         index = 0
         server_pid = proc.pid if proc is not None else args.server_pid
         for concurrency, response_format in ((c, f) for c in args.concurrency
-                                             for f in args.response_format):
+                                             for f in args.response_formats):
             if args.max_minutes is not None and time.perf_counter() - t_start > 60 * args.max_minutes:
                 if concurrency not in result["skipped_concurrency"]:
                     result["skipped_concurrency"].append(concurrency)

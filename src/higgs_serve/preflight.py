@@ -107,6 +107,16 @@ def read_reference_clip(path: str, flag: str):
     return samples, rate
 
 
+def check_watermark(enabled: bool) -> None:
+    """With the watermark on, its model must be there (audio/perth.py): refuse to start rather
+    than serve unmarked audio. With it off, nothing to check (the builder logs that it is off)."""
+    if not enabled:
+        return
+    from higgs_serve.audio.watermark import check_available
+
+    check_available()
+
+
 def bind_listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), bound before anything loads."""
     try:

@@ -114,3 +114,4 @@ class MarkStream:
         if chunk.size == 0:
             return chunk
         return (chunk + residual[-chunk.size:]).astype(np.float32, copy=False)
+

@@ -25,6 +25,7 @@ import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import Replica, Supervisor
 from higgs_serve.cluster.routing import Router, batch_routing_key, body_key, routing_key
@@ -33,6 +34,7 @@ from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.audio_workers import AudioWorkers
 from higgs_serve.server.routers import voices as voices_router
+from higgs_serve.server.routers import watermark as watermark_router
 from higgs_serve.server.settings import DEFAULT_MAX_INPUT_CHARS, ServerSettings
 from higgs_serve.server.speech_run import CLIENT_GONE, unless_disconnected
 
@@ -98,8 +100,10 @@ def build_frontend(frontend: Frontend) -> FastAPI:
     protected = [Depends(_api_key_checker(frontend.settings.api_key))]
     _add_speech(app, frontend, protected)
     app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
-        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2))
+        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector())
     app.include_router(voices_router.router, dependencies=protected)
+    # detection needs no replica: the front end answers it itself, as the single server does
+    app.include_router(watermark_router.router, dependencies=protected)
     _add_health(app, frontend, protected)
     ws_relay.add_websocket(app, frontend)
     return app
@@ -213,12 +217,13 @@ def response_headers(headers: httpx.Headers) -> dict[str, str]:
 # ----------------------------------------------------------------------------- voices
 @dataclass
 class _VoiceRoutes:
-    """What the single server's voices router reads from `app.state.server`: the same endpoints,
-    checks and shapes, over the fan-out registry."""
+    """What the single server's voices and watermark routers read from `app.state.server`: the
+    same endpoints, checks and shapes, over the fan-out registry and the front end's own detector."""
 
     voices: FanOutRegistry
     settings: ServerSettings
     audio_workers: AudioWorkers
+    detector: LazyDetector
 
 
 def voice_fan_out(frontend: Frontend) -> Callable[[str, object], None]:

@@ -29,7 +29,8 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.body_limit import BodyLimitMiddleware
-from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices
+from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
+from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
 from higgs_serve.server.schemas import ERROR_RESPONSES
 from higgs_serve.server.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
@@ -74,12 +75,13 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     install_error_handlers(app)
     app.add_middleware(SendTimeoutMiddleware, send_timeout_s=settings.send_timeout_s)
     app.add_middleware(BodyLimitMiddleware, default_bytes=settings.max_json_body_bytes,
-                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES})
+                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES,
+                               watermark.DETECT_PATH: DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES})
     # every /v1 route needs the key (tests/server/test_reliability.py enumerates app.routes)
     protected = [Security(_api_key_checker(settings.api_key))] if settings.api_key else []
     documented = {status: ERROR_RESPONSES[status] for status in (401, 500)
                   if status != 401 or settings.api_key}
-    for router in (speech.router, speech_batch.router, voices.router, health.models_router):
+    for router in (speech.router, speech_batch.router, voices.router, watermark.router, health.models_router):
         app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
     # WebSocket: checks the API key itself (header or api_key query parameter)

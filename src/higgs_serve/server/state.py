@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
+from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
@@ -80,6 +81,8 @@ class ServerState:
     gate: AdmissionGate
     reference_encoder: ReferenceEncoder | None
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
+    # POST /v1/audio/watermark/detect: on the CPU, loaded at its first request
+    detector: LazyDetector = field(default_factory=LazyDetector)
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None

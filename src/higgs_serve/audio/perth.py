@@ -191,28 +191,34 @@ class PerthWatermarker:
         return cls(PerthNet.load(), torch.device(device))
 
     def _stft(self, audio: torch.Tensor) -> torch.Tensor:
-        """[n] float32 -> [F, T] complex (centred frames, reflected edges)."""
+        """[..., n] float32 -> [..., F, T] complex (centred frames, reflected edges)."""
         return torch.stft(audio, N_FFT, HOP, window=self._window, center=True, pad_mode="reflect",
                           return_complex=True)
 
-    @torch.inference_mode()
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Each window [n_i] float32 (n_i > N_FFT / 2) -> [n_i] float32, the change marking it."""
-        if not windows:
-            return []
+        """Each window [n_i] float32 (n_i > N_FFT / 2) -> [n_i] float32, the change marking it.
+        Windows of one length run as one batch; other lengths in their own (padding a window
+        would change its last frames: the stacks' biases make padded frames nonzero inside)."""
+        out: list[np.ndarray | None] = [None] * len(windows)
+        by_length: dict[int, list[int]] = {}
+        for i, window in enumerate(windows):
+            by_length.setdefault(len(window), []).append(i)
         with self._lock:
-            specs = [self._stft(self._tensor(w)) for w in windows]
-            frames = max(s.shape[-1] for s in specs)
-            # frames padded with zero spectra: their features are 0 and their mask 0, what the
-            # convolutions' own zero padding sees, so batching changes no window's result
-            spec = torch.stack([F.pad(s, (0, frames - s.shape[-1])) for s in specs])  # [B, F, T]
-            feats = self.net.features(spec)
-            gain = self.net.embed_gain(feats, frame_mask(feats))  # [B, 128, T]
-            delta = torch.zeros_like(spec)
-            delta[:, :MARK_BINS] = spec[:, :MARK_BINS] * (gain - 1.0)
-            changes = [torch.istft(delta[row, :, : s.shape[-1]], N_FFT, HOP, window=self._window, center=True,
-                                   length=len(w)) for row, (w, s) in enumerate(zip(windows, specs))]
-            return [c.float().cpu().numpy() for c in changes]
+            for indices in by_length.values():
+                for i, change in zip(indices, self._batch_residuals([windows[i] for i in indices])):
+                    out[i] = change
+        return out
+
+    @torch.inference_mode()
+    def _batch_residuals(self, windows: list[np.ndarray]) -> list[np.ndarray]:
+        audio = torch.stack([self._tensor(w) for w in windows])  # [B, n]
+        spec = self._stft(audio)  # [B, F, T]
+        feats = self.net.features(spec)
+        gain = self.net.embed_gain(feats, frame_mask(feats))  # [B, 128, T]
+        delta = torch.zeros_like(spec)
+        delta[:, :MARK_BINS] = spec[:, :MARK_BINS] * (gain - 1.0)
+        change = torch.istft(delta, N_FFT, HOP, window=self._window, center=True, length=audio.shape[-1])
+        return list(change.float().cpu().numpy())
 
     @torch.inference_mode()
     def score(self, audio: np.ndarray) -> float:

@@ -198,8 +198,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s,
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
+        c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
         **voices,
     )
+    provenance = preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     _log_graph_path(deploy)
     from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
@@ -207,7 +209,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logger.info("listening on http://%s:%d; /ready answers 200 once the model is loaded and warm "
                 "(Ctrl-C stops at any time)", args.host, port)
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
-    run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock])
+    run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock], provenance=provenance)
     return 0
 
 
@@ -224,6 +226,9 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
                            torch.cuda.device_count())
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
+    # the replicas sign the files; a chain c2pa refuses fails here, before any replica starts
+    preflight.load_provenance(ServerSettings(c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key,
+                                             c2pa_tsa_url=args.c2pa_tsa_url))
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
@@ -238,7 +243,8 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,
-              "--watermark": args.watermark}
+              "--watermark": args.watermark, "--c2pa-cert": args.c2pa_cert, "--c2pa-key": args.c2pa_key,
+              "--c2pa-tsa-url": args.c2pa_tsa_url}
     serve_args = ["--served-model-name", *args.served_model_name]
     serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
                    for x in (flag, value)]

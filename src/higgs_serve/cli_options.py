@@ -148,6 +148,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
     p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
                    help="a client that reads nothing for this long loses its response and slot")
+    p.add_argument("--c2pa-cert", default=None, metavar="PEM",
+                   help="sign wav, mp3 and flac files with a C2PA manifest saying a model made the audio: "
+                        "this certificate chain (PEM, signing certificate first) with --c2pa-key "
+                        "(default: files unsigned)")
+    p.add_argument("--c2pa-key", default=None, metavar="PEM",
+                   help="the private key (PEM, unencrypted) of --c2pa-cert (default: none)")
+    p.add_argument("--c2pa-tsa-url", default=None, metavar="URL",
+                   help="an RFC 3161 timestamp authority that countersigns each manifest (default: none)")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
                         "behind one front end on --host/--port (default: one server, no front end)")

@@ -88,3 +88,38 @@ def test_a_missing_file_and_a_body_past_the_limit(fake_server):
     got = httpx.post(f"{fake_server.url}{PATH}", files={"file": ("big", b"\0" * (DETECT_MAX_BYTES + 2**20))},
                      timeout=60)
     assert got.status_code == 413 and "error" in got.json()
+
+
+def test_signed_file_responses(tmp_path):
+    """With a signing identity, whole-file responses (single, batch) carry a C2PA manifest the
+    reader trusts; formats without a place for one are sent as they were."""
+    import base64
+
+    import c2pa
+    from fake_engine import FakeEngine
+    from live_server import MODEL_NAME, fake_settings, start_threaded_server
+
+    from higgs_serve.preflight import load_provenance
+    from support.c2pa_certs import make_chain
+
+    chain = make_chain()
+    cert, key = chain.write(tmp_path)
+    settings = fake_settings(tmp_path, c2pa_cert=cert, c2pa_key=key)
+    live = start_threaded_server(FakeEngine(), settings, provenance=load_provenance(settings))
+    try:
+        body = {"model": MODEL_NAME, "input": "Hello there.", "stream": False}
+        for fmt, mime in (("wav", "audio/wav"), ("mp3", "audio/mpeg"), ("flac", "audio/flac")):
+            got = httpx.post(f"{live.url}/v1/audio/speech", json={**body, "response_format": fmt}, timeout=60)
+            assert got.status_code == 200, got.text
+            with c2pa.Reader(mime, io.BytesIO(got.content), context=chain.trust_context()) as reader:
+                assert reader.get_validation_state() == "Trusted", fmt
+        pcm = httpx.post(f"{live.url}/v1/audio/speech", json={**body, "response_format": "pcm"}, timeout=60)
+        assert pcm.status_code == 200 and b"c2pa" not in pcm.content
+        batch = httpx.post(f"{live.url}/v1/audio/speech/batch", timeout=60,
+                           json={"model": MODEL_NAME, "items": [{"input": "One."}], "response_format": "wav"})
+        assert batch.status_code == 200, batch.text
+        item = base64.b64decode(batch.json()["results"][0]["audio_data"])
+        with c2pa.Reader("audio/wav", io.BytesIO(item), context=chain.trust_context()) as reader:
+            assert reader.get_validation_state() == "Trusted"
+    finally:
+        live.stop()

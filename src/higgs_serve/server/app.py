@@ -29,6 +29,7 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.body_limit import BodyLimitMiddleware
+from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
 from higgs_serve.server.schemas import ERROR_RESPONSES
@@ -45,10 +46,12 @@ logger = logging.getLogger(__name__)
 
 def build_app(engine: SpeechEngine, settings: ServerSettings, *,
               reference_encoder: ReferenceEncoder | None = None,
-              on_engine_failure: Callable[[], None] | None = None) -> FastAPI:
+              on_engine_failure: Callable[[], None] | None = None,
+              provenance: Provenance | None = None) -> FastAPI:
     """An app serving `engine`. The lifespan starts and shuts down the engine.
 
     reference_encoder: enables voice cloning (voice=<registered> and ref_audio); None = 400.
+    provenance: signs whole files (audio/provenance.py); None = unsigned.
     on_engine_failure: called if `engine.start()` raises (run_server stops uvicorn with it).
     """
     gate = AdmissionGate(engine.deploy.stage0.max_num_seqs + settings.max_queue)
@@ -56,7 +59,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                             reference_encoder=reference_encoder)
     state = ServerState(engine=engine, settings=settings,
                         voices=VoiceRegistry(settings.voices_dir, engine.sample_rate_hz),
-                        metrics=metrics, gate=gate, reference_encoder=reference_encoder)
+                        metrics=metrics, gate=gate, reference_encoder=reference_encoder,
+                        provenance=provenance)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -123,7 +127,8 @@ def _api_key_checker(api_key: str):
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
                reference_encoder: ReferenceEncoder | None = None,
-               sockets: list[socket.socket] | None = None) -> None:
+               sockets: list[socket.socket] | None = None,
+               provenance: Provenance | None = None) -> None:
     """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start.
 
     sockets: already bound listening sockets (the CLI binds before loading, so a port in use
@@ -142,7 +147,8 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
     def stop() -> None:
         server.should_exit = True
 
-    app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop)
+    app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop,
+                    provenance=provenance)
     server = draining_server(app, settings.host, settings.port, log_level="info")
     server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error

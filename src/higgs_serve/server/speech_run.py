@@ -101,11 +101,13 @@ def shutting_down() -> ApiError:
 
 
 async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> bytes:
-    """Finished 24 kHz audio -> the response file (stretched, resampled, encoded off-loop)."""
+    """Finished 24 kHz audio -> the response file (stretched, resampled, encoded and, when the
+    server signs, given its C2PA manifest: audio/provenance.py), off-loop."""
     def render() -> bytes:
         signal = time_stretch(audio, plan.speed) if plan.speed != 1.0 else audio
         signal = resample(signal, state.engine.sample_rate_hz, plan.sample_rate_hz)
-        return formats.encode_audio(signal, plan.response_format, plan.sample_rate_hz)
+        data = formats.encode_audio(signal, plan.response_format, plan.sample_rate_hz)
+        return data if state.provenance is None else state.provenance.sign(data, plan.response_format)
 
     return await state.audio_workers.run(render)
 

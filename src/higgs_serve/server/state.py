@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
+from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.core import EngineHooks
@@ -83,6 +84,8 @@ class ServerState:
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
     # POST /v1/audio/watermark/detect: on the CPU, loaded at its first request
     detector: LazyDetector = field(default_factory=LazyDetector)
+    # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
+    provenance: Provenance | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None

@@ -59,8 +59,9 @@ def test_each_chunk_gets_its_own_windows_change_in_order():
     wrapped.put(chunk([], final=True, reason="stop"))
     assert sink.done.wait(10)
     stage.stop()
-    # window 1: 4 samples of silence + [1, 1] -> mean 1/3; window 2: [0, 0, 1, 1, 3, 3, 3, 3] -> 1.75
-    expected = [[1 + 1 / 3] * 2, [4.75] * 4, []]
+    # window 1: the chunk alone, [1, 1] -> mean 1; window 2: the 2 samples before it (of up to
+    # CONTEXT) and the chunk, [1, 1, 3, 3, 3, 3] -> 7/3
+    expected = [[2.0] * 2, [3 + 7 / 3] * 4, []]
     for got, want in zip([c.audio for c in sink.chunks], expected, strict=True):
         np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=1e-6)
     assert sink.chunks[-1].is_final and sink.chunks[-1].finish_reason == "stop"
@@ -97,7 +98,7 @@ def test_a_first_chunk_overtakes_queued_long_chunks_of_other_requests():
     busy_in.put(chunk([], final=True))
     assert busy.done.wait(10)
     stage.stop()
-    assert wm.calls == [[104], [6], [104], [104], [104]]
+    assert wm.calls == [[100], [2], [104], [104], [104]]
 
 
 def test_a_failed_call_fails_its_requests_only_and_errors_keep_their_place():

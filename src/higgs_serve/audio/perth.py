@@ -196,7 +196,7 @@ class PerthWatermarker:
                           return_complex=True)
 
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Each window [n_i] float32 (n_i > N_FFT / 2) -> [n_i] float32, the change marking it.
+        """Each window [n_i] float32 -> [n_i] float32, the change marking it.
         Windows of one length run as one batch; other lengths in their own (padding a window
         would change its last frames: the stacks' biases make padded frames nonzero inside)."""
         out: list[np.ndarray | None] = [None] * len(windows)
@@ -212,13 +212,16 @@ class PerthWatermarker:
     @torch.inference_mode()
     def _batch_residuals(self, windows: list[np.ndarray]) -> list[np.ndarray]:
         audio = torch.stack([self._tensor(w) for w in windows])  # [B, n]
+        n = audio.shape[-1]
+        if n <= N_FFT // 2:  # too short to reflect the STFT's edges: silence before it
+            audio = F.pad(audio, (N_FFT // 2 + 1 - n, 0))
         spec = self._stft(audio)  # [B, F, T]
         feats = self.net.features(spec)
         gain = self.net.embed_gain(feats, frame_mask(feats))  # [B, 128, T]
         delta = torch.zeros_like(spec)
         delta[:, :MARK_BINS] = spec[:, :MARK_BINS] * (gain - 1.0)
         change = torch.istft(delta, N_FFT, HOP, window=self._window, center=True, length=audio.shape[-1])
-        return list(change.float().cpu().numpy())
+        return list(change[:, -n:].float().cpu().numpy())
 
     @torch.inference_mode()
     def score(self, audio: np.ndarray) -> float:

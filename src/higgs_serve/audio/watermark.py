@@ -8,8 +8,8 @@ One small interface, `Watermarker`:
 Around it, knowing nothing of the model:
 - `embed(wm, audio)`: a whole clip marked in one window;
 - `MarkStream`: one stream marked chunk by chunk, causally. Each chunk is marked in a window of
-  the stream's previous `context_samples` unmarked samples (silence before the first chunk) plus
-  the chunk itself, and only the chunk's part of the change is kept. Nothing waits for later
+  the stream's previous unmarked samples (up to `context_samples`, none before the first chunk)
+  plus the chunk itself, and only the chunk's part of the change is kept. Nothing waits for later
   audio, so a chunk leaves as soon as its own window is computed; against `embed`, only the last
   ~150 ms of each chunk differ, marked without the audio that follows them
   (benchmarks/results/README.md has the detection rates of both);
@@ -98,14 +98,16 @@ class MarkStream:
 
     def __init__(self, context_samples: int):
         self.context_samples = context_samples
-        # the last unmarked samples, for the next window: silence before the first chunk, so every
-        # window of one chunk length has one shape (a batch on a GPU stacks them)
-        self._context = np.zeros(context_samples, dtype=np.float32)
+        # the last unmarked samples (at most context_samples), for the next window; none before
+        # the first chunk, whose window is then the chunk alone: the cheapest call, which is the
+        # one time to first audio waits for (a 40 ms chunk: 5 STFT frames instead of 27)
+        self._context = np.zeros(0, dtype=np.float32)
 
     def window(self, chunk: np.ndarray) -> np.ndarray:
-        """The window that marks `chunk`: [context_samples + n] float32; advances the context."""
+        """The window that marks `chunk`: [min(context so far, context_samples) + n] float32;
+        advances the context."""
         window = np.concatenate([self._context, np.asarray(chunk, dtype=np.float32)])
-        self._context = window[window.size - self.context_samples:]
+        self._context = window[max(window.size - self.context_samples, 0):]
         return window
 
     @staticmethod

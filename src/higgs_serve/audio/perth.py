@@ -30,6 +30,7 @@ What the network does, in our words:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import threading
 from collections.abc import Sequence
@@ -185,6 +186,12 @@ class PerthWatermarker:
         self.net = net.to(device)
         self._window = torch.hann_window(N_FFT, periodic=True, device=device)
         self._lock = threading.Lock()
+        # on a GPU, its own stream, as the codec's: the mark never queues behind Stage 0's or the
+        # codec's kernels, nor they behind it (its host copies wait for this stream only)
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _on_stream(self):
+        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     @classmethod
     def load(cls, device: str | torch.device = "cpu") -> PerthWatermarker:
@@ -203,7 +210,7 @@ class PerthWatermarker:
         by_length: dict[int, list[int]] = {}
         for i, window in enumerate(windows):
             by_length.setdefault(len(window), []).append(i)
-        with self._lock:
+        with self._lock, self._on_stream():
             for indices in by_length.values():
                 for i, change in zip(indices, self._batch_residuals([windows[i] for i in indices])):
                     out[i] = change
@@ -228,7 +235,7 @@ class PerthWatermarker:
         """[n] float32 at 24 kHz -> 0..1; 0 for a clip shorter than one STFT window."""
         if audio.size <= N_FFT:
             return 0.0
-        with self._lock:
+        with self._lock, self._on_stream():
             feats = self.net.features(self._stft(self._tensor(audio))[None])
             return float(self.net.detect(feats, frame_mask(feats))[0])
 

@@ -11,6 +11,10 @@ Sections (`--sections`, all by default):
   SNR; 1 s cut from each end), on the chunk-wise marked clips, and on the unmarked clips under
   the same transformations (false positives). Rates are split at 5 s. Transparency: the mark's
   SNR and PESQ (ITU-T P.862 wide band, 16 kHz; the `pesq` package) of marked against unmarked.
+- threshold: the decision threshold, chosen on clips the quality section never sees (another
+  seed): every clip's score marked and unmarked under every transformation, and for candidate
+  thresholds the false positives and the detection rates they give. audio/watermark.py's
+  THRESHOLD is the one chosen from this table (docs/model.md#watermark says how).
 - cost: CPU seconds (process time: all threads) and wall seconds per call of one stream's chunk
   at each chunk size of the schedule (window = 220 ms context + chunk), per audio second for a
   whole stream on the streaming schedule, and per audio second for batches of B 1 s chunks
@@ -128,6 +132,39 @@ def rate_summary(scores: list[float], seconds: list[float]) -> dict:
             "all": part(lambda d: True)}
 
 
+CANDIDATE_THRESHOLDS = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
+CALIBRATION_SEED = 7  # the quality section's clips use speech_clips' default seed (43)
+
+
+def threshold_table(wm, num_clips: int) -> dict:
+    clips = make_clips(num_clips, seed=CALIBRATION_SEED)
+    seconds = [c.seconds for c in clips]
+    marked = {name: [] for name in TRANSFORMS}
+    unmarked = {name: [] for name in TRANSFORMS}
+    for clip in clips:
+        audio = clip.audio[: clip.audio.size // FRAME_SAMPLES * FRAME_SAMPLES]
+        whole = embed(wm, audio)
+        for name, transform in TRANSFORMS.items():
+            marked[name].append(detect(wm, *transform(whole, clip.index)).score)
+            unmarked[name].append(detect(wm, *transform(audio, clip.index)).score)
+        print(f"calibration clip {clip.index:3d} {clip.seconds:5.1f} s", flush=True)
+    every_unmarked = [s for scores in unmarked.values() for s in scores]
+    rows = []
+    for t in CANDIDATE_THRESHOLDS:
+        rows.append({"threshold": t, "false_positives": sum(s >= t for s in every_unmarked),
+                     "unmarked_scores": len(every_unmarked),
+                     "detection_at_least_5s": {name: sum(s >= t for s, d in zip(scores, seconds) if d >= SHORT_S)
+                                               / sum(d >= SHORT_S for d in seconds) for name, scores in marked.items()},
+                     "detection_under_5s": {name: sum(s >= t for s, d in zip(scores, seconds) if d < SHORT_S)
+                                            / max(sum(d < SHORT_S for d in seconds), 1)
+                                            for name, scores in marked.items()}})
+    return {"clips": len(clips), "seed": CALIBRATION_SEED, "at_least_5s": sum(d >= SHORT_S for d in seconds),
+            "unmarked_score_max": max(every_unmarked), "unmarked_score_p999": percentile(every_unmarked, 99.9),
+            "unmarked_score_max_by_transform": {name: max(scores) for name, scores in unmarked.items()},
+            "marked_score_min_by_transform": {name: min(scores) for name, scores in marked.items()},
+            "candidates": rows}
+
+
 def quality(wm, num_clips: int) -> dict:
     clips = make_clips(num_clips)
     seconds = [c.seconds for c in clips]
@@ -228,8 +265,9 @@ def cost(wm, device: str, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="torch device of the watermark (cpu, cuda, cuda:N)")
-    p.add_argument("--sections", nargs="+", choices=["quality", "cost"], default=["quality", "cost"])
+    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold"], default=["quality", "cost"])
     p.add_argument("--clips", type=int, default=150, help="speech clips for the quality section")
+    p.add_argument("--calibration-clips", type=int, default=100, help="speech clips for the threshold section")
     p.add_argument("--repeats", type=int, default=50, help="timed calls per chunk size (cost)")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
@@ -238,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**provenance("bench_watermark", started), "loadavg_start": os.getloadavg(), "watermark": wm.name}
     if "cost" in args.sections:
         result["cost"] = cost(wm, args.device, args.repeats)
+    if "threshold" in args.sections:
+        result["threshold"] = threshold_table(wm, args.calibration_clips)
     if "quality" in args.sections:
         result["quality"] = quality(wm, args.clips)
     result["loadavg_end"] = os.getloadavg()
@@ -245,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         write_json(args.out, result)
     summary = {k: result[k] for k in ("cost",) if k in result}
+    if "threshold" in result:
+        summary["threshold"] = {k: v for k, v in result["threshold"].items() if k != "candidates"}
+        summary["threshold"]["candidates"] = [
+            {"threshold": row["threshold"], "false_positives": row["false_positives"],
+             "noise_20db_at_least_5s": row["detection_at_least_5s"]["noise_20db"],
+             "worst_at_least_5s": min(row["detection_at_least_5s"].values())} for row in result["threshold"]["candidates"]]
     if "quality" in result:
         q = result["quality"]
         summary["detection_>=5s"] = {k: v["at_least_5s"].get("rate") for k, v in q["detection"].items()}

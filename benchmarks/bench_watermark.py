@@ -21,7 +21,10 @@ Sections (`--sections`, all by default):
   (B = 1, 16, 64: the engine's mark stage batches across requests). On CUDA (`--device cuda`)
   the wall times are device-synchronised.
 
-  python3 benchmarks/bench_watermark.py --device cpu --out benchmarks/results/watermark_cpu.json
+  python3 benchmarks/bench_watermark.py --device cpu --sections quality --out benchmarks/results/watermark_quality_cpu.json
+  python3 benchmarks/bench_watermark.py --device cpu --sections cost --out benchmarks/results/watermark_cost_cpu.json
+  python3 benchmarks/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
+  python3 benchmarks/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ def rate_summary(scores: list[float], seconds: list[float]) -> dict:
             return {"clips": 0}
         return {"clips": len(chosen), "detected": sum(s >= THRESHOLD for s in chosen),
                 "rate": sum(s >= THRESHOLD for s in chosen) / len(chosen),
+                # at the cut resemble-perth's own wrapper uses (it rounds the score)
+                "rate_at_0_5": sum(s >= 0.5 for s in chosen) / len(chosen),
                 "score_min": min(chosen), "score_p1": percentile(chosen, 1), "score_p50": percentile(chosen, 50),
                 "score_max": max(chosen)}
     return {"at_least_5s": part(lambda d: d >= SHORT_S), "under_5s": part(lambda d: d < SHORT_S),
@@ -195,6 +200,7 @@ def quality(wm, num_clips: int) -> dict:
     for name, scores in unmarked_scores.items():
         flagged = [s >= THRESHOLD for s in scores]
         false_positives[name] = {"clips": len(scores), "flagged": sum(flagged), "rate": sum(flagged) / len(scores),
+                                 "flagged_at_0_5": sum(s >= 0.5 for s in scores),
                                  "score_max": max(scores), "score_p99": percentile(scores, 99)}
     return {
         "clips": {"count": len(clips), "seconds_min": min(seconds), "seconds_max": max(seconds),
@@ -204,6 +210,8 @@ def quality(wm, num_clips: int) -> dict:
         "file_schedule_frames": chunk_schedule(100, FILE_PARAMS),
         "detection": detection,
         "false_positives": false_positives,
+        "per_clip": {"seconds": seconds, "marked": marked_scores, "unmarked": unmarked_scores, "chunkwise": chunkwise,
+                     "snr_db": snr, "pesq_wb": pesq},
         "transparency": {
             name: {"snr_db_mean": mean(snr[name]), "snr_db_min": min(snr[name]),
                    "pesq_wb_mean": mean(pesq[name]), "pesq_wb_min": min(pesq[name]),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from higgs_serve.audio.watermark import embed, load_watermarker
+from higgs_serve.audio.watermark import THRESHOLD, embed, load_watermarker
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from support.speechlike import speechlike
 
@@ -48,9 +48,9 @@ def test_marked_and_unmarked_files(fake_server, clips):
         got = _post(fake_server, _file(marked, fmt))
         assert got.status_code == 200, got.text
         assert set(got.json()) == {"detected", "score"}
-        assert got.json()["detected"] is True and got.json()["score"] >= 0.5, fmt
+        assert got.json()["detected"] is True and got.json()["score"] >= THRESHOLD, fmt
         got = _post(fake_server, _file(plain, fmt)).json()
-        assert got["detected"] is False and got["score"] < 0.5, fmt
+        assert got["detected"] is False and got["score"] < THRESHOLD, fmt
     assert _post(fake_server, _ffmpeg(marked, "-c:a", "aac", "-b:a", "64k", "-f", "adts")).json()["detected"]
 
 

@@ -295,7 +295,7 @@ class ModelList(BaseModel):
 
 class WatermarkDetection(BaseModel):
     detected: bool = Field(description="true when the audio carries the higgs-serve watermark "
-                                       "(score >= 0.5)")
+                                       "(score >= 0.4)")
     score: float = Field(description="the detector's confidence, 0 (unmarked) to 1 (marked)")
 
 

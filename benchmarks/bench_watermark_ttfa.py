@@ -11,8 +11,11 @@ costs in place.
 
   python3 benchmarks/bench_watermark_ttfa.py --device cpu --requests 40 --out benchmarks/results/watermark_ttfa_cpu.json
 
-On a GPU machine the same command with `--device cuda --model /tmp/h4b --load-format dummy`
-measures the real geometry (the mark then runs on the codec's GPU).
+On a GPU machine, the real geometry (the mark then runs on the codec's GPU; two engines share
+the GPU, so each takes less than half of its memory):
+
+  python3 benchmarks/bench_watermark_ttfa.py --device cuda --model /tmp/h4b --load-format dummy \
+      --stage-overrides '{"0": {"gpu_memory_utilization": 0.4}}' --out benchmarks/results/watermark_ttfa_h200.json
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default="cpu")
     p.add_argument("--deploy-config", default=None, help="deploy profile (default: the model's)")
+    p.add_argument("--stage-overrides", default=None, help="--stage-overrides JSON for both engines (default: none)")
     p.add_argument("--requests", type=int, default=40, help="measured requests per engine")
     p.add_argument("--warmup", type=int, default=3, help="untimed requests per engine first")
     p.add_argument("--frames", type=int, default=75, help="frames per request (25 = 1 s)")
@@ -80,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             write_tiny_model(Path(model), seed=0, preset="tiny", config_only=False)
         options = RuntimeOptions(load_format=args.load_format, device=args.device)
         model_type = load_model_spec(Path(model)).model_type
-        deploys = {name: load_for_command_line(args.deploy_config, model_type, force_cpu=args.device == "cpu",
-                                               watermark=name == "on") for name in ("on", "off")}
+        deploys = {name: load_for_command_line(args.deploy_config, model_type, stage_overrides=args.stage_overrides,
+                                               force_cpu=args.device == "cpu", watermark=name == "on")
+                   for name in ("on", "off")}
         loaded = load_model(model, options, deploys["on"])
         engines = {name: SyncEngine(loaded, deploy, options) for name, deploy in deploys.items()}
         rows: dict[str, list[dict]] = {"on": [], "off": []}

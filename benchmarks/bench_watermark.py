@@ -22,7 +22,7 @@ Sections (`--sections`, all by default):
   the wall times are device-synchronised.
 
   python3 benchmarks/bench_watermark.py --device cpu --sections quality --out benchmarks/results/watermark_quality_cpu.json
-  python3 benchmarks/bench_watermark.py --device cpu --sections cost --out benchmarks/results/watermark_cost_cpu.json
+  python3 benchmarks/bench_watermark.py --device cpu --sections cost --threads 1 --out benchmarks/results/watermark_cost_cpu.json
   python3 benchmarks/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
   python3 benchmarks/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
 """
@@ -234,19 +234,40 @@ def _timed(fn, repeats: int, sync) -> tuple[float, float]:
     return float(np.median(cpu)), float(np.median(wall))
 
 
+def _round_robin(calls: dict, repeats: int, sync) -> dict:
+    """name -> (median process CPU s, median wall s) of `repeats` calls each, the calls of all
+    names interleaved round by round (a busy spell on a shared machine hits every name alike)."""
+    cpu: dict = {name: [] for name in calls}
+    wall: dict = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()
+    sync()
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            sync()
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+    return {name: (float(np.median(cpu[name])), float(np.median(wall[name]))) for name in calls}
+
+
 def cost(wm, device: str, repeats: int) -> dict:
     import torch
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rng = np.random.default_rng(0)
     speech = make_clips(3, 20.0, 20.0)[0].audio  # 20 s of speech
-    per_chunk = []
+    # a stream's first chunk is marked alone (no audio before it); later ones with the context
+    calls = {("first", 1): (lambda: wm.residuals([speech[:FRAME_SAMPLES]]))}
     for frames in (1, 2, 4, 8, 16, 25):
-        chunk = speech[: frames * FRAME_SAMPLES]
-        window = np.concatenate([speech[-wm.context_samples:], chunk])
-        cpu_s, wall_s = _timed(lambda: wm.residuals([window]), repeats, sync)
-        per_chunk.append({"chunk_frames": frames, "chunk_ms": frames * 40, "cpu_ms": cpu_s * 1e3,
-                          "wall_ms": wall_s * 1e3, "cpu_ms_per_audio_s": cpu_s * 1e3 / (frames * 0.04)})
+        window = np.concatenate([speech[-wm.context_samples:], speech[: frames * FRAME_SAMPLES]])
+        calls[("with_context", frames)] = (lambda w=window: wm.residuals([w]))
+    timed = _round_robin(calls, repeats, sync)
+    per_chunk = [{"chunk_frames": frames, "chunk_ms": frames * 40, "window": kind,
+                  "window_samples": (0 if kind == "first" else wm.context_samples) + frames * FRAME_SAMPLES,
+                  "cpu_ms": cpu_s * 1e3, "wall_ms": wall_s * 1e3, "cpu_ms_per_audio_s": cpu_s * 1e3 / (frames * 0.04)}
+                 for (kind, frames), (cpu_s, wall_s) in timed.items()]
     audio = speech[: speech.size // FRAME_SAMPLES * FRAME_SAMPLES]
     audio_s = audio.size / SAMPLE_RATE_HZ
     stream_cpu, stream_wall = _timed(lambda: mark_chunkwise(wm, audio, STREAM_PARAMS), max(repeats // 10, 3), sync)
@@ -277,9 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clips", type=int, default=150, help="speech clips for the quality section")
     p.add_argument("--calibration-clips", type=int, default=100, help="speech clips for the threshold section")
     p.add_argument("--repeats", type=int, default=50, help="timed calls per chunk size (cost)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's; the committed CPU cost uses 1: CPU time per "
+                        "unit of work, not two threads spinning on a shared machine)")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
     started = now_iso()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     wm = load_watermarker("perth", args.device)
     result = {**provenance("bench_watermark", started), "loadavg_start": os.getloadavg(), "watermark": wm.name}
     if "cost" in args.sections:

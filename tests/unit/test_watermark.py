@@ -121,3 +121,11 @@ def test_missing_package_or_model_file_is_one_clear_error(monkeypatch):
     with pytest.raises(WatermarkUnavailableError, match="unknown watermark 'audioseal'"):
         load_watermarker("audioseal")
     assert THRESHOLD == 0.4
+
+
+def test_short_windows_take_the_gemm_form_with_the_same_result(wm, monkeypatch):
+    chunk = speechlike(0.04 * 3, 9)  # 3 frames: a stream's early chunk (GEMM form on the CPU)
+    gemm = wm.residuals([chunk])[0]
+    monkeypatch.setattr(perth, "GEMM_MAX_FRAMES", 0)  # the convolutions as torch runs them
+    conv = wm.residuals([chunk])[0]
+    assert np.abs(gemm - conv).max() <= 1e-5 * np.abs(conv).max()

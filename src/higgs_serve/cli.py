@@ -188,29 +188,42 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.mps:
         raise HiggsServeError("--mps shares a GPU between replicas: use it with --devices (e.g. --devices 0,0)")
     voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
-    sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
-    port = sock.getsockname()[1]  # the real one when --port 0
-    settings = ServerSettings(  # its checks (positive sizes, names) run before anything loads
-        host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
-        extra_served_model_names=tuple(args.served_model_name[1:]),
-        allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
-        model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
-        segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
-        ws_idle_timeout_s=args.ws_idle_timeout_s,
-        allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
-        c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
-        **voices,
-    )
+    if args.uds:  # --port does not apply: the settings keep their default
+        settings = _server_settings(args, ServerSettings.port, voices)
+        sock = preflight.bind_unix_socket(args.uds)
+        where = f"unix:{args.uds}"
+    else:
+        sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
+        port = sock.getsockname()[1]  # the real one when --port 0
+        settings = _server_settings(args, port, voices)
+        where = f"http://{args.host}:{port}"
     provenance = preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     _log_graph_path(deploy)
     from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
 
-    logger.info("listening on http://%s:%d; /ready answers 200 once the model is loaded and warm "
-                "(Ctrl-C stops at any time)", args.host, port)
+    logger.info("listening on %s; /ready answers 200 once the model is loaded and warm "
+                "(Ctrl-C stops at any time)", where)
     # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
     run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock], provenance=provenance)
     return 0
+
+
+def _server_settings(args: argparse.Namespace, port: int, voices: dict):
+    from higgs_serve.server.settings import ServerSettings
+
+    return ServerSettings(  # its checks (positive sizes, names, the key) run before anything loads
+        host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
+        extra_served_model_names=tuple(args.served_model_name[1:]),
+        allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
+        model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+        segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
+        ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
+        voice_aliases=preflight.read_voice_aliases(args.voice_alias),
+        allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
+        c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
+        **voices,
+    )
 
 
 def _serve_data_parallel(args: argparse.Namespace) -> int:
@@ -222,13 +235,18 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     from higgs_serve.model.hf_config import load_model_spec
     from higgs_serve.server.settings import ServerSettings
 
+    if args.uds:
+        raise HiggsServeError("--uds: the data-parallel front end listens on --host/--port (its "
+                              "replicas get private Unix sockets of their own)")
     devices = plan_devices(args.data_parallel_size, args.devices, args.device,
                            torch.cuda.device_count())
+    # the single server's limits and key, checked now and enforced by the front end
+    settings = _server_settings(args, args.port or ServerSettings.port, {})
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
+    aliases = ServerSettings(voice_aliases=preflight.read_voice_aliases(args.voice_alias)).voice_aliases
     # the replicas sign the files; a chain c2pa refuses fails here, before any replica starts
-    preflight.load_provenance(ServerSettings(c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key,
-                                             c2pa_tsa_url=args.c2pa_tsa_url))
+    preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
@@ -239,20 +257,23 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--ws-idle-timeout-s": args.ws_idle_timeout_s,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
-              "--send-timeout-s": args.send_timeout_s,
+              "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,
               "--watermark": args.watermark, "--c2pa-cert": args.c2pa_cert, "--c2pa-key": args.c2pa_key,
               "--c2pa-tsa-url": args.c2pa_tsa_url}
     serve_args = ["--served-model-name", *args.served_model_name]
+    # each replica gets the aliases (checked above, before the model was read) as NAME=VOICE
+    serve_args += [x for alias, voice in aliases for x in ("--voice-alias", f"{alias}={voice}")]
     serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
                    for x in (flag, value)]
     voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir
                   else ServerSettings().voices_dir)
-    run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
-                voices_dir=Path(voices_dir), sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
-                api_key=args.api_key, log_level=args.log_level, max_input_chars=args.max_input_chars)
+    listener = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here
+    run_cluster(plan, str(model_dir), serve_args, listener=listener, voices_dir=Path(voices_dir),
+                sample_rate_hz=load_model_spec(model_dir).codec.sample_rate, settings=settings,
+                log_level=args.log_level)
     return 0
 
 

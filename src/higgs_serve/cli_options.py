@@ -126,6 +126,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     p.add_argument("--host", default=ServerSettings.host, help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_number, default=ServerSettings.port, help="TCP port (0: any free port)")
+    p.add_argument("--uds", default=None, metavar="PATH",
+                   help="listen on this Unix socket instead of --host/--port (how a data-parallel "
+                        "front end reaches its replicas; default: TCP)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: open)")
     p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
                    help="one or more names requests may use; /v1/models lists them all")
@@ -156,6 +159,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="the private key (PEM, unencrypted) of --c2pa-cert (default: none)")
     p.add_argument("--c2pa-tsa-url", default=None, metavar="URL",
                    help="an RFC 3161 timestamp authority that countersigns each manifest (default: none)")
+    p.add_argument("--encode-threads", type=int, default=ServerSettings.encode_threads,
+                   help="threads that encode responses (mp3, opus, aac, flac and speed != 1 leave "
+                        "the event loop for them); one a core lets encoding use the whole host")
+    p.add_argument("--voice-alias", action="append", default=None, metavar="NAME=VOICE",
+                   help="let requests name VOICE (a registered voice or 'default') as NAME, e.g. "
+                        "alloy=default for OpenAI-only clients; repeatable, or @FILE of NAME=VOICE "
+                        "lines (default: no aliases; OpenAI's stock names are a 400)")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
                         "behind one front end on --host/--port (default: one server, no front end)")

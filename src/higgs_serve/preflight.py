@@ -149,6 +149,23 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` (a stale socket there is replaced), bound before
+    anything loads."""
+    target = Path(path)
+    if target.exists() and not target.is_socket():
+        raise ConfigError(f"--uds {path}: exists and is not a socket")
+    target.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--uds {path}: cannot listen there ({e.strerror or e})") from e
+    return sock
+
+
 def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRINUSE:
         return (f"port {port} on {host} is already in use (another higgs-serve or other server?): "
@@ -158,3 +175,35 @@ def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRNOTAVAIL:
         return f"--host {host}: not an address of this machine"
     return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def read_voice_aliases(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """--voice-alias values (NAME=VOICE, or @FILE holding such lines; '#' starts a comment) ->
+    (alias, voice) pairs in order. Names are checked by ServerSettings."""
+    pairs: list[tuple[str, str]] = []
+    for value in values or ():
+        if value.startswith("@"):
+            lines = _read_alias_file(value[1:])
+        else:
+            lines = [(value, "")]
+        for line, where in lines:
+            name, sep, voice = (part.strip() for part in line.partition("="))
+            if not sep or not name or not voice:
+                raise ConfigError(f"--voice-alias {line!r}{where}: expected NAME=VOICE, e.g. "
+                                  "alloy=default")
+            pairs.append((name, voice))
+    return tuple(pairs)
+
+
+def _read_alias_file(path: str) -> list[tuple[str, str]]:
+    file = check_input_file(path, "--voice-alias @FILE")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--voice-alias @{path}: cannot be read as UTF-8 text: {e}") from e
+    lines = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            lines.append((line, f" (line {number} of {path})"))
+    return lines

@@ -76,7 +76,7 @@ def test_a_long_form_request_is_one_recording_with_its_segments(cluster):
     _, http, _ = cluster
     assert SEGMENT_MAX_CHARS < len(ARTICLE) < 300
     response = http.post("/v1/audio/speech", json={"input": ARTICLE, "response_format": "wav",
-                                                   **FIXED})
+                                                   "stream": False, **FIXED})  # X-Segments: files
     assert response.status_code == 200, response.text
     segments = json.loads(response.headers["x-segments"])
     assert int(response.headers["x-segment-count"]) == len(segments) >= 2

@@ -90,9 +90,12 @@ def test_reference_bombs_are_refused_with_little_memory(real_server):
 
 def test_a_prompt_too_long_for_the_model_is_413_on_input(real_server):
     """The real engine (max_model_len 512 here): a prompt that leaves no room to speak is a 413
-    naming `input` (before: a 400 on max_new_tokens carrying an internal request id)."""
+    naming `input` (before: a 400 on max_new_tokens carrying an internal request id). The input
+    is long-form: its second segment (cloned from the first's codes) is the one too long, so only
+    a file (stream: false) can still answer 413; a stream would already have started."""
     text = " ".join(f"word{i}" for i in range(400))  # < 4096 chars, > 512 tokens
-    response = httpx.post(f"{real_server.url}/v1/audio/speech", json={"input": text}, timeout=60)
+    response = httpx.post(f"{real_server.url}/v1/audio/speech",
+                          json={"input": text, "stream": False}, timeout=60)
     assert response.status_code == 413, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == ("input", "input_too_long")

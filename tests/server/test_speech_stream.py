@@ -382,3 +382,37 @@ def test_auth_and_admission_gate(tiny_model_dir, tmp_path):
         asyncio.run(run())
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "flac", "ulaw"])
+def test_each_sentence_is_one_file_of_the_session_format(live, fmt):
+    """Every format streams on the WebSocket too: each sentence's binary messages, joined, are one
+    file of the format that decodes whole (ffmpeg), as long as the sentence's audio."""
+    from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode
+
+    async def run() -> list[bytes]:
+        sentences: list[bytes] = []
+        async with websockets.connect(_ws_url(live)) as ws:
+            await ws.send(json.dumps({**CONFIG, "response_format": fmt, "max_new_tokens": 30}))
+            await ws.send(json.dumps({"type": "input.text", "text": "First one. Second one."}))
+            await ws.send(json.dumps({"type": "session.close"}))
+            async for message in ws:
+                if isinstance(message, bytes):
+                    sentences[-1] += message
+                    continue
+                event = json.loads(message)
+                if event["type"] == "audio.start":
+                    assert event["format"] == fmt
+                    sentences.append(b"")
+                elif event["type"] == "audio.done":
+                    assert event["total_bytes"] == len(sentences[-1])
+                elif event["type"] == "session.done":
+                    break
+        return sentences
+
+    sentences = asyncio.run(run())
+    rate = 8000 if fmt == "ulaw" else 24000
+    assert len(sentences) == 2
+    for data in sentences:
+        extra = ffmpeg_decode(data, fmt, rate).size - 30 * rate // 25 - STREAM_DELAY.get(fmt, 0)
+        assert 0 <= extra < (CODEC_FRAME[fmt](rate) if fmt in CODEC_FRAME else 1), (fmt, extra)

@@ -1,9 +1,13 @@
-"""Signed provenance (audio/provenance.py): wav, mp3 and flac files carry a C2PA manifest that
-c2pa's own reader validates and trusts (given the test root) and that says a trained model made
-the audio; the audio itself is unchanged; what c2pa refuses fails at start-up in one line."""
+"""Signed provenance (audio/provenance.py, server/audio_file.py): wav, mp3 and flac files carry a
+C2PA manifest that c2pa's own reader validates and trusts (given the test root) and that says a
+trained model made the audio; the audio itself is unchanged; the server's whole-file path signs
+the finished file (header patches applied) from its spooled file, in memory or on disk; formats
+without a place for a manifest and files over the size bound stay unsigned and say the claim in
+a header; what c2pa refuses fails at start-up in one line."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import c2pa
@@ -11,13 +15,19 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from higgs_serve.audio import formats
+from higgs_serve.audio import provenance as provenance_module
+from higgs_serve.audio.encoders import encode_whole
+from higgs_serve.audio.formats import float_to_int16
 from higgs_serve.audio.provenance import (
+    CLAIM_HEADER,
     SIGNABLE_FORMATS,
     TRAINED_ALGORITHMIC_MEDIA,
     Provenance,
     SigningIdentity,
 )
+from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES, FileSigning, collect_file
+from higgs_serve.server.audio_out import AudioOut
+from higgs_serve.server.audio_workers import AudioWorkers
 from higgs_serve.errors import ConfigError
 from higgs_serve.preflight import load_provenance
 from higgs_serve.server.settings import ServerSettings
@@ -45,7 +55,7 @@ def read_manifest(data: bytes, response_format: str, chain) -> tuple[str, dict]:
 @pytest.mark.parametrize("response_format", sorted(SIGNABLE_FORMATS))
 def test_signed_files_say_a_model_made_them_and_keep_their_audio(provenance, chain, response_format):
     audio = speechlike(2.0, 1)
-    plain = formats.encode_audio(audio, response_format, 24_000)
+    plain = encode_whole(float_to_int16(audio), response_format, 24_000)
     signed = provenance.sign(plain, response_format)
     state, manifest = read_manifest(signed, response_format, chain)
     assert state == "Trusted"
@@ -60,18 +70,82 @@ def test_signed_files_say_a_model_made_them_and_keep_their_audio(provenance, cha
 
 
 def test_a_changed_file_no_longer_validates(provenance, chain):
-    signed = bytearray(provenance.sign(formats.encode_audio(speechlike(1.0, 2), "wav", 24_000), "wav"))
+    signed = bytearray(provenance.sign(encode_whole(float_to_int16(speechlike(1.0, 2)), "wav", 24_000), "wav"))
     signed[60] ^= 0xFF  # one audio byte
     state, _ = read_manifest(bytes(signed), "wav", chain)
     assert state == "Invalid"
 
 
-def test_formats_without_a_place_for_a_manifest_pass_unchanged(provenance):
+def _file(audio: np.ndarray, response_format: str, signing: FileSigning | None, workers: AudioWorkers):
+    """The server's whole-file path (server/audio_file.py): chunks in, (file bytes, signed,
+    claim headers, spilled to disk before signing) out."""
+    async def chunks():
+        for i in range(0, audio.size, 24_000):
+            yield audio[i:i + 24_000]
+
+    spilled = []
+    original = provenance_module.Provenance.sign_file
+
+    def sign_file(self, source, dest, fmt):  # records where the unsigned file was
+        spilled.append(bool(getattr(source, "_rolled", False)))
+        return original(self, source, dest, fmt)
+
+    async def run():
+        file = await collect_file(chunks(), AudioOut(response_format, 24_000, 24_000, 1.0, workers,
+                                                     seekable=True), signing)
+        try:
+            return file.read_all(), file.signed, file.claim_headers, file.size_bytes
+        finally:
+            file.discard()
+
+    provenance_module.Provenance.sign_file = sign_file
+    try:
+        data, signed, headers, size = asyncio.run(run())
+    finally:
+        provenance_module.Provenance.sign_file = original
+    assert size == len(data)
+    return data, signed, headers, spilled
+
+
+@pytest.fixture
+def workers():
+    pool = AudioWorkers(2, "higgs-encode")
+    yield pool
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("response_format, seconds", [("wav", 2.0), ("wav", 30.0), ("mp3", 3.0), ("flac", 3.0)])
+def test_the_whole_file_path_signs_the_finished_file(provenance, chain, workers, response_format, seconds):
+    """What is signed is the file as sent: the header patches applied (a WAV's sizes, written
+    last), read from the spooled file whether it stayed in memory or went to disk (30 s of WAV
+    is past SPOOL_MEMORY_BYTES), and the signed file is what the response carries."""
+    audio = speechlike(seconds, 4)
+    data, signed, headers, spilled = _file(audio, response_format,
+                                           FileSigning(provenance, response_format, workers), workers)
+    assert signed and headers == {}
+    assert spilled == [seconds * 24_000 * 2 > SPOOL_MEMORY_BYTES]
+    state, manifest = read_manifest(data, response_format, chain)
+    assert state == "Trusted" and manifest["title"] == f"speech.{response_format}"
+    if response_format != "mp3":  # lossless: the very samples of the unsigned file
+        assert np.array_equal(sf.read(io.BytesIO(data), dtype="int16")[0], float_to_int16(audio))
+
+
+def test_files_without_a_manifest_carry_the_claim_header(provenance, workers, monkeypatch):
+    """Formats without a place for a manifest, and files past SIGN_MAX_BYTES, are sent as they
+    are, with the claim header; a server that does not sign adds nothing."""
     audio = speechlike(1.0, 3)
-    for response_format in ("pcm", "opus"):
-        data = formats.encode_audio(audio, response_format, 24_000)
-        assert provenance.sign(data, response_format) == data
+    for response_format in ("pcm", "opus", "aac", "ulaw"):
+        data, signed, headers, spilled = _file(audio, response_format,
+                                               FileSigning(provenance, response_format, workers), workers)
+        assert not signed and not spilled and headers == {CLAIM_HEADER: provenance.claim}
+    plain, *_ = _file(audio, "wav", None, workers)
+    monkeypatch.setattr(provenance_module, "SIGN_MAX_BYTES", len(plain) - 1)
+    data, signed, headers, spilled = _file(audio, "wav", FileSigning(provenance, "wav", workers), workers)
+    assert data == plain and not signed and not spilled and headers == {CLAIM_HEADER: provenance.claim}
+    assert _file(audio, "wav", None, workers)[1:3] == (False, {})
     assert "trainedAlgorithmicMedia" in provenance.claim and '"c2pa.created"' in provenance.claim
+    with pytest.raises(ValueError, match="no place for a C2PA manifest"):
+        provenance.sign(plain, "pcm")
 
 
 def test_bad_identities_fail_in_one_line(chain, tmp_path):

@@ -3,13 +3,21 @@
 
 The operator's signing identity (`--c2pa-cert`, `--c2pa-key`) is read once at start-up,
 checked by signing a short file, and kept as a `Provenance`. Then:
-- `sign(data, response_format)`: a whole file in a format C2PA embeds into (wav, mp3, flac)
-  comes back with the manifest inside: one `c2pa.created` action whose digitalSourceType is the
-  IPTC term for trained algorithmic media, the generator's name and version, signed over the
-  file's bytes (a hard binding: any later change to the audio invalidates it). Other formats
-  (pcm, opus, aac, G.711) have no place for a manifest and pass unchanged.
-- `claim`: the same statement as JSON for a response header, for streams, whose bytes are not
-  known when the headers leave (so nothing can be signed over them).
+- `sign_file(source, dest, response_format)`: a finished file in a format C2PA embeds into
+  (wav, mp3, flac), read from one file object and written with the manifest inside to another
+  (the server's spooled temporary files, server/audio_file.py: no bytes copy in Python). The
+  manifest holds one `c2pa.created` action whose digitalSourceType is the IPTC term for trained
+  algorithmic media and the generator's name and version, signed over the file's bytes (a hard
+  binding: any later change to the audio invalidates it). Other formats (pcm, opus, aac, G.711)
+  have no place for a manifest, and files over SIGN_MAX_BYTES are not signed (below): both are
+  left as they are (False).
+- `claim`: the same statement as JSON for the `X-C2PA-Claim` response header of what carries no
+  manifest (streams, whose bytes are not known when the headers leave, and unsigned files).
+
+Memory: c2pa's asset handlers read the whole file into memory while they sign it, 2-3x its size
+(measured: benchmarks/results/provenance_cpu.json), whatever the source is. So one file is signed
+at a time (one signer, a lock) and only files of at most SIGN_MAX_BYTES: the server's extra memory
+for signing stays under about 3 x SIGN_MAX_BYTES however many long files are answered at once.
 
 Certificates: c2pa accepts an X.509 v3 chain in PEM, the signing certificate first, whose
 signing certificate is not a CA, has the digitalSignature key usage and an extended key usage
@@ -24,6 +32,7 @@ import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -35,6 +44,16 @@ TRAINED_ALGORITHMIC_MEDIA = "http://cv.iptc.org/newscodes/digitalsourcetype/trai
 SIGNABLE_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac"}
 GENERATOR = "higgs-serve"
 CLAIM_HEADER = "X-C2PA-Claim"
+# The largest file signed (module note: c2pa holds 2-3x the file while signing). 64 MiB: a WAV of
+# 23 min at 24 kHz (11 at 48 kHz), a FLAC about twice that, an mp3 of hours; longer long-form
+# files are sent unsigned, with the claim header.
+SIGN_MAX_BYTES = 64 << 20
+
+
+def claim_json(version: str) -> str:
+    """The manifest's statement as compact JSON (the `X-C2PA-Claim` header's value)."""
+    return json.dumps({"claim_generator": f"{GENERATOR}/{version}", "action": "c2pa.created",
+                       "digitalSourceType": TRAINED_ALGORITHMIC_MEDIA}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -62,8 +81,7 @@ class Provenance:
 
         self._c2pa = c2pa
         self.version = version
-        self.claim = json.dumps({"claim_generator": f"{GENERATOR}/{version}", "action": "c2pa.created",
-                                 "digitalSourceType": TRAINED_ALGORITHMIC_MEDIA}, separators=(",", ":"))
+        self.claim = claim_json(version)
         self._lock = threading.Lock()
         try:
             info = c2pa.C2paSignerInfo(identity.algorithm, identity.cert_chain_pem, identity.private_key_pem,
@@ -81,15 +99,23 @@ class Provenance:
                 "softwareAgent": {"name": GENERATOR, "version": self.version}}]}}],
         }
 
-    def sign(self, data: bytes, response_format: str) -> bytes:
-        """The file with its manifest embedded; `data` unchanged when the format has no place
-        for one."""
-        mime = SIGNABLE_FORMATS.get(response_format)
-        if mime is None:
-            return data
-        dest = io.BytesIO()
+    @staticmethod
+    def can_sign(response_format: str, size_bytes: int) -> bool:
+        """Whether a file of this format and size gets a manifest (module note)."""
+        return response_format in SIGNABLE_FORMATS and size_bytes <= SIGN_MAX_BYTES
+
+    def sign_file(self, source: BinaryIO, dest: BinaryIO, response_format: str) -> None:
+        """The file read from `source` (at its start) written to `dest` with its manifest
+        embedded; blocking (run it off the event loop). Only for what `can_sign` allows."""
+        if response_format not in SIGNABLE_FORMATS:
+            raise ValueError(f"{response_format} files have no place for a C2PA manifest")
         with self._lock, self._c2pa.Builder(self.manifest(f"speech.{response_format}")) as builder:
-            builder.sign(self._signer, mime, io.BytesIO(data), dest)
+            builder.sign(self._signer, SIGNABLE_FORMATS[response_format], source, dest)
+
+    def sign(self, data: bytes, response_format: str) -> bytes:
+        """Whole file bytes -> the same with the manifest embedded (start-up check, tests)."""
+        dest = io.BytesIO()
+        self.sign_file(io.BytesIO(data), dest, response_format)
         return dest.getvalue()
 
     def check(self) -> None:

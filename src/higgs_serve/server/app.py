@@ -72,6 +72,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                 starting.cancel()
             await engine.shutdown()
             state.audio_workers.shutdown()
+            state.encode_workers.shutdown()
 
     app = FastAPI(title="higgs-serve", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")

@@ -27,7 +27,7 @@ from higgs_serve.voices.codes_file import (
     check_reference_codes,
 )
 
-ResponseFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
+ResponseFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
 StreamFormat = Literal["audio", "sse"]
 
 
@@ -87,19 +87,21 @@ class SpeechFields(PeerModel):
         default=None, description="One of the served model names or the model path/hub id it "
         "was started with; may be omitted.")
     voice: str = Field(
-        default="default", description="'default' (zero-shot) or a voice registered through "
-        "POST /v1/audio/voices (a name, or {\"id\": name}). OpenAI's stock voice names are not "
-        "available (400).")
+        default="default", description="'default' (zero-shot), a voice registered through "
+        "POST /v1/audio/voices (a name, or {\"id\": name}), or an alias the server maps to one "
+        "(--voice-alias). OpenAI's stock voice names are a 400 unless aliased.")
     speaker: str | None = Field(default=None, description="Alias of voice (vllm-omni).")
     response_format: ResponseFormat = Field(
-        default="wav", description="wav (default), pcm (raw s16le), flac, mp3, opus (Ogg). "
-        "aac is refused in this build: no packaged encoder.")
+        default="wav", description="wav (default), pcm (raw s16le), flac, mp3, opus (Ogg), aac "
+        "(ADTS), ulaw or alaw (G.711, headerless, 8 kHz unless sample_rate says otherwise). "
+        "Every format streams as it is made unless stream is false.")
     speed: float = Field(
         default=1.0, ge=MIN_SPEED, le=MAX_SPEED,
-        description="Playback speed via pitch-preserving time stretch; non-streaming only.")
+        description="Playback speed via pitch-preserving time stretch (streamed too).")
     sample_rate: int | None = Field(
         default=None, description="Output rate in Hz, resampled from the model's 24000: one of "
-        "8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000.")
+        "8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000 (opus: 8000, 16000, 24000, "
+        "48000). Default 24000; ulaw and alaw 8000.")
     instructions: str | None = Field(
         default=None, description="Not supported by Higgs-Audio V3: a non-empty value is a 400.")
     task_type: str | None = Field(
@@ -185,11 +187,12 @@ class SpeechRequestBody(SpeechFields):
 
     input: str = Field(min_length=1, description="Text to speak (non-empty; length-capped).")
     stream: bool | None = Field(
-        default=None, description="true: stream audio as it is generated (raw audio unless "
-        "stream_format is 'sse').")
+        default=None, description="Left out or true: the audio streams as it is generated, in "
+        "every format (raw bytes unless stream_format is 'sse'), as OpenAI's endpoint does. "
+        "false: one file with its Content-Length, made with the file windows.")
     stream_format: StreamFormat | None = Field(
-        default=None, description="'audio' (raw chunked pcm/wav) or 'sse' (speech.audio.* "
-        "events); either one implies streaming.")
+        default=None, description="'audio' (raw chunked bytes of response_format, the default) "
+        "or 'sse' (speech.audio.* events carrying them in base64).")
 
     @field_validator("input")
     @classmethod

@@ -86,6 +86,8 @@ class ServerState:
     detector: LazyDetector = field(default_factory=LazyDetector)
     # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
     provenance: Provenance | None = None
+    # response encoding (server/audio_out.py), apart from reference work: --encode-threads
+    encode_workers: AudioWorkers | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
@@ -93,6 +95,10 @@ class ServerState:
     # server/long_form.py): aborted when the shutdown's grace period ends, so each ends its
     # own response (503 or a stream error event)
     generations: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.encode_workers is None:
+            self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
 
     def abort_in_flight(self) -> None:
         for generation in list(self.generations):

@@ -56,6 +56,9 @@ async def parse_session_config(message: dict, state: ServerState) -> SessionConf
     own = {k: fields.pop(k) for k in list(fields) if k in SessionOptions.model_fields}
     options = _validated(SessionOptions, own)
     body = _validated(SpeechRequestBody, {**fields, "input": PLACEHOLDER_INPUT, "stream": True})
+    if body.speed != 1.0:  # audio.done's timings count the engine's samples, unstretched
+        raise InvalidRequestError("speed is not offered on the WebSocket: send 1.0 or leave it out",
+                                  param="speed")
     plan = await build_plan(body, state)
     return SessionConfig(plan=plan, options=options)
 

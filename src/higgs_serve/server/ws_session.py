@@ -20,13 +20,12 @@ import base64
 import json
 import time
 
-import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone, SegmentStarted
 from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import speech_run
+from higgs_serve.server.audio_out import AudioOut
 from higgs_serve.server.errors import ApiError, to_api_error
 from higgs_serve.server.long_form import max_audio_samples
 from higgs_serve.server.state import ServerState
@@ -240,22 +239,20 @@ class SpeechStreamSession:
         options, plan = self.config.options, self.config.plan
         if isinstance(event, SegmentStarted):
             self.num_sentences += 1
-            record.pcm = speech_run.PcmChunks(plan, self.state)  # the session's output rate
+            record.out = speech_run.audio_out(plan, self.state)  # each sentence its own file
             await self._send_json({
                 "type": "audio.start", "sentence_index": event.index,
                 "sentence_text": event.segment.text, "char_start": event.segment.start,
                 "char_end": event.segment.end, "format": plan.response_format,
                 "sample_rate": plan.sample_rate_hz})
-            if plan.response_format == "wav":  # each sentence is a self-contained (streaming) WAV
-                record.pending.append(formats.streaming_wav_header(plan.sample_rate_hz))
         elif isinstance(event, SegmentAudio):
             record.first_audio(self.state, ready_s)
-            record.pending.append(record.pcm.convert(event.audio, is_final=False))
+            record.pending.append(await record.out.push(event.audio))
             record.num_samples += event.audio.size
             if options.stream_audio:
                 await self._send_audio(record, event.index)
         else:
-            record.pending.append(record.pcm.convert(np.zeros(0, np.float32), is_final=True))
+            record.pending.append(await record.out.close())
             await self._send_audio(record, event.index)
             record.done = event
             await self._send_json({"type": "audio.done", "sentence_index": event.index,
@@ -266,7 +263,7 @@ class SpeechStreamSession:
         if not record.pending:
             return
         data, record.pending = b"".join(record.pending), []
-        if not data:  # a resampler's empty tail
+        if not data:  # nothing yet (a codec's lookahead, an empty tail)
             return
         record.num_bytes += len(data)
         if self.config.options.audio_transport == "base64":
@@ -313,7 +310,7 @@ class _SegmentRecord:
 
     def __init__(self):
         self.pending: list[bytes] = []
-        self.pcm: speech_run.PcmChunks | None = None  # set by the sentence's SegmentStarted
+        self.out: AudioOut | None = None  # the sentence's pipeline, set by its SegmentStarted
         self.num_bytes = 0
         self.num_samples = 0
         self.ttfa_recorded = False

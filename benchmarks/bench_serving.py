@@ -593,9 +593,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
                         "(0: all --frames)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
-    p.add_argument("--response-format", default="pcm",
+    p.add_argument("--response-format", nargs="+", default=["pcm"],
                    choices=["pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw", "alaw"],
-                   help="the format every request streams")
+                   help="the format requests stream; several: each concurrency level runs once per "
+                        "format, in the order given, on the same server (ratios side by side)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="with --url: read this process's CPU from /proc per level (e.g. a front end)")
     p.add_argument("--no-stream-field", action="store_true",
                    help="send neither stream nor stream_format (an OpenAI client's request; it "
                         "streams all the same)")
@@ -630,10 +633,10 @@ def print_table(result: dict) -> None:
     spread = result["settings"].get("frames_spread") or 0
     frames = f"{result['settings']['frames']}" + (f" ± {spread:.0%}" if spread else "")
     print(f"\nServing benchmark: {result['label']} ({frames} frames/request, "
-          f"{result['settings']['response_format']}, "
+          f"{', '.join(result['settings']['response_format'])}, "
           f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
     print(markdown_table(result["levels"], [
-        ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
+        ("concurrency", "c"), ("response_format", "format"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("outside_server_ms_p50", "outside server p50 ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("stalls_in_first_s", "stalls in 1st s"),
@@ -676,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                      "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
                      "watermark": args.watermark, "response_format": args.response_format,
+                     "server_pid": args.server_pid,
                      "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
                    "exit_code": None},
@@ -687,15 +691,20 @@ def main(argv: list[str] | None = None) -> int:
             result["server"]["ready_s"] = wait_ready(proc, url, args.ready_timeout, log_path)
             print(f"server ready at {url} after {result['server']['ready_s']:.1f} s", flush=True)
         index = 0
-        for concurrency in args.concurrency:
+        server_pid = proc.pid if proc is not None else args.server_pid
+        for concurrency, response_format in ((c, f) for c in args.concurrency
+                                             for f in args.response_format):
             if args.max_minutes is not None and time.perf_counter() - t_start > 60 * args.max_minutes:
-                result["skipped_concurrency"].append(concurrency)
+                if concurrency not in result["skipped_concurrency"]:
+                    result["skipped_concurrency"].append(concurrency)
                 continue
             warmup = args.warmup if not result["levels"] else 0
-            metrics, index = asyncio.run(run_level(url, concurrency, args, index, warmup,
-                                                   proc.pid if proc is not None else None))
+            level_args = argparse.Namespace(**{**vars(args), "response_format": response_format})
+            metrics, index = asyncio.run(run_level(url, concurrency, level_args, index, warmup,
+                                                   server_pid))
+            metrics["response_format"] = response_format
             result["levels"].append(metrics)
-            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
+            print(f"c={concurrency} {response_format}: {metrics['completed']}/{metrics['requests']} ok, "
                   f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
                   f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
             if args.out:  # after every level, so a run cut short still leaves its numbers

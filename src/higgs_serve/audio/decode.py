@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import math
 
-import av
 import numpy as np
 import soundfile as sf
 import soxr
@@ -155,6 +154,8 @@ def _container_demuxer(data: bytes) -> str | None:
 
 def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, what: str,
                   options: dict[str, str] | None = None) -> tuple[np.ndarray, int]:
+    import av  # PyAV: loaded with the first container soundfile cannot read, not at server import
+
     try:
         container = av.open(io.BytesIO(data), mode="r", format=demuxer, options=options or {})
     except (av.FFmpegError, ValueError) as error:
@@ -187,6 +188,8 @@ def _stream_seconds(stream, container) -> float | None:
 
 
 def _decode_av_frames(container, stream, rate_hz: int, param: str, out: _MonoBuffer) -> None:
+    import av
+
     to_float = av.AudioResampler(format="fltp")  # any sample format -> planar float32
     for frame in container.decode(stream):
         # every frame is checked: a stream may change its layout or rate after the header

@@ -22,6 +22,9 @@ Metrics (docs/model.md#metrics, the usual definitions):
   stalls came in the first second of audio (the chunk ramp) or later.
 - codec: windows per codec call, the share of calls that replayed a CUDA graph, and the codec
   thread's busy fraction (the server's /metrics counters over the level).
+- watermark (`--watermark on|off` starts the server with the mark on or off): the mark stage's
+  busy fraction of the level, its chunks per call, and its busy milliseconds per audio second
+  (where it runs: the codec's device), from the same counters; None when the mark is off.
 - time to gapless audio: client time from sending the request to the earliest moment a player
   could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
   what a client that buffers before playing must wait).
@@ -329,7 +332,11 @@ STEP_MODES = ("full", "piecewise", "local_mlp", "none")
 EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
 STEP_KIND_SERIES = {**{f"stage0_steps_{m}": f'higgs_serve_stage0_steps_total{{mode="{m}"}}' for m in STEP_MODES},
                     **{f"eager_steps_{o}": f'higgs_serve_eager_steps_total{{outcome="{o}"}}' for o in EAGER_OUTCOMES}}
-SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + tuple(STEP_KIND_SERIES.values()))
+# The watermark stage (engine/mark_stage.py), present when the server marks audio.
+WATERMARK_SERIES = ("higgs_serve_watermark_calls_total", "higgs_serve_watermark_chunks_total",
+                    "higgs_serve_watermark_audio_seconds_total", "higgs_serve_watermark_busy_seconds_total")
+SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + WATERMARK_SERIES
+                           + tuple(STEP_KIND_SERIES.values()))
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -390,6 +397,19 @@ def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: f
     return {"codec_windows_per_call": windows / calls if calls else None,
             "codec_graph_call_fraction": graph_calls / calls if calls else None,
             "codec_busy_fraction": busy / window_s if window_s > 0 else None}
+
+
+def watermark_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
+    """The mark stage over a level: its busy fraction of the window, chunks per call, and busy
+    milliseconds per second of audio it marked (None when the server does not mark)."""
+    deltas = counter_deltas(before, after, WATERMARK_SERIES)
+    if deltas is None:
+        return {"watermark_busy_fraction": None, "watermark_chunks_per_call": None,
+                "watermark_busy_ms_per_audio_s": None}
+    calls, chunks, audio_s, busy = deltas
+    return {"watermark_busy_fraction": busy / window_s if window_s > 0 else None,
+            "watermark_chunks_per_call": chunks / calls if calls else None,
+            "watermark_busy_ms_per_audio_s": 1e3 * busy / audio_s if audio_s else None}
 
 
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
@@ -489,6 +509,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
+    metrics.update(watermark_metrics(counters_before, counters_after, window))
     metrics.update(step_kind_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
@@ -511,6 +532,8 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.watermark:
+        cmd += ["--watermark", args.watermark]
     return cmd + args.server_arg
 
 
@@ -584,6 +607,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None)
     p.add_argument("--served-model-name", default=None, help="sent as `model` (default: omitted)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--watermark", choices=["on", "off"], default=None,
+                   help="start the server with the watermark on or off (default: the profile's, on)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `serve` (repeatable)")
     p.add_argument("--server-log", default=None, help="server stdout/stderr file (default: a temp file)")
     p.add_argument("--server-log-level", default="WARNING")
@@ -618,7 +643,9 @@ def print_table(result: dict) -> None:
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("stalls_in_first_s", "stalls in 1st s"),
         ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
-        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"), ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"),
+        ("watermark_busy_fraction", "mark busy"), ("watermark_busy_ms_per_audio_s", "mark ms/audio s"),
+        ("gpu_mem_used_mib_max", "GPU MiB"),
         ("server_cpu_cores", "server cores"), ("server_cpu_ms_per_audio_s", "server CPU ms/audio s"),
     ]))
 
@@ -652,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                      "frames": args.frames, "frames_spread": args.frames_spread, "file_every": args.file_every,
                      "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
-                     "response_format": args.response_formats,
+                     "watermark": args.watermark, "response_format": args.response_formats,
                      "server_pid": args.server_pid,
                      "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,

@@ -85,10 +85,10 @@ def test_batch_item_aborted_mid_way_is_an_error_not_a_success(tmp_path):
     # the first fake step: abort everything in flight; its chunk still arrives (audio started)
     engine.hooks = EngineHooks(on_step=lambda *_: state.abort_in_flight())
 
-    result = asyncio.run(speech_batch._run_item(
+    result, signed = asyncio.run(speech_batch._run_item(
         0, {"input": "a sentence long enough for several chunks"}, {}, state,
         time.perf_counter(), asyncio.Semaphore(1)))
-    assert result.status == "error", result
+    assert result.status == "error" and not signed, result
     assert (result.status_code, result.code) == (503, "shutting_down")
     assert state.gate.in_flight == 0 and not state.generations
     assert state.metrics.requests.labels("abort")._value.get() == 1

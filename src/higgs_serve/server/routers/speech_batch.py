@@ -53,17 +53,22 @@ async def create_speech_batch(body: SpeechBatchRequest, request: Request) -> Res
     results = await speech_run.unless_disconnected(work, request)
     if results is speech_run.CLIENT_GONE:
         return Response(status_code=499)
+    results, signed = zip(*results)
     succeeded = sum(result.status == "success" for result in results)
-    answer = SpeechBatchResponse(id=f"speech-batch-{uuid.uuid4().hex}", results=results,
+    answer = SpeechBatchResponse(id=f"speech-batch-{uuid.uuid4().hex}", results=list(results),
                                  total=len(results), succeeded=succeeded,
                                  failed=len(results) - succeeded)
-    return Response(answer.model_dump_json(), media_type="application/json")
+    # on a signing server, the claim header when an item's file carries no manifest
+    unsigned = any(result.status == "success" and not is_signed for result, is_signed in zip(results, signed))
+    return Response(answer.model_dump_json(), media_type="application/json",
+                    headers=speech_run.claim_headers(state) if unsigned else None)
 
 
 async def _run_item(index: int, item: dict[str, Any], defaults: dict[str, Any],
                     state: ServerState, arrived_s: float,
-                    slots: asyncio.Semaphore) -> BatchItemResult:
-    """One item, start to finish; every failure becomes its error result."""
+                    slots: asyncio.Semaphore) -> tuple[BatchItemResult, bool]:
+    """One item, start to finish, and whether its file is signed; every failure becomes its
+    error result."""
     try:
         body = _item_body(item, defaults)
         async with slots:
@@ -74,7 +79,7 @@ async def _run_item(index: int, item: dict[str, Any], defaults: dict[str, Any],
         api_error = to_api_error(error)
         return BatchItemResult(index=index, status="error", error=api_error.message,
                                param=api_error.param, code=api_error.code,
-                               status_code=api_error.status)
+                               status_code=api_error.status), False
 
 
 def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestBody:
@@ -94,7 +99,7 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
 
 
 async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
-                    arrived_s: float) -> BatchItemResult:
+                    arrived_s: float) -> tuple[BatchItemResult, bool]:
     generation = await speech_run.admit(body, state, arrived_s)
     plan = generation.plan
     await speech_run.start(generation, state)
@@ -103,7 +108,7 @@ async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
         if generation.finish_reason == "abort":  # cut by the shutdown's grace period
             generation.close()
             raise speech_run.shutting_down()
-        data = await speech_run.render_file(audio, plan, state)
+        data, signed = await speech_run.render_file(audio, plan, state)
     except asyncio.CancelledError:
         generation.close()  # unfinished: aborted in the engine, counted "abort"
         raise
@@ -117,4 +122,4 @@ async def _generate(index: int, body: SpeechRequestBody, state: ServerState,
                            audio_data=base64.b64encode(data).decode("ascii"),
                            media_type=formats.MEDIA_TYPES[plan.response_format],
                            sample_rate=plan.sample_rate_hz,
-                           finish_reason=generation.finish_reason, usage=usage)
+                           finish_reason=generation.finish_reason, usage=usage), signed

@@ -22,6 +22,9 @@ Metrics (docs/model.md#metrics, the usual definitions):
   stalls came in the first second of audio (the chunk ramp) or later.
 - codec: windows per codec call, the share of calls that replayed a CUDA graph, and the codec
   thread's busy fraction (the server's /metrics counters over the level).
+- watermark (`--watermark on|off` starts the server with the mark on or off): the mark stage's
+  busy fraction of the level, its chunks per call, and its busy milliseconds per audio second
+  (where it runs: the codec's device), from the same counters; None when the mark is off.
 - time to gapless audio: client time from sending the request to the earliest moment a player
   could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
   what a client that buffers before playing must wait).
@@ -329,7 +332,11 @@ STEP_MODES = ("full", "piecewise", "local_mlp", "none")
 EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
 STEP_KIND_SERIES = {**{f"stage0_steps_{m}": f'higgs_serve_stage0_steps_total{{mode="{m}"}}' for m in STEP_MODES},
                     **{f"eager_steps_{o}": f'higgs_serve_eager_steps_total{{outcome="{o}"}}' for o in EAGER_OUTCOMES}}
-SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + tuple(STEP_KIND_SERIES.values()))
+# The watermark stage (engine/mark_stage.py), present when the server marks audio.
+WATERMARK_SERIES = ("higgs_serve_watermark_calls_total", "higgs_serve_watermark_chunks_total",
+                    "higgs_serve_watermark_audio_seconds_total", "higgs_serve_watermark_busy_seconds_total")
+SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + WATERMARK_SERIES
+                           + tuple(STEP_KIND_SERIES.values()))
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -390,6 +397,19 @@ def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: f
     return {"codec_windows_per_call": windows / calls if calls else None,
             "codec_graph_call_fraction": graph_calls / calls if calls else None,
             "codec_busy_fraction": busy / window_s if window_s > 0 else None}
+
+
+def watermark_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
+    """The mark stage over a level: its busy fraction of the window, chunks per call, and busy
+    milliseconds per second of audio it marked (None when the server does not mark)."""
+    deltas = counter_deltas(before, after, WATERMARK_SERIES)
+    if deltas is None:
+        return {"watermark_busy_fraction": None, "watermark_chunks_per_call": None,
+                "watermark_busy_ms_per_audio_s": None}
+    calls, chunks, audio_s, busy = deltas
+    return {"watermark_busy_fraction": busy / window_s if window_s > 0 else None,
+            "watermark_chunks_per_call": chunks / calls if calls else None,
+            "watermark_busy_ms_per_audio_s": 1e3 * busy / audio_s if audio_s else None}
 
 
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
@@ -489,6 +509,7 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
+    metrics.update(watermark_metrics(counters_before, counters_after, window))
     metrics.update(step_kind_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
@@ -511,6 +532,8 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.watermark:
+        cmd += ["--watermark", args.watermark]
     return cmd + args.server_arg
 
 
@@ -570,9 +593,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
                         "(0: all --frames)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
-    p.add_argument("--response-format", default="pcm",
+    p.add_argument("--response-format", dest="response_formats", nargs="+", default=["pcm"],
                    choices=["pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw", "alaw"],
-                   help="the format every request streams")
+                   help="the format requests stream; several: each concurrency level runs once per "
+                        "format, in the order given, on the same server (ratios side by side)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="with --url: read this process's CPU from /proc per level (e.g. a front end)")
     p.add_argument("--no-stream-field", action="store_true",
                    help="send neither stream nor stream_format (an OpenAI client's request; it "
                         "streams all the same)")
@@ -581,6 +607,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None)
     p.add_argument("--served-model-name", default=None, help="sent as `model` (default: omitted)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--watermark", choices=["on", "off"], default=None,
+                   help="start the server with the watermark on or off (default: the profile's, on)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `serve` (repeatable)")
     p.add_argument("--server-log", default=None, help="server stdout/stderr file (default: a temp file)")
     p.add_argument("--server-log-level", default="WARNING")
@@ -598,6 +626,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--frames-spread must be in [0, 1)")
     if args.file_every < 0:
         p.error("--file-every must be >= 0")
+    args.response_format = args.response_formats[0]  # a level's own format replaces it (main)
     return args
 
 
@@ -605,16 +634,18 @@ def print_table(result: dict) -> None:
     spread = result["settings"].get("frames_spread") or 0
     frames = f"{result['settings']['frames']}" + (f" ± {spread:.0%}" if spread else "")
     print(f"\nServing benchmark: {result['label']} ({frames} frames/request, "
-          f"{result['settings']['response_format']}, "
+          f"{', '.join(result['settings']['response_format'])}, "
           f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
     print(markdown_table(result["levels"], [
-        ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
+        ("concurrency", "c"), ("response_format", "format"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("outside_server_ms_p50", "outside server p50 ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("stalls_in_first_s", "stalls in 1st s"),
         ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
-        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"), ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"),
+        ("watermark_busy_fraction", "mark busy"), ("watermark_busy_ms_per_audio_s", "mark ms/audio s"),
+        ("gpu_mem_used_mib_max", "GPU MiB"),
         ("server_cpu_cores", "server cores"), ("server_cpu_ms_per_audio_s", "server CPU ms/audio s"),
     ]))
 
@@ -648,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
                      "frames": args.frames, "frames_spread": args.frames_spread, "file_every": args.file_every,
                      "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
-                     "response_format": args.response_format,
+                     "watermark": args.watermark, "response_format": args.response_formats,
+                     "server_pid": args.server_pid,
                      "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
                    "exit_code": None},
@@ -660,15 +692,20 @@ def main(argv: list[str] | None = None) -> int:
             result["server"]["ready_s"] = wait_ready(proc, url, args.ready_timeout, log_path)
             print(f"server ready at {url} after {result['server']['ready_s']:.1f} s", flush=True)
         index = 0
-        for concurrency in args.concurrency:
+        server_pid = proc.pid if proc is not None else args.server_pid
+        for concurrency, response_format in ((c, f) for c in args.concurrency
+                                             for f in args.response_formats):
             if args.max_minutes is not None and time.perf_counter() - t_start > 60 * args.max_minutes:
-                result["skipped_concurrency"].append(concurrency)
+                if concurrency not in result["skipped_concurrency"]:
+                    result["skipped_concurrency"].append(concurrency)
                 continue
             warmup = args.warmup if not result["levels"] else 0
-            metrics, index = asyncio.run(run_level(url, concurrency, args, index, warmup,
-                                                   proc.pid if proc is not None else None))
+            level_args = argparse.Namespace(**{**vars(args), "response_format": response_format})
+            metrics, index = asyncio.run(run_level(url, concurrency, level_args, index, warmup,
+                                                   server_pid))
+            metrics["response_format"] = response_format
             result["levels"].append(metrics)
-            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
+            print(f"c={concurrency} {response_format}: {metrics['completed']}/{metrics['requests']} ok, "
                   f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
                   f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
             if args.out:  # after every level, so a run cut short still leaves its numbers

@@ -43,3 +43,8 @@ class EngineOverloadedError(HiggsServeError):
 
 class EngineDeadError(HiggsServeError):
     """The engine loop has stopped; no request can be served."""
+
+
+class WatermarkUnavailableError(HiggsServeError):
+    """The watermark is on but its model cannot be loaded (package missing, file absent or
+    damaged): start-up refuses to go on with unmarked audio."""

@@ -118,6 +118,30 @@ def read_reference_clip(path: str, flag: str):
     return samples, rate
 
 
+def check_watermark(enabled: bool) -> None:
+    """With the watermark on, its model must be there (audio/perth.py): refuse to start rather
+    than serve unmarked audio. With it off, nothing to check (the builder logs that it is off)."""
+    if not enabled:
+        return
+    from higgs_serve.audio.watermark import check_available
+
+    check_available()
+
+
+def load_provenance(settings):
+    """The C2PA signer of the server settings' c2pa_cert/c2pa_key (--c2pa-cert, --c2pa-key),
+    checked by signing once; None without them."""
+    if settings.c2pa_cert is None:
+        return None
+    from higgs_serve import __version__
+    from higgs_serve.audio.provenance import Provenance, SigningIdentity
+
+    identity = SigningIdentity.from_files(settings.c2pa_cert, settings.c2pa_key, settings.c2pa_tsa_url)
+    provenance = Provenance(identity, __version__)
+    provenance.check()
+    return provenance
+
+
 def bind_listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), bound before anything loads."""
     try:

@@ -71,7 +71,8 @@ def one_replica(tmp_path_factory):
     server, thread = serve_app_on_socket(_replica_app(received), work / "A.sock")
     replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
     frontend = Frontend(replicas, Router({"A": 8}), work / "voices", 24000,
-                        FrontendSettings(max_json_body_bytes=LIMIT, max_upload_bytes=2 * LIMIT),
+                        FrontendSettings(max_json_body_bytes=LIMIT, max_upload_bytes=2 * LIMIT,
+                                         max_detect_bytes=3 * LIMIT),
                         poll_interval_s=0.05)
     with frontend_thread(frontend, work) as url:
         wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
@@ -106,6 +107,17 @@ def test_a_declared_oversized_body_is_refused_before_it_is_read(one_replica):
     upload = _raw(url, b"POST /v1/audio/voices HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
                   % (2 * LIMIT + 1))
     assert upload.startswith(b"HTTP/1.1 413")
+
+
+def test_watermark_detection_has_its_own_body_limit_and_reaches_the_control_plane(one_replica):
+    """A detection upload larger than a JSON body is let through to the control plane (which
+    answers it: junk is its 400), one past its own limit is a 413 before it is read."""
+    url, _, _ = one_replica
+    path = b"/v1/audio/watermark/detect"
+    over = _raw(url, b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % (path, 3 * LIMIT + 1))
+    assert over.startswith(b"HTTP/1.1 413")
+    junk = httpx.post(f"{url}{path.decode()}", files={"file": ("clip", b"x" * (2 * LIMIT))}, timeout=30)
+    assert junk.status_code == 400 and junk.json()["error"]["param"] == "file", junk.text
 
 
 def test_a_chunked_body_is_counted_while_it_arrives(one_replica):

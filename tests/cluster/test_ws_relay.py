@@ -3,7 +3,8 @@ sockets as the real ones are): WebSocket frames both ways unchanged, one replica
 chosen by the session's voice, closes passed on in both directions, a session that never
 configures closed after the idle timeout; a batch retried on the other replica when its home
 answers 503, and 429 or 503 from the front end itself when no replica can take it; the API key
-checked as the single server checks it. The real front end (relay + control plane) in a thread,
+checked as the single server checks it; on a signing front end (--c2pa-cert) the upgrade carries
+the C2PA claim header, as a replica's does. The real front end (relay + control plane) in a thread,
 real uvicorn upstreams and the real `websockets` client. (The real replicas:
 test_frontend_e2e_streaming.py.)"""
 
@@ -23,9 +24,14 @@ from websockets.sync.client import connect
 
 from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
 
+from higgs_serve import __version__
+from higgs_serve.audio.provenance import CLAIM_HEADER, claim_json
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router, affinity_rank
+from higgs_serve.server.settings import ServerSettings
+
+CLAIM = claim_json(__version__)
 
 
 def _upstream(name: str, events: list) -> FastAPI:
@@ -83,7 +89,7 @@ def relay(tmp_path_factory):
     replicas = {name: Replica(id=name, socket_path=work / f"{name}.sock") for name in "AB"}
     router = Router({name: 8 for name in replicas}, rng=random.Random(0))
     frontend = Frontend(replicas, router, work / "voices", 24000,
-                        FrontendSettings(ws_idle_timeout_s=1.0), poll_interval_s=0.05)
+                        FrontendSettings(ws_idle_timeout_s=1.0, c2pa_claim=CLAIM), poll_interval_s=0.05)
     with frontend_thread(frontend, work) as url:
         wait_until(lambda: len(frontend.ready_replicas()) == 2, what="both upstreams ready")
         yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", frontend, events
@@ -104,10 +110,17 @@ def test_frames_pass_both_ways_unchanged(relay):
     url, _, _ = relay
     ws, _ = _open(url, "alice")
     with ws:
+        assert ws.response.headers[CLAIM_HEADER] == CLAIM
         ws.send("hello")
         assert ws.recv(timeout=5) == "HELLO"
         ws.send(b"\x00\x01\x02")
         assert ws.recv(timeout=5) == b"\x02\x01\x00"  # binary stays binary
+
+
+def test_a_signing_front_end_states_the_claim_and_others_do_not():
+    signing = ServerSettings(c2pa_cert="chain.pem", c2pa_key="key.pem")  # read by the replicas
+    assert FrontendSettings.of(signing).c2pa_claim == CLAIM
+    assert FrontendSettings.of(ServerSettings()).c2pa_claim is None
 
 
 def test_a_voice_pins_its_sessions_to_one_replica(relay):

@@ -3,7 +3,9 @@
 The relay (cluster/relay.py, the data plane) takes every request on the public port; it answers
 speech itself and passes everything else here unchanged, after its API-key and body-limit checks:
 the voice endpoints (the single server's router over the fan-out registry, cluster/voice_sync.py),
-/health, /ready, /v1/models, the merged /metrics, and the WebSocket relay (cluster/ws_relay.py).
+watermark detection (the single server's router with a CPU detector of its own: detection needs
+no engine), /health, /ready, /v1/models, the merged /metrics, and the WebSocket relay
+(cluster/ws_relay.py).
 Its lifespan starts the replicas and the supervisor (cluster/replicas.py) and stops them.
 """
 
@@ -19,6 +21,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import POLL_TIMEOUT_S, Replica
 from higgs_serve.cluster.voice_sync import FanOutRegistry
@@ -26,6 +29,7 @@ from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.audio_workers import AudioWorkers
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers import voices as voices_router
+from higgs_serve.server.routers import watermark as watermark_router
 from higgs_serve.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -52,8 +56,9 @@ def build_control_app(frontend: Frontend) -> FastAPI:
     app.state.frontend = frontend
     install_error_handlers(app)
     app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
-        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2))
-    app.include_router(voices_router.router)  # the key was checked by the relay
+        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector())
+    app.include_router(voices_router.router)  # the key and body limits were checked by the relay
+    app.include_router(watermark_router.router)
     _add_health(app, frontend)
     ws_relay.add_websocket(app, frontend)
     return app
@@ -61,12 +66,14 @@ def build_control_app(frontend: Frontend) -> FastAPI:
 
 @dataclass
 class _VoiceRoutes:
-    """What the single server's voices router reads from `app.state.server`: the same endpoints,
-    checks and shapes, over the fan-out registry."""
+    """What the single server's voices and watermark routers read from `app.state.server`: the
+    same endpoints, checks and shapes, over the fan-out registry and the front end's own
+    detector (on the CPU, loaded at the first detection)."""
 
     voices: FanOutRegistry
     settings: ServerSettings
     audio_workers: AudioWorkers
+    detector: LazyDetector
 
 
 def no_replica(frontend: Frontend) -> ApiError:

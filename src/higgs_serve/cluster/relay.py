@@ -18,7 +18,8 @@ What it does, per request on a client connection (keep-alive, one request at a t
   503. The answer passes through unchanged (status, headers, body framing), chunk by chunk, with
   backpressure; a client that leaves closes the upstream connection, which aborts the engine
   request;
-- everything else (voices, health, metrics, models, the WebSocket) goes unchanged to the control
+- everything else (voices, watermark detection, health, metrics, models, the WebSocket) goes
+  unchanged to the control
   plane (cluster/control.py) on its private socket; a WebSocket upgrade becomes a byte tunnel.
 """
 
@@ -51,6 +52,7 @@ from higgs_serve.cluster.http1 import (
 from higgs_serve.cluster.routing import RETRYABLE_STATUS, batch_routing_key, body_key, routing_key
 from higgs_serve.cluster.upstream import Collect, Pool, Upstream
 from higgs_serve.cluster.ws_relay import PATH as WS_PATH
+from higgs_serve.server.routers.watermark import DETECT_PATH
 from higgs_serve.server.errors import RETRY_AFTER_S
 
 if TYPE_CHECKING:
@@ -105,7 +107,8 @@ class Relay:
         settings = frontend.settings
         self.api_key = settings.api_key.encode() if settings.api_key else None
         self.json_limit_bytes = settings.max_json_body_bytes
-        self.limits = {"/v1/audio/voices": settings.max_upload_bytes}
+        self.limits = {"/v1/audio/voices": settings.max_upload_bytes,
+                       DETECT_PATH: settings.max_detect_bytes}
         self.send_timeout_s = settings.send_timeout_s
         self.pool = Pool()
         self.connections: set[_Conn] = set()

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from higgs_serve import __version__
+from higgs_serve.audio.provenance import claim_json
+from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from higgs_serve.cluster.replicas import POLL_INTERVAL_S, Replica, Supervisor
 from higgs_serve.cluster.routing import Router
 from higgs_serve.cluster.voice_sync import FanOutRegistry, reconcile, stored_audio_or_none
@@ -29,15 +32,20 @@ class FrontendSettings:
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS  # also bounds a voice's ref_text
     max_json_body_bytes: int = ServerSettings().max_json_body_bytes
     max_upload_bytes: int = MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
+    max_detect_bytes: int = DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES  # watermark detection
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
+    # the replicas sign files (--c2pa-cert): a WebSocket session's upgrade, which the front end
+    # answers itself, carries the manifest's claim as theirs do (audio/provenance.py)
+    c2pa_claim: str | None = None
 
     @classmethod
     def of(cls, server: ServerSettings) -> FrontendSettings:
         return cls(api_key=server.api_key, graceful_shutdown_s=server.graceful_shutdown_s,
                    max_input_chars=server.max_input_chars,
                    max_json_body_bytes=server.max_json_body_bytes,
-                   send_timeout_s=server.send_timeout_s, ws_idle_timeout_s=server.ws_idle_timeout_s)
+                   send_timeout_s=server.send_timeout_s, ws_idle_timeout_s=server.ws_idle_timeout_s,
+                   c2pa_claim=claim_json(__version__) if server.c2pa_cert is not None else None)
 
 
 class Frontend:

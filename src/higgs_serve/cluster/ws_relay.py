@@ -23,6 +23,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from higgs_serve.audio.provenance import CLAIM_HEADER
 from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.routing import routing_key
 from higgs_serve.server.json_limits import JsonShapeError, check_json_shape
@@ -69,7 +70,8 @@ def error_event(message: str, code: str, type: str = "invalid_request_error") ->
 def add_websocket(app: FastAPI, frontend) -> None:
     @app.websocket(PATH)
     async def relay(client: WebSocket) -> None:
-        await client.accept()
+        claim = frontend.settings.c2pa_claim
+        await client.accept(headers=[(CLAIM_HEADER.lower().encode(), claim.encode())] if claim else None)
         if not _authorized(client, frontend.settings.api_key):
             await _end(client, error_event("missing or invalid API key: send 'Authorization: "
                                            "Bearer <key>' or the api_key query parameter",

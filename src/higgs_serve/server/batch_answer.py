@@ -64,8 +64,13 @@ class BatchAnswer:
         for file in self._files:
             file.discard()
 
-    def response(self) -> ClosingStreamingResponse:
+    @property
+    def all_signed(self) -> bool:
+        """Every success's file carries a C2PA manifest (vacuously true with none)."""
+        return all(file.signed for file in self._files)
+
+    def response(self, headers: dict[str, str] | None = None) -> ClosingStreamingResponse:
         return ClosingStreamingResponse(
             self.body(), media_type="application/json",
-            headers={"Content-Length": str(self.size_bytes)},
+            headers={"Content-Length": str(self.size_bytes), **(headers or {})},
             background=BackgroundTask(self.discard))

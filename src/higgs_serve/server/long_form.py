@@ -194,6 +194,7 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
     if plan.mode == "file":
         return await _file(run, request, state, headers)
     headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
+    headers.update(speech_run.claim_headers(state))  # a stream carries no manifest
     if plan.mode == "sse":
         # no proxy buffering, as for a single request's events
         return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,

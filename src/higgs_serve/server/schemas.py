@@ -327,6 +327,12 @@ class ModelList(BaseModel):
     data: list[ModelObject]
 
 
+class WatermarkDetection(BaseModel):
+    detected: bool = Field(description="true when the audio carries the higgs-serve watermark "
+                                       "(score >= 0.4)")
+    score: float = Field(description="the detector's confidence, 0 (unmarked) to 1 (marked)")
+
+
 ERROR_RESPONSES = {
     status: {"model": ErrorBody, "description": description}
     for status, description in [

@@ -58,6 +58,12 @@ class ServerSettings:
     # A response write that waits longer (the client stopped reading) ends the response, which
     # aborts its engine request and frees its admission slot (server/send_timeout.py).
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    # Signed provenance (audio/provenance.py): the operator's PEM certificate chain and private
+    # key; with both, wav/mp3/flac files carry a C2PA manifest. An optional RFC 3161 timestamp
+    # authority URL countersigns each manifest's signature time.
+    c2pa_cert: Path | None = None
+    c2pa_key: Path | None = None
+    c2pa_tsa_url: str | None = None
     encode_threads: int = DEFAULT_ENCODE_THREADS
     # `voice` names that stand for another voice: (alias, target) pairs, target a registered voice
     # or "default" (--voice-alias alloy=default), so OpenAI-only clients can name a voice.
@@ -104,6 +110,12 @@ class ServerSettings:
                 raise ConfigError("--allowed-local-media-path must be an existing directory, "
                                   f"got {self.allowed_local_media_path}")
             object.__setattr__(self, "allowed_local_media_path", directory)
+        if (self.c2pa_cert is None) != (self.c2pa_key is None):
+            raise ConfigError("--c2pa-cert and --c2pa-key sign C2PA manifests together: give both or neither")
+        if self.c2pa_tsa_url is not None and self.c2pa_cert is None:
+            raise ConfigError("--c2pa-tsa-url timestamps C2PA signatures: give --c2pa-cert and --c2pa-key too")
+        if self.c2pa_tsa_url is not None and not self.c2pa_tsa_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--c2pa-tsa-url must be an http(s) URL, got {self.c2pa_tsa_url!r}")
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))
         self._check_voice_aliases()

@@ -20,7 +20,8 @@ from fastapi import Request
 
 from higgs_serve.audio import formats
 from higgs_serve.errors import EngineOverloadedError, InvalidRequestError
-from higgs_serve.server.audio_file import AudioFile, collect_file
+from higgs_serve.audio.provenance import CLAIM_HEADER
+from higgs_serve.server.audio_file import AudioFile, FileSigning, collect_file
 from higgs_serve.server.audio_out import AudioOut, AudioTap
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError
 from higgs_serve.server.generation import Generation
@@ -111,8 +112,17 @@ def audio_out(plan: SpeechPlan, state: ServerState, seekable: bool = False,
 async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,
                   state: ServerState) -> AudioFile:
     """The whole-file path: every chunk of `audio` (24 kHz float) encoded into one AudioFile as
-    it arrives (the caller sends or reads it, then discards it)."""
-    return await collect_file(audio, audio_out(plan, state, seekable=True))
+    it arrives, signed at the end when the server signs (the caller sends or reads it, then
+    discards it)."""
+    signing = (FileSigning(state.provenance, plan.response_format, state.encode_workers)
+               if state.provenance is not None else None)
+    return await collect_file(audio, audio_out(plan, state, seekable=True), signing)
+
+
+def claim_headers(state: ServerState) -> dict[str, str]:
+    """A stream's (or any audio without a manifest's) claim header on a signing server
+    (audio/provenance.py)."""
+    return {} if state.provenance is None else {CLAIM_HEADER: state.provenance.claim}
 
 
 def audio_headers(plan: SpeechPlan) -> dict[str, str]:

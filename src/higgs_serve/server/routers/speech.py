@@ -62,7 +62,8 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
         return await _file_response(generation, request, state)
     # the server's own share of the time to first audio, as OpenAI reports its processing time:
     # beside the client's own TTFA it tells time in the server from time on the way to it
-    headers = {**speech_run.audio_headers(plan), "Cache-Control": "no-cache",
+    headers = {**speech_run.audio_headers(plan), **speech_run.claim_headers(state),
+               "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
         return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,

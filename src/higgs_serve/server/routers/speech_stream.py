@@ -19,6 +19,7 @@ import secrets
 
 from fastapi import APIRouter, WebSocket
 
+from higgs_serve.server import speech_run
 from higgs_serve.server.state import ServerState
 from higgs_serve.server.ws_session import (
     CLOSE_POLICY,
@@ -33,7 +34,9 @@ router = APIRouter(tags=["audio"])
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(ws: WebSocket) -> None:
     state: ServerState = ws.app.state.server
-    await ws.accept()
+    # a session is a stream: on a signing server the upgrade carries the manifest's claim
+    claim = speech_run.claim_headers(state)
+    await ws.accept(headers=[(k.lower().encode(), v.encode()) for k, v in claim.items()])
     session = SpeechStreamSession(ws, state)
     if not _authorized(ws, state.settings.api_key):
         await session.end(Ending.failed(

@@ -5,7 +5,8 @@ One server start per invocation (`python -m higgs_serve.cli serve MODEL ...`, re
 /ready answers 200), then for each concurrency c: `--warmup` untimed requests, then
 `--num-requests` measured ones from c closed-loop clients (each sends its next request as soon
 as its last one finished). Every request streams raw 16-bit PCM over chunked HTTP
-(`stream: true, stream_format: "audio", response_format: "pcm"`) and asks for exactly N frames
+(`stream: true, stream_format: "audio", response_format: "pcm"`; `--response-format` streams
+another format, `--no-stream-field` sends neither field, as OpenAI's clients do) and asks for exactly N frames
 (`max_new_tokens = min_new_tokens = N`; random weights never stop on their own), one seed each.
 Production-like mixes: `--frames-spread s` draws each request's N from frames·(1 ± s), and
 `--file-every k` makes every k-th request a whole-file one (`stream: false`).
@@ -21,10 +22,18 @@ Metrics (docs/model.md#metrics, the usual definitions):
   stalls came in the first second of audio (the chunk ramp) or later.
 - codec: windows per codec call, the share of calls that replayed a CUDA graph, and the codec
   thread's busy fraction (the server's /metrics counters over the level).
+- watermark (`--watermark on|off` starts the server with the mark on or off): the mark stage's
+  busy fraction of the level, its chunks per call, and its busy milliseconds per audio second
+  (where it runs: the codec's device), from the same counters; None when the mark is off.
 - time to gapless audio: client time from sending the request to the earliest moment a player
   could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
   what a client that buffers before playing must wait).
 - GPU memory: the largest nvidia-smi memory.used seen while the level ran (if nvidia-smi exists).
+- server CPU: the server process's user + system CPU seconds over the level, from
+  /proc/<pid>/stat (only when this tool started the server): cores busy (CPU s / wall s) and CPU
+  ms per audio second; with the host's core count beside it, what encoding a format costs the host.
+- Formats other than pcm: audio seconds are the frames asked for (every request gets exactly
+  its N frames), and a player's stalls are timed at the stream's mean byte rate.
 
 Usage:
   PYTHONPATH=src python3 benchmarks/bench_serving.py --model /tmp/h4b --load-format dummy \
@@ -127,6 +136,7 @@ class RequestRecord:
     end: float | None = None
     num_bytes: int = 0
     sample_rate: int = SAMPLE_RATE
+    response_format: str = "pcm"
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per read
 
     @property
@@ -135,7 +145,16 @@ class RequestRecord:
 
     @property
     def audio_s(self) -> float:
+        if self.response_format != "pcm":  # compressed or 8-bit: the frames asked for
+            return self.frames * FRAME_SAMPLES / SAMPLE_RATE
         return self.num_bytes / (BYTES_PER_SAMPLE * self.sample_rate)
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Bytes a 1x player consumes a second (pcm exactly, other formats at the mean rate)."""
+        if self.response_format != "pcm":
+            return self.num_bytes / self.audio_s if self.audio_s else 1.0
+        return BYTES_PER_SAMPLE * self.sample_rate
 
     @property
     def ttfa_s(self) -> float | None:
@@ -147,7 +166,7 @@ class RequestRecord:
 
     @property
     def gapless_s(self) -> float | None:
-        start = gapless_start(self.arrivals, BYTES_PER_SAMPLE * self.sample_rate)
+        start = gapless_start(self.arrivals, self.bytes_per_s)
         return None if start is None else start - self.sent
 
 
@@ -210,7 +229,7 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
         "input": SENTENCES[index % len(SENTENCES)],
         "stream": True,
         "stream_format": "audio",
-        "response_format": "pcm",
+        "response_format": args.response_format,
         "max_new_tokens": frames,
         "min_new_tokens": frames,
         "seed": args.seed + index,
@@ -218,6 +237,8 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
     if not request_streamed(index, args):
         body["stream"] = False
         del body["stream_format"]  # a streaming format on a file request is a 400
+    elif args.no_stream_field:  # streamed all the same (docs/api.md#streaming)
+        del body["stream"], body["stream_format"]
     if args.served_model_name:
         body["model"] = args.served_model_name
     return body
@@ -225,7 +246,8 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
 
 async def send_one(client: httpx.AsyncClient, url: str, index: int, args: argparse.Namespace) -> RequestRecord:
     record = RequestRecord(index=index, sent=time.perf_counter(), frames=request_frames(index, args),
-                           streamed=request_streamed(index, args))
+                           streamed=request_streamed(index, args),
+                           response_format=args.response_format)
     try:
         async with client.stream("POST", f"{url}/v1/audio/speech", json=request_body(index, args)) as resp:
             record.status = resp.status_code
@@ -310,7 +332,11 @@ STEP_MODES = ("full", "piecewise", "local_mlp", "none")
 EAGER_OUTCOMES = ("replay", "recorded", "void", "op_by_op")
 STEP_KIND_SERIES = {**{f"stage0_steps_{m}": f'higgs_serve_stage0_steps_total{{mode="{m}"}}' for m in STEP_MODES},
                     **{f"eager_steps_{o}": f'higgs_serve_eager_steps_total{{outcome="{o}"}}' for o in EAGER_OUTCOMES}}
-SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + tuple(STEP_KIND_SERIES.values()))
+# The watermark stage (engine/mark_stage.py), present when the server marks audio.
+WATERMARK_SERIES = ("higgs_serve_watermark_calls_total", "higgs_serve_watermark_chunks_total",
+                    "higgs_serve_watermark_audio_seconds_total", "higgs_serve_watermark_busy_seconds_total")
+SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + WATERMARK_SERIES
+                           + tuple(STEP_KIND_SERIES.values()))
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -373,6 +399,19 @@ def codec_metrics(before: dict[str, float], after: dict[str, float], window_s: f
             "codec_busy_fraction": busy / window_s if window_s > 0 else None}
 
 
+def watermark_metrics(before: dict[str, float], after: dict[str, float], window_s: float) -> dict:
+    """The mark stage over a level: its busy fraction of the window, chunks per call, and busy
+    milliseconds per second of audio it marked (None when the server does not mark)."""
+    deltas = counter_deltas(before, after, WATERMARK_SERIES)
+    if deltas is None:
+        return {"watermark_busy_fraction": None, "watermark_chunks_per_call": None,
+                "watermark_busy_ms_per_audio_s": None}
+    calls, chunks, audio_s, busy = deltas
+    return {"watermark_busy_fraction": busy / window_s if window_s > 0 else None,
+            "watermark_chunks_per_call": chunks / calls if calls else None,
+            "watermark_busy_ms_per_audio_s": 1e3 * busy / audio_s if audio_s else None}
+
+
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
     """TTFA, gapless start and stalls over the streamed requests; RTF, latency and audio over all
     (whole-file requests, `--file-every`, also get their own latency)."""
@@ -387,14 +426,15 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
     rtf = [r.latency_s / r.audio_s for r in ok]
     latency = [r.latency_s for r in ok]
     audio = sum(r.audio_s for r in ok)
-    stalls = [playback_stalls(r.arrivals, BYTES_PER_SAMPLE * r.sample_rate) for r in streams]
+    stalls = [playback_stalls(r.arrivals, r.bytes_per_s) for r in streams]
     return {
         "concurrency": concurrency,
         "requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
         "errors": sorted({f"{r.status}: {r.error}" for r in records if not r.ok})[:5],
-        "wrong_length": sum(1 for r in ok if r.num_bytes != r.frames * FRAME_SAMPLES * BYTES_PER_SAMPLE),
+        "wrong_length": sum(1 for r in ok if r.response_format == "pcm"
+                            and r.num_bytes != r.frames * FRAME_SAMPLES * BYTES_PER_SAMPLE),
         "window_s": window_s,
         "ttfa_ms_p50": percentile(ttfa, 50), "ttfa_ms_p90": percentile(ttfa, 90),
         "ttfa_ms_p99": percentile(ttfa, 99), "ttfa_ms_mean": mean(ttfa),
@@ -418,8 +458,28 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
     }
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` (all its threads), from /proc/<pid>/stat."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_metrics(cpu_before: float | None, cpu_after: float | None, window_s: float,
+                       audio_s: float) -> dict:
+    if cpu_before is None or cpu_after is None or window_s <= 0:
+        return {"server_cpu_cores": None, "server_cpu_ms_per_audio_s": None}
+    cpu = cpu_after - cpu_before
+    return {"server_cpu_cores": cpu / window_s,
+            "server_cpu_ms_per_audio_s": 1e3 * cpu / audio_s if audio_s else None}
+
+
 async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_index: int,
-                    warmup: int) -> tuple[dict, int]:
+                    warmup: int, server_pid: int | None = None) -> tuple[dict, int]:
     """`warmup` untimed requests, then the measured ones at one concurrency; returns (metrics,
     next request index)."""
     num = args.num_requests or max(2 * concurrency, 6)
@@ -436,16 +496,20 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
         counters_before = await engine_counters(client, url)
+        cpu_before = process_cpu_s(server_pid)
         t0 = time.perf_counter()
         records = await closed_loop(url, list(range(index, index + num)), concurrency, args)
         window = max(r.end for r in records) - t0
+        cpu_after = process_cpu_s(server_pid)
         counters_after = await engine_counters(client, url)
         stop.set()
         await poller
     metrics = level_metrics(concurrency, records, window)
+    metrics.update(server_cpu_metrics(cpu_before, cpu_after, window, metrics["audio_s_total"]))
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
+    metrics.update(watermark_metrics(counters_before, counters_after, window))
     metrics.update(step_kind_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
@@ -468,6 +532,8 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.watermark:
+        cmd += ["--watermark", args.watermark]
     return cmd + args.server_arg
 
 
@@ -527,11 +593,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="draw each request's frames uniformly from frames*(1 +- this), seeded per request "
                         "(0: all --frames)")
     p.add_argument("--seed", type=int, default=1234, help="request i uses seed + i")
+    p.add_argument("--response-format", dest="response_formats", nargs="+", default=["pcm"],
+                   choices=["pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw", "alaw"],
+                   help="the format requests stream; several: each concurrency level runs once per "
+                        "format, in the order given, on the same server (ratios side by side)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="with --url: read this process's CPU from /proc per level (e.g. a front end)")
+    p.add_argument("--no-stream-field", action="store_true",
+                   help="send neither stream nor stream_format (an OpenAI client's request; it "
+                        "streams all the same)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--served-model-name", default=None, help="sent as `model` (default: omitted)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--watermark", choices=["on", "off"], default=None,
+                   help="start the server with the watermark on or off (default: the profile's, on)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `serve` (repeatable)")
     p.add_argument("--server-log", default=None, help="server stdout/stderr file (default: a temp file)")
     p.add_argument("--server-log-level", default="WARNING")
@@ -549,6 +626,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--frames-spread must be in [0, 1)")
     if args.file_every < 0:
         p.error("--file-every must be >= 0")
+    args.response_format = args.response_formats[0]  # a level's own format replaces it (main)
     return args
 
 
@@ -556,15 +634,19 @@ def print_table(result: dict) -> None:
     spread = result["settings"].get("frames_spread") or 0
     frames = f"{result['settings']['frames']}" + (f" ± {spread:.0%}" if spread else "")
     print(f"\nServing benchmark: {result['label']} ({frames} frames/request, "
+          f"{', '.join(result['settings']['response_format'])}, "
           f"server ready in {result['server']['ready_s'] or 0:.1f} s)\n")
     print(markdown_table(result["levels"], [
-        ("concurrency", "c"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
+        ("concurrency", "c"), ("response_format", "format"), ("completed", "ok"), ("failed", "failed"), ("ttfa_ms_p50", "TTFA p50 ms"),
         ("ttfa_ms_p90", "p90"), ("ttfa_ms_p99", "p99"), ("server_ttfa_ms_mean", "server TTFA mean ms"), ("outside_server_ms_p50", "outside server p50 ms"), ("rtf_mean", "RTF mean"), ("rtf_p50", "p50"),
         ("rtf_p99", "p99"), ("audio_s_per_s", "audio s/s"), ("requests_per_s", "req/s"),
         ("underrun_requests", "underrun req"), ("stall_s_total", "stall s"), ("stalls_in_first_s", "stalls in 1st s"),
         ("gapless_ms_p50", "gapless p50 ms"),
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
-        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"), ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"),
+        ("watermark_busy_fraction", "mark busy"), ("watermark_busy_ms_per_audio_s", "mark ms/audio s"),
+        ("gpu_mem_used_mib_max", "GPU MiB"),
+        ("server_cpu_cores", "server cores"), ("server_cpu_ms_per_audio_s", "server CPU ms/audio s"),
     ]))
 
 
@@ -596,7 +678,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"model": args.model, "deploy_config": args.deploy_config, "load_format": args.load_format,
                      "frames": args.frames, "frames_spread": args.frames_spread, "file_every": args.file_every,
                      "warmup": args.warmup, "num_requests": args.num_requests,
-                     "concurrency": args.concurrency, "seed": args.seed, "url": args.url},
+                     "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
+                     "watermark": args.watermark, "response_format": args.response_formats,
+                     "server_pid": args.server_pid,
+                     "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,
                    "exit_code": None},
         "levels": [],
@@ -607,14 +692,20 @@ def main(argv: list[str] | None = None) -> int:
             result["server"]["ready_s"] = wait_ready(proc, url, args.ready_timeout, log_path)
             print(f"server ready at {url} after {result['server']['ready_s']:.1f} s", flush=True)
         index = 0
-        for concurrency in args.concurrency:
+        server_pid = proc.pid if proc is not None else args.server_pid
+        for concurrency, response_format in ((c, f) for c in args.concurrency
+                                             for f in args.response_formats):
             if args.max_minutes is not None and time.perf_counter() - t_start > 60 * args.max_minutes:
-                result["skipped_concurrency"].append(concurrency)
+                if concurrency not in result["skipped_concurrency"]:
+                    result["skipped_concurrency"].append(concurrency)
                 continue
             warmup = args.warmup if not result["levels"] else 0
-            metrics, index = asyncio.run(run_level(url, concurrency, args, index, warmup))
+            level_args = argparse.Namespace(**{**vars(args), "response_format": response_format})
+            metrics, index = asyncio.run(run_level(url, concurrency, level_args, index, warmup,
+                                                   server_pid))
+            metrics["response_format"] = response_format
             result["levels"].append(metrics)
-            print(f"c={concurrency}: {metrics['completed']}/{metrics['requests']} ok, "
+            print(f"c={concurrency} {response_format}: {metrics['completed']}/{metrics['requests']} ok, "
                   f"TTFA p50 {metrics['ttfa_ms_p50'] or 0:.0f} ms, RTF mean {metrics['rtf_mean'] or 0:.3f}, "
                   f"{metrics['audio_s_per_s'] or 0:.1f} audio s/s", flush=True)
             if args.out:  # after every level, so a run cut short still leaves its numbers

@@ -25,6 +25,15 @@
 #               CUDA processes), then bench_scaleout: one engine against two, then three,
 #               engines sharing GPU 0 under MPS (serve --devices 0,0 --mps), saturation
 #               profile (bf16x3 codec, 256 sequences), c = 128/256, 512 requests a level
+#   lm_formats_ht   issue 46 (the last mile): bench_serving, the default profile       est. 3-4 min
+#               (high throughput; --max-queue 256 so c = 256 queues instead of 429), c = 1/64/256,
+#               pcm, mp3, opus and aac streamed as OpenAI clients ask (no `stream` field), each
+#               level once per format on one server; server CPU cores from /proc
+#   lm_formats_best the same on the best profile (full_and_piecewise at 256 sequences, est. 3-4 min
+#               bf16x3 codec: benchmarks/configs/saturation_256_bf16x3.yaml)
+#   lm_frontend issue 46 item 4: the same default-profile server behind the data-parallel  est. 2 min
+#               front end (serve --devices 0: one replica), pcm, c = 64/256; bench_serving's
+#               server CPU is then the front end's own (the replica is its child, not counted)
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
 #               against float32 and of float32 against float64, 4 random
 #               codecs x (64 streaming windows + 4 whole clips)
@@ -196,6 +205,39 @@ stage_longform() {
   return $rc
 }
 
+# lm_serving LABEL LIMIT_S ARGS...: bench_serving (10 s streams, closed loop) for issue 46
+lm_serving() {
+  local label=$1 limit=$2
+  shift 2
+  local budget_min
+  budget_min=$(awk "BEGIN {print ($limit - 60) / 60}")  # no new level in the last minute
+  run "$label" "$limit" python3 benchmarks/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+    --device "$DEVICE" --label "$label" --frames "$FRAMES" --warmup 2 --max-minutes "$budget_min" \
+    --server-log "/tmp/server_$label.log" --out "$OUT/$label.json" "$@"
+  local rc=$?
+  { echo "--- last lines of the $label server log"; tail -n 30 "/tmp/server_$label.log"; } >>"$LOG" 2>&1
+  return $rc
+}
+
+LM_LEVELS=${LM_LEVELS:-"1 64 256"}
+stage_lm_formats_ht() {
+  # shellcheck disable=SC2086  # LM_LEVELS is a list
+  lm_serving lm_formats_ht 290 --deploy-config higgs_multimodal_qwen3_high_throughput --concurrency $LM_LEVELS \
+    --response-format pcm mp3 opus aac --no-stream-field --server-arg=--max-queue --server-arg=256
+}
+stage_lm_formats_best() {
+  # shellcheck disable=SC2086
+  lm_serving lm_formats_best 290 --deploy-config benchmarks/configs/saturation_256_bf16x3.yaml \
+    --concurrency $LM_LEVELS --response-format pcm mp3 opus aac --no-stream-field \
+    --server-arg=--max-queue --server-arg=256
+}
+stage_lm_frontend() {
+  local replicas=(--server-arg=--devices --server-arg=0)  # one replica on GPU 0
+  [ "$DEVICE" = cpu ] && replicas=(--server-arg=--data-parallel-size --server-arg=1)
+  lm_serving lm_frontend 200 --deploy-config higgs_multimodal_qwen3_high_throughput --concurrency 64 256 \
+    --response-format pcm --no-stream-field --server-arg=--max-queue --server-arg=256 "${replicas[@]}"
+}
+
 stage_codec_snr() {
   # the JSON is rewritten after every seed: a run cut by the limit keeps the seeds it finished
   run codec_snr 170 python3 benchmarks/bench_codec_snr.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
@@ -216,13 +258,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend)" >&2
        exit 2 ;;
   esac
 done

@@ -1,4 +1,4 @@
-"""`higgs-serve` command line: synth, serve, encode-voice, config show, make-tiny-model.
+"""`higgs-serve` command line: synth, serve, encode-voice, detect, config show, make-tiny-model.
 
 One convention for every command: the model comes first (MODEL: a directory or a hub id;
 `--model MODEL` is the same argument, kept for older scripts), global flags (`--log-level`) go
@@ -22,6 +22,7 @@ from higgs_serve.cli_options import (
     STAGE_OVERRIDES_EXAMPLE,
     HelpFormatter,
     add_config_show_flags,
+    add_detect_flags,
     add_encode_voice_flags,
     add_make_tiny_model_flags,
     add_serve_flags,
@@ -40,8 +41,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` reports when `head` stops re
 
 def deploy_from_args(args: argparse.Namespace, model_dir: Path):
     """The deploy config the command-line flags select (--deploy-config, --stage-overrides,
-    --max-num-seqs, --device, --kv-cache-dtype; absent attributes count as not given). The
-    precedence and the --max-num-seqs refit are the loader's (config/loader.py)."""
+    --max-num-seqs, --device, --kv-cache-dtype, --watermark; absent attributes count as not
+    given). The precedence and the --max-num-seqs refit are the loader's (config/loader.py)."""
     import torch
 
     from higgs_serve.config.loader import load_for_command_line
@@ -54,6 +55,7 @@ def deploy_from_args(args: argparse.Namespace, model_dir: Path):
         force_cpu=device == "cpu" or (device is None and not torch.cuda.is_available()),
         kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
         max_num_seqs=getattr(args, "max_num_seqs", None),
+        watermark={"on": True, "off": False, None: None}[getattr(args, "watermark", None)],
         device_count=torch.cuda.device_count())
 
 
@@ -64,8 +66,9 @@ def _runtime_options(args: argparse.Namespace, **extra):
                           on_progress=ProgressReporter(unit="tensor"), **extra)
 
 
-def _model_and_deploy(args: argparse.Namespace, load_format: str | None):
-    """The model directory and the deploy config, checked (load_format None: no weights needed)."""
+def _model_and_deploy(args: argparse.Namespace, load_format: str | None, generates: bool = False):
+    """The model directory and the deploy config, checked (load_format None: no weights needed;
+    `generates`: the command makes audio, so a watermark that is on must be available)."""
     from higgs_serve.model.checkpoint import resolve_model_dir
 
     preflight.check_device(getattr(args, "device", None))
@@ -73,6 +76,8 @@ def _model_and_deploy(args: argparse.Namespace, load_format: str | None):
     if load_format is not None:
         preflight.check_model_dir(model_dir, load_format)
     deploy = deploy_from_args(args, model_dir)
+    if generates:
+        preflight.check_watermark(deploy.watermark)
     return model_dir, deploy
 
 
@@ -116,7 +121,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()) + (
                 (".words.json",) if args.word_timestamps else ()):
             preflight.check_output_file(str(out_dir / f"{request_id}{suffix}"), "--output-dir")
-    model_dir, deploy = _model_and_deploy(args, args.load_format)
+    model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     _log_graph_path(deploy)
     overrides = {k: v for k, v in dict(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -131,7 +136,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         long_texts = [r for r in requests if len(r.text) > args.segment_max_chars]  # one recording each
         requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
         words = WordsWriter(out_dir, sample_rate) if args.word_timestamps else None
-        synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s, out_dir, words)
+        long_form = synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s,
+                                    out_dir, words, progress=ProgressReporter(unit="seg"))
         monitor = SynthMonitor(out_dir, [r.request_id for r in requests], sample_rate, stream=args.stream,
                                progress=ProgressReporter(unit="req"))
         try:
@@ -144,7 +150,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                 paths.append(words.write(res.request_id, res.audio, [(request.text, 0, len(res.audio))]))
             note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
             print(monitor.line(res, paths, note), flush=True)
-        print(monitor.summary(), flush=True)
+        print(monitor.summary(long_form), flush=True)
         if words is not None and words.failed_pieces:
             print(f"word timestamps: {words.failed_pieces} text(s) or segment(s) could not be aligned (audio too "
                   "short for their words): their words have null times", flush=True)
@@ -192,27 +198,42 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.mps:
         raise HiggsServeError("--mps shares a GPU between replicas: use it with --devices (e.g. --devices 0,0)")
     voices = {"voices_dir": preflight.check_output_dir(args.voices_dir, "--voices-dir")} if args.voices_dir else {}
-    sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
-    port = sock.getsockname()[1]  # the real one when --port 0
-    settings = ServerSettings(  # its checks (positive sizes, names) run before anything loads
+    if args.uds:  # --port does not apply: the settings keep their default
+        settings = _server_settings(args, ServerSettings.port, voices)
+        sock = preflight.bind_unix_socket(args.uds)
+        where = f"unix:{args.uds}"
+    else:
+        sock = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here, in milliseconds
+        port = sock.getsockname()[1]  # the real one when --port 0
+        settings = _server_settings(args, port, voices)
+        where = f"http://{args.host}:{port}"
+    provenance = preflight.load_provenance(settings)
+    model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
+    _log_graph_path(deploy)
+    from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
+
+    logger.info("listening on %s; /ready answers 200 once the model is loaded and warm "
+                "(Ctrl-C stops at any time)", where)
+    # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
+    run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock], provenance=provenance)
+    return 0
+
+
+def _server_settings(args: argparse.Namespace, port: int, voices: dict):
+    from higgs_serve.server.settings import ServerSettings
+
+    return ServerSettings(  # its checks (positive sizes, names, the key) run before anything loads
         host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
         extra_served_model_names=tuple(args.served_model_name[1:]),
         allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
-        ws_idle_timeout_s=args.ws_idle_timeout_s,
+        ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
+        voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
+        c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
         **voices,
     )
-    model_dir, deploy = _model_and_deploy(args, args.load_format)
-    _log_graph_path(deploy)
-    from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
-
-    logger.info("listening on http://%s:%d; /ready answers 200 once the model is loaded and warm "
-                "(Ctrl-C stops at any time)", args.host, port)
-    # run_server adds str(model_dir) to the aliases and sizes the engine's waiting bound
-    run_server(str(model_dir), settings, deploy, _runtime_options(args), sockets=[sock])
-    return 0
 
 
 def _serve_data_parallel(args: argparse.Namespace) -> int:
@@ -224,11 +245,19 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     from higgs_serve.model.hf_config import load_model_spec
     from higgs_serve.server.settings import ServerSettings
 
+    if args.uds:
+        raise HiggsServeError("--uds: the data-parallel front end listens on --host/--port (its "
+                              "replicas get private Unix sockets of their own)")
     devices = plan_devices(args.data_parallel_size, args.devices, args.device,
                            torch.cuda.device_count())
+    # the single server's limits and key, checked now and enforced by the front end
+    settings = _server_settings(args, args.port or ServerSettings.port, {})
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
-    model_dir, deploy = _model_and_deploy(args, args.load_format)
+    aliases = ServerSettings(voice_aliases=preflight.read_voice_aliases(args.voice_alias)).voice_aliases
+    # the replicas sign the files; a chain c2pa refuses fails here, before any replica starts
+    preflight.load_provenance(settings)
+    model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
     # every single-server flag except where it listens, its key and its voices directory
@@ -238,18 +267,47 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--ws-idle-timeout-s": args.ws_idle_timeout_s,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
-              "--send-timeout-s": args.send_timeout_s,
+              "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
-              "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype}
+              "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,
+              "--watermark": args.watermark, "--c2pa-cert": args.c2pa_cert, "--c2pa-key": args.c2pa_key,
+              "--c2pa-tsa-url": args.c2pa_tsa_url}
     serve_args = ["--served-model-name", *args.served_model_name]
+    # each replica gets the aliases (checked above, before the model was read) as NAME=VOICE
+    serve_args += [x for alias, voice in aliases for x in ("--voice-alias", f"{alias}={voice}")]
     serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
                    for x in (flag, value)]
     voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir
                   else ServerSettings().voices_dir)
-    run_cluster(plan, str(model_dir), serve_args, host=args.host, port=args.port,
-                voices_dir=Path(voices_dir), sample_rate_hz=load_model_spec(model_dir).codec.sample_rate,
-                api_key=args.api_key, log_level=args.log_level, max_input_chars=args.max_input_chars)
+    listener = preflight.bind_listen_socket(args.host, args.port)  # a port in use fails here
+    run_cluster(plan, str(model_dir), serve_args, listener=listener, voices_dir=Path(voices_dir),
+                sample_rate_hz=load_model_spec(model_dir).codec.sample_rate, settings=settings,
+                log_level=args.log_level)
+    return 0
+
+
+# ---------------------------------------------------------------------------- detect
+def _cmd_detect(args: argparse.Namespace) -> int:
+    """Every file read and decoded first (a bad one fails before the detector loads), then one
+    line per file: whether it carries the watermark, and the detector's score."""
+    from higgs_serve.audio.watermark_detect import LazyDetector, decode_for_detection
+
+    if args.sample_rate is not None and args.format is None:
+        raise ConfigError("--sample-rate is the rate of headerless FILEs: give --format too")
+    if args.sample_rate is not None and not 8000 <= args.sample_rate <= 192_000:
+        raise ConfigError(f"--sample-rate {args.sample_rate}: give a rate from 8000 to 192000 Hz")
+    clips = []
+    for path in args.files:
+        data = preflight.check_input_file(path, "FILE").read_bytes()
+        clips.append((path, *decode_for_detection(data, f"FILE {path}", args.format, args.sample_rate)))
+    detector = LazyDetector()
+    for path, audio, rate_hz in clips:
+        found = detector.detect(audio, rate_hz)
+        if args.json:
+            print(json.dumps({"file": path, "detected": found.detected, "score": round(found.score, 6)}), flush=True)
+        else:
+            print(f"{path}: {'marked' if found.detected else 'not marked'} (score {found.score:.3f})", flush=True)
     return 0
 
 
@@ -269,7 +327,7 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     if args.preset == "4b" and not args.config_only:
         raise ConfigError("--preset 4b without --config-only would write about 9 GB of random weights: "
                           "add --config-only and load it with --load-format dummy")
-    directory = preflight.check_output_dir(args.dir, "DIR")
+    directory = preflight.check_new_dir(args.dir, "DIR", args.force)
     write_tiny_model(directory, seed=args.seed, preset=args.preset, config_only=args.config_only)
     what = "config.json and tokenizer" if args.config_only else "checkpoint"
     print(f"wrote {args.preset} {what} to {args.dir}")
@@ -285,6 +343,7 @@ EXAMPLES = f"""examples:
   higgs-serve config show ./tiny-model --stage-overrides '{STAGE_OVERRIDES_EXAMPLE}'
   higgs-serve encode-voice ./tiny-model me.wav -o codes.npy
   higgs-serve serve ./tiny-model --port 8000
+  higgs-serve detect out/0000.wav
 """
 
 
@@ -313,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "serve MODEL [--host HOST] [--port PORT] [options]")
     add_serve_flags(p)
 
+    p = _subcommand(sub, "detect", "check audio files for the watermark higgs-serve puts in what it generates",
+                    _cmd_detect, "detect FILE [FILE ...] [--json]")
+    add_detect_flags(p)
+
     p = sub.add_parser("config", help="deploy config tools", description="deploy config tools",
                        formatter_class=HelpFormatter, parents=[global_options(argparse.SUPPRESS)])
     csub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
@@ -321,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_show_flags(show)
 
     p = _subcommand(sub, "make-tiny-model", "write a small random checkpoint in the real layout",
-                    _cmd_make_tiny_model, "make-tiny-model DIR [--seed N] [--preset {tiny,4b}] [--config-only]")
+                    _cmd_make_tiny_model, "make-tiny-model DIR [--seed N] [--preset {tiny,4b}] [--config-only] [--force]")
     add_make_tiny_model_flags(p)
     return parser
 

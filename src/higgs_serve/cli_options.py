@@ -72,6 +72,10 @@ def add_deploy_options(p: argparse.ArgumentParser, engine: bool = True) -> None:
     p.add_argument("--kv-cache-dtype", default=None,
                    help="Stage 0 kv_cache_dtype: auto (the model dtype) or fp8 (alias fp8_e4m3) "
                         "(default: the profile's)")
+    p.add_argument("--watermark", choices=["on", "off"], default=None,
+                   help="mark every generated signal as AI-generated with an imperceptible watermark "
+                        "(`higgs-serve detect` finds it) or leave the audio unmarked "
+                        "(default: the profile's `watermark`, on in the shipped profiles)")
 
 
 def port_number(text: str) -> int:
@@ -125,6 +129,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     p.add_argument("--host", default=ServerSettings.host, help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_number, default=ServerSettings.port, help="TCP port (0: any free port)")
+    p.add_argument("--uds", default=None, metavar="PATH",
+                   help="listen on this Unix socket instead of --host/--port (how a data-parallel "
+                        "front end reaches its replicas; default: TCP)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: open)")
     p.add_argument("--served-model-name", nargs="+", default=[ServerSettings.served_model_name],
                    help="one or more names requests may use; /v1/models lists them all")
@@ -147,6 +154,21 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
     p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
                    help="a client that reads nothing for this long loses its response and slot")
+    p.add_argument("--c2pa-cert", default=None, metavar="PEM",
+                   help="sign wav, mp3 and flac files with a C2PA manifest saying a model made the audio: "
+                        "this certificate chain (PEM, signing certificate first) with --c2pa-key "
+                        "(default: files unsigned)")
+    p.add_argument("--c2pa-key", default=None, metavar="PEM",
+                   help="the private key (PEM, unencrypted) of --c2pa-cert (default: none)")
+    p.add_argument("--c2pa-tsa-url", default=None, metavar="URL",
+                   help="an RFC 3161 timestamp authority that countersigns each manifest (default: none)")
+    p.add_argument("--encode-threads", type=int, default=ServerSettings.encode_threads,
+                   help="threads that encode responses (mp3, opus, aac, flac and speed != 1 leave "
+                        "the event loop for them); one a core lets encoding use the whole host")
+    p.add_argument("--voice-alias", action="append", default=None, metavar="NAME=VOICE",
+                   help="let requests name VOICE (a registered voice or 'default') as NAME, e.g. "
+                        "alloy=default for OpenAI-only clients; repeatable, or @FILE of NAME=VOICE "
+                        "lines (default: no aliases; OpenAI's stock names are a 400)")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
                         "behind one front end on --host/--port (default: one server, no front end)")
@@ -172,6 +194,20 @@ def add_config_show_flags(show: argparse.ArgumentParser) -> None:
     add_deploy_options(show)
 
 
+def add_detect_flags(p: argparse.ArgumentParser) -> None:
+    """detect: the files to check and how headerless ones are read; no model, no device."""
+    p.add_argument("files", metavar="FILE", nargs="+",
+                   help="audio to check: wav, flac, ogg/opus, mp3, aac, m4a/mp4, webm (or headerless "
+                        "samples with --format)")
+    p.add_argument("--format", choices=["pcm", "ulaw", "alaw"], default=None,
+                   help="the FILEs are headerless samples in this encoding (pcm: 16-bit little-endian) "
+                        "(default: files with a header, their format found from their bytes)")
+    p.add_argument("--sample-rate", type=int, default=None,
+                   help="the rate of headerless FILEs (default: 24000 for pcm, 8000 for ulaw and alaw)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object a line: {\"file\", \"detected\", \"score\"}")
+
+
 def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:
     """make-tiny-model: where, which seed and geometry, weights or config only."""
     p.add_argument("dir", metavar="DIR", help="directory to write (created if missing)")
@@ -180,3 +216,5 @@ def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:
                    help="tiny: milliseconds a step on CPU; 4b: the real geometry (needs --config-only)")
     p.add_argument("--config-only", action="store_true",
                    help="write config.json and tokenizer only (load it with --load-format dummy)")
+    p.add_argument("--force", action="store_true",
+                   help="write into DIR even if it is not empty (its model files are overwritten)")

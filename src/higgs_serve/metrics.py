@@ -58,6 +58,15 @@ CODEC_COUNTERS: dict[str, tuple[str, str]] = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
 }
 
+# The watermark stage's running totals (engine/mark_stage.py), present when the mark is on:
+# busy seconds per audio second is the mark's cost where it runs (the codec's device).
+WATERMARK_COUNTERS: dict[str, tuple[str, str]] = {
+    "watermark_calls": ("watermark_calls", "Batched watermark calls (the engine's mark stage)."),
+    "watermark_chunks": ("watermark_chunks", "Audio chunks the watermark marked."),
+    "watermark_audio_seconds": ("watermark_audio_seconds", "Seconds of audio the watermark marked."),
+    "watermark_busy_seconds": ("watermark_busy_seconds", "Wall seconds the mark stage spent marking."),
+}
+
 # Engine counters with one label, exported from the stats keys "<family>:<label value>": family ->
 # (metric name, label, help). How Stage 0's steps ran: a serving run that is slower than the step
 # benchmarks says whether its steps took the graphs and the launch tapes they were measured with.
@@ -97,7 +106,7 @@ class _EngineStats(Collector):
         for key, (name, help_text) in ENGINE_GAUGES.items():
             if key in stats:
                 yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
-        for key, (name, help_text) in CODEC_COUNTERS.items():
+        for key, (name, help_text) in (CODEC_COUNTERS | WATERMARK_COUNTERS).items():
             if key in stats:
                 yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=stats[key])
         yield from _labelled_counters(stats)

@@ -94,6 +94,17 @@ def check_output_dir(path: str, flag: str) -> Path:
     return directory
 
 
+def check_new_dir(path: str, flag: str, force: bool) -> Path:
+    """check_output_dir, refusing a directory that already holds files unless `force`."""
+    directory = Path(path).expanduser()
+    if directory.is_dir() and not force:
+        entries = sum(1 for _ in directory.iterdir())
+        if entries:
+            raise ConfigError(f"{flag} {path} is not empty ({entries} entries): choose a new "
+                              "directory, or add --force to write the model files into it")
+    return check_output_dir(path, flag)
+
+
 def check_output_file(path: str, flag: str) -> Path:
     """A path a file can be written to: not a directory, in an existing writable directory."""
     file = Path(path).expanduser()
@@ -120,6 +131,30 @@ def read_reference_clip(path: str, flag: str):
     return samples, rate
 
 
+def check_watermark(enabled: bool) -> None:
+    """With the watermark on, its model must be there (audio/perth.py): refuse to start rather
+    than serve unmarked audio. With it off, nothing to check (the builder logs that it is off)."""
+    if not enabled:
+        return
+    from higgs_serve.audio.watermark import check_available
+
+    check_available()
+
+
+def load_provenance(settings):
+    """The C2PA signer of the server settings' c2pa_cert/c2pa_key (--c2pa-cert, --c2pa-key),
+    checked by signing once; None without them."""
+    if settings.c2pa_cert is None:
+        return None
+    from higgs_serve import __version__
+    from higgs_serve.audio.provenance import Provenance, SigningIdentity
+
+    identity = SigningIdentity.from_files(settings.c2pa_cert, settings.c2pa_key, settings.c2pa_tsa_url)
+    provenance = Provenance(identity, __version__)
+    provenance.check()
+    return provenance
+
+
 def bind_listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), bound before anything loads."""
     try:
@@ -138,6 +173,23 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` (a stale socket there is replaced), bound before
+    anything loads."""
+    target = Path(path)
+    if target.exists() and not target.is_socket():
+        raise ConfigError(f"--uds {path}: exists and is not a socket")
+    target.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--uds {path}: cannot listen there ({e.strerror or e})") from e
+    return sock
+
+
 def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRINUSE:
         return (f"port {port} on {host} is already in use (another higgs-serve or other server?): "
@@ -147,3 +199,35 @@ def _bind_message(host: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRNOTAVAIL:
         return f"--host {host}: not an address of this machine"
     return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def read_voice_aliases(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """--voice-alias values (NAME=VOICE, or @FILE holding such lines; '#' starts a comment) ->
+    (alias, voice) pairs in order. Names are checked by ServerSettings."""
+    pairs: list[tuple[str, str]] = []
+    for value in values or ():
+        if value.startswith("@"):
+            lines = _read_alias_file(value[1:])
+        else:
+            lines = [(value, "")]
+        for line, where in lines:
+            name, sep, voice = (part.strip() for part in line.partition("="))
+            if not sep or not name or not voice:
+                raise ConfigError(f"--voice-alias {line!r}{where}: expected NAME=VOICE, e.g. "
+                                  "alloy=default")
+            pairs.append((name, voice))
+    return tuple(pairs)
+
+
+def _read_alias_file(path: str) -> list[tuple[str, str]]:
+    file = check_input_file(path, "--voice-alias @FILE")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--voice-alias @{path}: cannot be read as UTF-8 text: {e}") from e
+    lines = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            lines.append((line, f" (line {number} of {path})"))
+    return lines

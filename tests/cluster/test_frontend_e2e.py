@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import os
 import signal
+import stat
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -25,6 +27,12 @@ def _clip() -> bytes:
 
 def _replicas(http: httpx.Client) -> list[dict]:
     return http.get("/health").json()["replicas"]
+
+
+def _direct(replica: dict) -> httpx.Client:
+    """Straight to a replica, over its private Unix socket (the test runs as the front end's user)."""
+    return httpx.Client(transport=httpx.HTTPTransport(uds=replica["socket"]),
+                        base_url="http://replica", timeout=60)
 
 
 def _speech(http: httpx.Client, **body) -> httpx.Response:
@@ -57,6 +65,24 @@ def test_streaming_and_file_requests_pass_through(cluster):
     assert rate == 24000 and len(samples) == FRAMES * 960
 
 
+def test_replicas_listen_only_where_the_front_end_reaches_them(cluster):
+    _, http, _ = cluster
+    for replica in _replicas(http):
+        assert "url" not in replica  # no TCP port to reach past the front end
+        socket_dir = Path(replica["socket"]).parent
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700  # the front end's user only
+
+
+def test_hostile_bodies_get_the_single_servers_answers(cluster):
+    url, http, _ = cluster
+    nested = http.post("/v1/audio/speech", content=b"[" * 50_000,
+                       headers={"content-type": "application/json"})
+    assert nested.status_code == 400, nested.text  # the replica's 400, relayed
+    too_big = http.post("/v1/audio/speech", content=b"x" * (20 * 1024 * 1024))
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
+    assert http.get("/ready").json()["replicas_ready"] == 2  # nobody was taken out of rotation
+
+
 def test_errors_of_a_replica_reach_the_client_unchanged(cluster):
     _, http, _ = cluster
     response = http.post("/v1/audio/speech", json={"input": "x", "voice": "alloy"})
@@ -85,7 +111,7 @@ def test_a_voice_registered_once_is_used_on_every_replica(cluster):
     assert created.status_code == 200, created.text
     assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
     for replica in _replicas(http):  # straight to each replica: the voice is there and works
-        direct = httpx.Client(base_url=replica["url"], timeout=60)
+        direct = _direct(replica)
         assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
         assert _speech(direct, voice="narrator", response_format="pcm").status_code == 200
     before = _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}')
@@ -103,7 +129,7 @@ def test_a_voice_registered_once_is_used_on_every_replica(cluster):
                          files={"audio_sample": ("c.wav", _clip(), "audio/wav")})
     assert replaced.status_code == 200 and replaced.json()["replaced"] is True
     for replica in _replicas(http):  # the replacement and its fields reached every replica
-        listed = httpx.get(f"{replica['url']}/v1/audio/voices").json()["data"]
+        listed = _direct(replica).get("/v1/audio/voices").json()["data"]
         assert [(v["name"], v["consent"]) for v in listed] == [("narrator", "rec-42")]
 
 
@@ -131,7 +157,7 @@ def test_a_killed_replica_is_routed_around_and_restarted(cluster):
                                     and r["restarts"] >= 1 and r["ready"]), None),
                       240, "the killed replica back", log)
     assert restarted["pid"] != victim["pid"]
-    direct = httpx.Client(base_url=restarted["url"], timeout=60)  # it has the voices again
+    direct = _direct(restarted)  # it has the voices again
     assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
     assert 'higgs_serve_router_replica_restarts_total{replica="0"} 1.0' in http.get("/metrics").text
 
@@ -140,7 +166,7 @@ def test_deleting_a_voice_removes_it_everywhere(cluster):
     _, http, _ = cluster
     assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
     for replica in _replicas(http):
-        listed = httpx.get(f"{replica['url']}/v1/audio/voices").json()["data"]
+        listed = _direct(replica).get("/v1/audio/voices").json()["data"]
         assert listed == []
     assert http.delete("/v1/audio/voices/narrator").status_code == 404
 

@@ -31,3 +31,10 @@ def test_the_cli_reports_a_bad_flag_without_a_traceback(tiny_model_dir, capsys):
     code = main(["serve", str(tiny_model_dir), "--device", "cpu", "--data-parallel-size", "0"])
     assert code == 2
     assert "--data-parallel-size must be >= 1" in capsys.readouterr().err
+
+
+def test_the_front_end_refuses_uds(tiny_model_dir, capsys, tmp_path):
+    code = main(["serve", str(tiny_model_dir), "--device", "cpu", "--data-parallel-size", "2",
+                 "--uds", str(tmp_path / "s.sock")])
+    assert code == 2
+    assert "--uds: the data-parallel front end listens on --host/--port" in capsys.readouterr().err

@@ -7,12 +7,14 @@ into that pipe, and `quit` ends the daemon. The real daemon runs in the GPU suit
 """
 
 import os
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from higgs_serve.cli import main
@@ -26,8 +28,10 @@ import os, sys, time
 pipe, log = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
 control = os.path.join(pipe, "control")
 def note(text):
-    with open(os.path.join(log, "control.log"), "a") as f:
-        f.write(text + "\\n")
+    for path in (os.path.join(log, "control.log"), os.environ.get("FAKE_MPS_NOTES")):
+        if path:
+            with open(path, "a") as f:
+                f.write(text + "\\n")
 if sys.argv[1:] == ["-f"]:
     if os.environ.get("FAKE_MPS_FAIL"):
         print("An instance of this daemon is already running")
@@ -140,7 +144,8 @@ def test_a_replica_runs_without_a_variable_its_env_removes(tmp_path, monkeypatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     seen = tmp_path / "seen"
     script = f"import os; open({str(seen)!r}, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
-    replica = Replica(id="0", command=lambda port: [sys.executable, "-c", script],
+    replica = Replica(id="0", socket_path=tmp_path / "0.sock",
+                      command=lambda path: [sys.executable, "-c", script],
                       env={"CUDA_VISIBLE_DEVICES": None, "CUDA_MPS_PIPE_DIRECTORY": "/p"})
     replica.start()
     assert replica.process.wait(timeout=30) == 0
@@ -186,3 +191,41 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_sigterm_stops_the_daemons_and_removes_the_work_directory(fake_control, tmp_path):
+    """The front end handles SIGTERM itself, so its cleanup runs: the MPS daemon is told to quit
+    (not left to the parent-death signal) and the work directory is gone. Its replicas here
+    cannot load their model and keep restarting; that does not matter to the shutdown."""
+    notes, tmp = tmp_path / "notes", tmp_path / "tmp"
+    tmp.mkdir()
+    script = ("import socket; from pathlib import Path; "
+              "from higgs_serve.cluster.launch import ClusterPlan, run_cluster; "
+              "from higgs_serve.server.settings import ServerSettings; "
+              "sock = socket.socket(); sock.bind(('127.0.0.1', 0)); sock.listen(); "
+              "print(sock.getsockname()[1], flush=True); "
+              "run_cluster(ClusterPlan(('0', '0'), capacity=2, mps=True), 'no-such-model', [], "
+              f"listener=sock, voices_dir=Path({str(tmp_path / 'voices')!r}), sample_rate_hz=24000, "
+              "settings=ServerSettings(), log_level='ERROR')")
+    env = {**os.environ, "TMPDIR": str(tmp), "FAKE_MPS_NOTES": str(notes)}
+    front = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(front.stdout.readline())
+        deadline = time.monotonic() + 30
+        while True:  # the front end answers: its signal handlers are in place
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and front.poll() is None, "the front end never served"
+            time.sleep(0.05)
+        assert "start" in notes.read_text()
+        front.send_signal(signal.SIGTERM)
+        assert front.wait(timeout=60) == 0
+    finally:
+        if front.poll() is None:
+            front.kill()
+    assert notes.read_text().splitlines()[-1] == "command quit"
+    assert list(tmp.iterdir()) == []

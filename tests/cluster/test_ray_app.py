@@ -1,5 +1,6 @@
 """The Ray Serve application on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
-CPU per node, one tiny-model CPU engine replica per node): audio streams through the Serve
+CPU per node, one tiny-model CPU engine replica per node, with examples/ray_serve_cpu.yaml's
+deployment options, so the CPU example is what runs on two cores): audio streams through the Serve
 ingress, files and batches too, a registered voice keeps to one replica (and works on the
 other; a replacement reaches it), zero-shot requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -30,6 +32,24 @@ def _clip() -> bytes:
     return tone_clip((330, 0.3))
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example(name: str):
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    return ServeDeploySchema.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def _cpu_engine_options(num_replicas: int) -> dict:
+    """The CPU example's HiggsEngine options, at `num_replicas`."""
+    app = _example("ray_serve_cpu.yaml").applications[0]
+    engine = next(d for d in app.deployments if d.name == "HiggsEngine")
+    return {"ray_actor_options": engine.ray_actor_options.model_dump(exclude_unset=True),
+            "max_ongoing_requests": engine.max_ongoing_requests, "num_replicas": num_replicas}
+
+
 @pytest.fixture(scope="module")
 def ray_serve(tiny_model_dir, tmp_path_factory):
     cluster = Cluster(initialize_head=True,
@@ -42,7 +62,7 @@ def ray_serve(tiny_model_dir, tmp_path_factory):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app({"model": str(tiny_model_dir), "device": "cpu",
                          "serve_args": ["--max-queue", "16"],
-                         "engine_options": {"num_replicas": 2},
+                         "engine_options": _cpu_engine_options(2),
                          "voices_dir": str(tmp_path_factory.mktemp("ray-voices"))})
         serve.run(app, name="higgs", route_prefix="/",
                   blocking=False)
@@ -156,20 +176,28 @@ def test_unknown_app_arguments_are_refused():
         RayAppArgs.parse({"model": "m", "device": "tpu"})
 
 
-def test_the_example_config_is_a_valid_serve_config():
-    from pathlib import Path
-
-    import yaml
-    from ray.serve.schema import ServeDeploySchema
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "ray_serve.yaml"
-    config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
-    app = config.applications[0]
-    assert app.import_path == "higgs_serve.cluster.ray_app:build_app"
-    RayAppArgs.parse(app.args)
-    engine = next(d for d in app.deployments if d.name == "HiggsEngine")
+def test_the_example_configs_are_valid_serve_configs():
+    gpu = _example("ray_serve.yaml").applications[0]
+    assert gpu.import_path == "higgs_serve.cluster.ray_app:build_app"
+    RayAppArgs.parse(gpu.args)
+    assert gpu.args["model"] == "bosonai/higgs-audio-v3-tts-4b"  # the id used everywhere else
+    engine = next(d for d in gpu.deployments if d.name == "HiggsEngine")
     assert engine.ray_actor_options.num_gpus == 1
     assert engine.graceful_shutdown_timeout_s == 300
+
+
+def test_the_cpu_example_fits_two_cores():
+    app = _example("ray_serve_cpu.yaml").applications[0]
+    args = RayAppArgs.parse(app.args)
+    assert args.device == "cpu" and args.model == "bosonai/higgs-audio-v3-tts-4b"
+    reserved = 0.0
+    for deployment in app.deployments:
+        options = deployment.ray_actor_options.model_dump(exclude_unset=True)
+        assert "num_cpus" in options, deployment.name  # Serve's default would reserve one
+        assert options.get("num_gpus", 0) == 0
+        replicas = deployment.num_replicas if isinstance(deployment.num_replicas, int) else 1
+        reserved += options["num_cpus"] * replicas
+    assert reserved <= 1  # one engine on one core, a core to spare for Ray itself
 
 
 def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir, tmp_path_factory):

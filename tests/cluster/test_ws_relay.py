@@ -1,8 +1,12 @@
-"""The front end's relays against two small upstream servers (stand-ins for replicas): WebSocket
-frames both ways unchanged, one replica per session chosen by the session's voice, closes passed
-on in both directions; a batch retried on the other replica when its home answers 503, and 429
-or 503 from the front end itself when no replica can take it. Real uvicorn servers on loopback
-and the real `websockets` client. (The real replicas: test_frontend_e2e_streaming.py.)"""
+"""The front end's relays against two small upstream servers (stand-ins for replicas, on Unix
+sockets as the real ones are): WebSocket frames both ways unchanged, one replica per session
+chosen by the session's voice, closes passed on in both directions, a session that never
+configures closed after the idle timeout; a batch retried on the other replica when its home
+answers 503, and 429 or 503 from the front end itself when no replica can take it; the API key
+checked as the single server checks it; on a signing front end (--c2pa-cert) the upgrade carries
+the C2PA claim header, as a replica's does. The real front end (relay + control plane) in a thread,
+real uvicorn upstreams and the real `websockets` client. (The real replicas:
+test_frontend_e2e_streaming.py.)"""
 
 from __future__ import annotations
 
@@ -11,16 +15,23 @@ import random
 import threading
 import time
 
+import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, PlainTextResponse
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_frontend
+from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
+
+from higgs_serve import __version__
+from higgs_serve.audio.provenance import CLAIM_HEADER, claim_json
+from higgs_serve.cluster.frontend import Frontend, FrontendSettings
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router, affinity_rank
+from higgs_serve.server.settings import ServerSettings
+
+CLAIM = claim_json(__version__)
 
 
 def _upstream(name: str, events: list) -> FastAPI:
@@ -69,35 +80,22 @@ def _upstream(name: str, events: list) -> FastAPI:
     return app
 
 
-def _serve(app: FastAPI):
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    return server, thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory):
     events: list = []
-    upstreams = [_serve(_upstream(name, events)) for name in ("A", "B")]
-    replicas = {name: Replica(id=name, url=url) for name, (_, _, url) in zip("AB", upstreams)}
+    work = tmp_path_factory.mktemp("relay")
+    upstreams = [serve_app_on_socket(_upstream(name, events), work / f"{name}.sock")
+                 for name in ("A", "B")]
+    replicas = {name: Replica(id=name, socket_path=work / f"{name}.sock") for name in "AB"}
     router = Router({name: 8 for name in replicas}, rng=random.Random(0))
-    frontend = Frontend(replicas, router, tmp_path_factory.mktemp("voices"), 24000,
-                        FrontendSettings(), poll_interval_s=0.05)
-    server, thread, url = _serve(build_frontend(frontend))
-    deadline = time.monotonic() + 10
-    while len(frontend.ready_replicas()) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", frontend, events
-    for srv, th, _ in (*upstreams, (server, thread, url)):
-        srv.should_exit = True
-        th.join(timeout=10)
+    frontend = Frontend(replicas, router, work / "voices", 24000,
+                        FrontendSettings(ws_idle_timeout_s=1.0, c2pa_claim=CLAIM), poll_interval_s=0.05)
+    with frontend_thread(frontend, work) as url:
+        wait_until(lambda: len(frontend.ready_replicas()) == 2, what="both upstreams ready")
+        yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", frontend, events
+    for server, thread in upstreams:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def _open(url: str, voice: str):
@@ -112,10 +110,17 @@ def test_frames_pass_both_ways_unchanged(relay):
     url, _, _ = relay
     ws, _ = _open(url, "alice")
     with ws:
+        assert ws.response.headers[CLAIM_HEADER] == CLAIM
         ws.send("hello")
         assert ws.recv(timeout=5) == "HELLO"
         ws.send(b"\x00\x01\x02")
         assert ws.recv(timeout=5) == b"\x02\x01\x00"  # binary stays binary
+
+
+def test_a_signing_front_end_states_the_claim_and_others_do_not():
+    signing = ServerSettings(c2pa_cert="chain.pem", c2pa_key="key.pem")  # read by the replicas
+    assert FrontendSettings.of(signing).c2pa_claim == CLAIM
+    assert FrontendSettings.of(ServerSettings()).c2pa_claim is None
 
 
 def test_a_voice_pins_its_sessions_to_one_replica(relay):
@@ -147,39 +152,57 @@ def test_closes_are_passed_on_both_ways(relay):
         time.sleep(0.02)
 
 
-def test_the_api_key_guards_the_front_end(tmp_path):
-    from fastapi.testclient import TestClient
-    from starlette.websockets import WebSocketDisconnect
+def test_a_session_that_never_configures_is_closed_after_the_idle_timeout(relay):
+    url, _, _ = relay
+    started = time.monotonic()
+    with connect(url) as ws:
+        event = json.loads(ws.recv(timeout=10))  # nothing sent: the front end's idle timeout (1 s)
+        assert event["type"] == "error" and event["code"] == "idle_timeout"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert closed.value.rcvd.code == 1000 and time.monotonic() - started < 5
 
-    replicas = {"A": Replica(id="A", url="http://127.0.0.1:9")}  # never reached
-    frontend = Frontend(replicas, Router({"A": 1}), tmp_path / "voices", 24000,
-                        FrontendSettings(api_key="sekret"))
-    with TestClient(build_frontend(frontend)) as client:
+
+def _lonely_frontend(tmp_path, **settings) -> Frontend:
+    """A front end whose one replica's socket does not exist (never reached) and whose
+    supervisor checks once at start, then leaves the replica's state to the test."""
+    replicas = {"A": Replica(id="A", socket_path=tmp_path / "absent.sock")}
+    return Frontend(replicas, Router({"A": 1}), tmp_path / "voices", 24000,
+                    FrontendSettings(**settings), poll_interval_s=1000)
+
+
+def test_the_api_key_guards_the_front_end(tmp_path):
+    with frontend_thread(_lonely_frontend(tmp_path, api_key="sekret"), tmp_path) as url:
+        client = httpx.Client(base_url=url, timeout=10)
         assert client.get("/v1/audio/voices").status_code == 401
         denied = client.post("/v1/audio/speech", json={"input": "x"})
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        # a token that is not ASCII: 401 as on the single server, never a 500
+        odd = client.post("/v1/audio/speech", json={"input": "x"},
+                          headers={b"Authorization": "Bearer sekrét".encode()})
+        assert odd.status_code == 401 and odd.json()["error"]["code"] == "invalid_api_key"
         ok = client.get("/v1/audio/voices", headers={"Authorization": "Bearer sekret"})
         assert ok.status_code == 200 and ok.json()["data"] == []
         assert client.get("/health").status_code == 200  # open, like the single server
         unready = client.post("/v1/audio/speech", json={"input": "x"},
                               headers={"Authorization": "Bearer sekret"})
         assert unready.status_code == 503 and unready.json()["error"]["code"] == "not_ready"
-        with pytest.raises(WebSocketDisconnect) as closed:
-            with client.websocket_connect("/v1/audio/speech/stream") as ws:
-                ws.receive_text()
-        assert closed.value.code == 1008
+        ws_url = url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        with connect(ws_url) as ws:  # the single server's answer: an error event, then 1008
+            assert json.loads(ws.recv(timeout=5))["code"] == "invalid_api_key"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd.code == 1008
         # the single server's other form of the key: past the check, then no replica is ready
-        with client.websocket_connect("/v1/audio/speech/stream?api_key=sekret") as ws:
-            ws.send_text(json.dumps({"type": "session.config"}))
-            assert json.loads(ws.receive_text())["error"]["code"] == "queue_full"
-            with pytest.raises(WebSocketDisconnect) as closed:
-                ws.receive_text()
-        assert closed.value.code == 1013
+        with connect(ws_url + "?api_key=sekret") as ws:
+            ws.send(json.dumps({"type": "session.config"}))
+            assert json.loads(ws.recv(timeout=5))["error"]["code"] == "queue_full"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd.code == 1013
 
 
 def test_a_batch_is_retried_on_another_replica_before_its_first_byte(relay):
-    import httpx
-
     url, frontend, _ = relay
     http_url = url.replace("ws://", "http://").removesuffix("/v1/audio/speech/stream")
     voice = next(f"v{i}" for i in range(100)  # a voice whose home is A, which answers 503
@@ -193,19 +216,16 @@ def test_a_batch_is_retried_on_another_replica_before_its_first_byte(relay):
 
 
 def test_a_batch_gets_429_when_every_replica_is_full_and_503_before_any_is_ready(tmp_path):
-    from fastapi.testclient import TestClient
-
-    replicas = {"A": Replica(id="A", url="http://127.0.0.1:9")}  # never reached
-    router = Router({"A": 1})
-    frontend = Frontend(replicas, router, tmp_path / "voices", 24000, FrontendSettings())
+    frontend = _lonely_frontend(tmp_path)
     body = {"items": [{"input": "x"}]}
-    # no lifespan, so no supervisor: the replica's state is what the test sets
-    client = TestClient(build_frontend(frontend))
-    unready = client.post("/v1/audio/speech/batch", json=body)
-    assert unready.status_code == 503 and unready.json()["error"]["code"] == "not_ready"
-    replicas["A"].ready = True  # ready, and at its capacity
-    router.set_healthy("A", True)
-    router.dispatched("A")
-    full = client.post("/v1/audio/speech/batch", json=body)
-    assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
-    assert full.headers["retry-after"]
+    with frontend_thread(frontend, tmp_path) as url:
+        client = httpx.Client(base_url=url, timeout=10)
+        unready = client.post("/v1/audio/speech/batch", json=body)
+        assert unready.status_code == 503 and unready.json()["error"]["code"] == "not_ready"
+        replica, router = frontend.replicas["A"], frontend.router
+        replica.ready = True  # ready, and at its capacity
+        router.set_healthy("A", True)
+        router.dispatched("A")
+        full = client.post("/v1/audio/speech/batch", json=body)
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        assert full.headers["retry-after"]

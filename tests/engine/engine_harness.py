@@ -42,9 +42,12 @@ def engine_deploy(
     window: dict | None = None,
     kv_cache_dtype: str = "auto",
     codec_dtype: str = "float32",
+    watermark: bool = False,
 ) -> DeployConfig:
     """The shipped default profile on CPU, shrunk for tests; `window` overrides the streaming
-    window keys (docs/model.md#streaming-windows)."""
+    window keys (docs/model.md#streaming-windows). The watermark is off unless asked for: these
+    tests compare the codec's audio with one-shot decodes (tests/engine/test_watermark_stage.py
+    tests the mark)."""
     stage0 = {
         "devices": "cpu",
         "max_num_seqs": max_num_seqs,
@@ -55,7 +58,7 @@ def engine_deploy(
         # the shipped capture sizes go to 64; sizes above max_num_seqs are a config error
         "compilation_config": {"cudagraph_capture_sizes": [s for s in (1, 2, 4, 8, 16) if s <= max_num_seqs]},
     }
-    overrides: dict = {"0": stage0, "1": {"devices": "cpu", "dtype": codec_dtype}}
+    overrides: dict = {"0": stage0, "1": {"devices": "cpu", "dtype": codec_dtype}, "watermark": watermark}
     if window:
         overrides["connectors"] = {"talker_to_codec": {"extra": window}}
     return load_deploy_config(None, "higgs_multimodal_qwen3", cli_overrides=overrides)
@@ -96,11 +99,12 @@ def assert_same_output(got: Collected, ref: Collected, what: str) -> None:
 
 
 class ManualEngine:
-    """An `EngineCore` with its codec thread running and its step loop driven by the test."""
+    """An `EngineCore` with its stages' threads running (codec, watermark) and its step loop
+    driven by the test."""
 
     def __init__(self, loaded: LoadedModel, deploy: DeployConfig, hooks: EngineHooks | None = None):
         self.core: EngineCore = build_engine_core(loaded, deploy, CPU, hooks)
-        self.core.codec.start()
+        self.core.start_stages()
 
     @property
     def kv(self):
@@ -138,4 +142,4 @@ class ManualEngine:
         return sinks
 
     def close(self) -> None:
-        self.core.codec.stop()
+        self.core.stop_stages()

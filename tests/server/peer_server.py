@@ -87,7 +87,9 @@ def frames_of(headers) -> int:
 
 
 def speak(http: httpx.Client, **fields) -> httpx.Response:
-    """POST /v1/audio/speech (input defaults to a short text); asserts 200."""
-    response = http.post("/v1/audio/speech", json={"input": "Hello world.", **fields})
+    """POST /v1/audio/speech (input defaults to a short text) answered as one file (stream:
+    false unless `fields` say otherwise); asserts 200."""
+    response = http.post("/v1/audio/speech", json={"input": "Hello world.", "stream": False,
+                                                   **fields})
     assert response.status_code == 200, response.text
     return response

@@ -20,8 +20,9 @@ from bad_requests import bad_requests, post_bad_request
 from fake_engine import FakeEngine, fake_audio, fake_deploy
 from fuzz import clamp_frame_fields, fuzz_server
 from live_server import MODEL_NAME, fake_settings, start_threaded_server
+from support.decoders import CODEC_FRAME, FILE_DELAY, STREAM_DELAY, ffmpeg_decode
 
-from higgs_serve.audio.formats import float_to_pcm16
+from higgs_serve.audio.formats import FORMATS, float_to_pcm16
 from higgs_serve.server.app import build_app
 
 RATE = 24000
@@ -55,19 +56,32 @@ def expected_pcm(seed: int, frames: int = FRAMES) -> bytes:
 
 
 # ----------------------------------------------------------------------------- good requests
-@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
-def test_every_file_format_decodes_to_24k_mono(oai, fmt):
-    response = oai.audio.speech.create(model=MODEL_NAME, input=TEXT, voice="default",
-                                       response_format=fmt, extra_body={"seed": 7})
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32", always_2d=True)
-    assert rate == RATE and audio.shape[1] == 1
-    tolerance = 0 if fmt in ("wav", "flac") else 2048  # lossy codecs pad
-    assert abs(audio.shape[0] - FRAMES * 960) <= tolerance
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_format_streams_by_default_and_is_a_file_with_stream_false(oai, fmt):
+    """The SDK's default create streams the format (chunked, no Content-Length); with
+    stream: false the same audio is one file with its Content-Length (docs/api.md#streaming)."""
+    rate = FORMATS[fmt].default_rate_hz or RATE
+    raw = oai.audio.speech.with_raw_response.create(
+        model=MODEL_NAME, input=TEXT, voice="default", response_format=fmt, extra_body={"seed": 7})
+    streamed = raw.content
+    assert "content-length" not in raw.headers and raw.headers["x-sample-rate"] == str(rate)
+    response = oai.audio.speech.with_raw_response.create(
+        model=MODEL_NAME, input=TEXT, voice="default", response_format=fmt,
+        extra_body={"seed": 7, "stream": False})
+    assert int(response.headers["content-length"]) == len(response.content)
+    samples = FRAMES * 960 * rate // RATE
+    for data, delay in ((streamed, STREAM_DELAY), (response.content, FILE_DELAY)):
+        decoded = ffmpeg_decode(data, fmt, rate)
+        extra = decoded.size - samples - delay.get(fmt, 0)
+        assert 0 <= extra <= (CODEC_FRAME[fmt](rate) if fmt in CODEC_FRAME else 0), (fmt, extra)
+    if fmt in ("wav", "flac", "mp3", "opus"):  # what soundfile (libsndfile) reads
+        audio, file_rate = sf.read(io.BytesIO(response.content), dtype="float32", always_2d=True)
+        assert file_rate == rate and audio.shape == (samples, 1)
 
 
 def test_pcm_file_matches_the_engine_audio_and_reports_usage(http):
     response = http.post("/v1/audio/speech", json={
-        "model": MODEL_NAME, "input": TEXT, "response_format": "pcm", "seed": 7})
+        "model": MODEL_NAME, "input": TEXT, "response_format": "pcm", "seed": 7, "stream": False})
     assert response.status_code == 200
     assert response.headers["content-type"] == "audio/pcm"
     assert response.headers["x-sample-rate"] == "24000"
@@ -125,9 +139,24 @@ def test_sse_deltas_equal_the_non_streamed_audio(oai, http):
     assert done["usage"] == {"input_tokens": 2, "output_tokens": FRAMES, "total_tokens": 2 + FRAMES}
 
 
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "alaw"])
+def test_sse_carries_the_formats_bytes(http, fmt):
+    """SSE deltas are base64 of the raw stream's bytes, in order: joined, they are the same file
+    (LiveKit reads mp3 this way)."""
+    body = {"input": TEXT, "response_format": fmt, "seed": 12}
+    raw = http.post("/v1/audio/speech", json=body).content
+    events = parse_sse(http.post("/v1/audio/speech",
+                                 json={**body, "stream_format": "sse"}).text)
+    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) > 1 and b"".join(deltas) == raw
+    assert events[-1]["type"] == "speech.audio.done"
+    rate = FORMATS[fmt].default_rate_hz or RATE
+    assert ffmpeg_decode(raw, fmt, rate).size >= FRAMES * 960 * rate // RATE
+
+
 def test_sampling_fields_reach_the_engine_and_seed_repeats(fake_server, http):
     body = {"input": TEXT, "response_format": "pcm", "seed": 5, "temperature": 0.5,
-            "top_p": 0.9, "top_k": 12, "max_new_tokens": 10, "min_new_tokens": 9}
+            "top_p": 0.9, "top_k": 12, "max_new_tokens": 10, "min_new_tokens": 9, "stream": False}
     first = http.post("/v1/audio/speech", json=body)
     second = http.post("/v1/audio/speech", json=body)
     assert first.status_code == 200 and first.content == second.content

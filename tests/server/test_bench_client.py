@@ -18,7 +18,8 @@ def test_closed_loop_sends_every_request_once_and_reads_each_stream_whole(tmp_pa
                         frames_per_char=100, step_delay_s=0.01)
     live = start_threaded_server(engine, fake_settings(tmp_path, max_queue=4, max_input_chars=1000))
     args = argparse.Namespace(frames=10, frames_spread=0.0, file_every=0, seed=7, request_timeout=30.0,
-                              served_model_name=MODEL_NAME)
+                              served_model_name=MODEL_NAME, response_format="pcm",
+                              no_stream_field=False)
     try:
         records = asyncio.run(bench.closed_loop(live.url, list(range(12)), 4, args))
     finally:
@@ -27,3 +28,25 @@ def test_closed_loop_sends_every_request_once_and_reads_each_stream_whole(tmp_pa
     assert all(r.ok for r in records), [r.error for r in records if not r.ok]
     assert all(r.num_bytes == 10 * bench.FRAME_SAMPLES * 2 for r in records)  # 10 frames of PCM16
     assert sorted(req.sampling.seed for req in engine.requests) == [7 + i for i in range(12)]
+
+
+def test_any_format_streams_and_counts_the_frames_asked_for(tmp_path):
+    """--response-format mp3 --no-stream-field: an OpenAI client's request, streamed as mp3;
+    audio seconds are the frames asked for."""
+    bench = load_bench("bench_serving")
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=2, max_tokens=200), chunk_frames=3,
+                        frames_per_char=100)
+    live = start_threaded_server(engine, fake_settings(tmp_path, max_queue=2, max_input_chars=1000))
+    args = argparse.Namespace(frames=25, frames_spread=0.0, file_every=0, seed=3, request_timeout=30.0,
+                              served_model_name=MODEL_NAME, response_format="mp3",
+                              no_stream_field=True)
+    try:
+        body = bench.request_body(0, args)
+        records = asyncio.run(bench.closed_loop(live.url, list(range(4)), 2, args))
+    finally:
+        live.stop()
+    assert "stream" not in body and body["response_format"] == "mp3"
+    assert all(r.ok and r.audio_s == 1.0 for r in records)
+    assert all(r.arrivals and 4000 < r.bytes_per_s < 12000 for r in records)  # ~64 kbit/s
+    metrics = bench.level_metrics(2, records, 1.0)
+    assert metrics["wrong_length"] == 0 and metrics["audio_s_total"] == 4.0

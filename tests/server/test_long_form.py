@@ -74,7 +74,8 @@ def test_article_is_long():
 
 def test_file_response_with_segment_header(http, live):
     live.engine.submitted.clear()
-    r = http.post("/v1/audio/speech", json={"input": ARTICLE, "response_format": "wav", **FIXED})
+    r = http.post("/v1/audio/speech", json={"input": ARTICLE, "response_format": "wav",
+                                            "stream": False, **FIXED})
     assert r.status_code == 200, r.text
     audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
     segments = json.loads(r.headers["x-segments"])
@@ -199,7 +200,8 @@ def test_total_audio_is_capped(tiny_model_dir, tmp_path):
     server = start_live_engine_server(tiny_model_dir, settings)
     try:
         r = httpx.post(f"{server.url}/v1/audio/speech", timeout=60, json={
-            "input": ARTICLE, "response_format": "pcm", "max_new_tokens": 10, "seed": 1})
+            "input": ARTICLE, "response_format": "pcm", "max_new_tokens": 10, "seed": 1,
+            "stream": False})
         assert r.status_code == 200
         assert len(r.content) == 2 * RATE  # exactly max_audio_s
         assert r.headers["x-finish-reason"] == "length"
@@ -237,7 +239,7 @@ def test_delivery_tags_reach_every_later_segment(http, live):
 
 def test_speed_scales_the_file_timestamps(http):
     r = http.post("/v1/audio/speech", json={"input": ARTICLE[:900], "response_format": "wav",
-                                            "speed": 2.0, **FIXED})
+                                            "speed": 2.0, "stream": False, **FIXED})
     assert r.status_code == 200, r.text
     audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
     segments = json.loads(r.headers["x-segments"])

@@ -63,8 +63,9 @@ def test_vllm_e2e_zero_shot_wav_with_voice_null(oai, extra_body):
     voice=None): the plain-text case exactly, and the max_new_tokens case."""
     response = oai.audio.speech.with_raw_response.create(
         model=HUB_ID, input=TEXT, response_format="wav", voice=None, extra_body=extra_body)
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
-    assert rate == RATE and len(audio) == frames_of(response.headers) * 960 > 0
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")  # a streamed WAV
+    assert "content-length" not in response.headers  # no `stream`: streamed (docs/api.md)
+    assert rate == RATE and len(audio) % 960 == 0 and len(audio) > 0
 
 
 def test_vllm_e2e_pcm_streaming_three_at_once(oai, http):
@@ -113,20 +114,25 @@ def test_sglang_cookbook_clone_references_with_local_path(http, media_dir):
         "references": [{"audio_path": str(media_dir / "clip.wav"), "text": REF_TEXT}],
         "temperature": 0.8, "top_k": 50, "max_new_tokens": 24, "seed": 2})
     assert response.status_code == 200, response.text
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
-    assert rate == RATE and len(audio) == frames_of(response.headers) * 960 > 0
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")  # a streamed WAV
+    assert rate == RATE and 0 < len(audio) <= 24 * 960 and len(audio) % 960 == 0
 
 
 @pytest.mark.parametrize("ref_format", ["references", "flat"])
 def test_sglang_benchmark_non_stream(http, media_dir, ref_format):
     """benchmark_tts_seedtts: wav, the reference as references[] or flat ref_audio (a local
-    path), max_new_tokens 2048; it reads X-Prompt-Tokens / X-Completion-Tokens / X-Engine-Time."""
+    path), max_new_tokens 2048; it reads X-Prompt-Tokens / X-Completion-Tokens / X-Engine-Time.
+    Its body has no `stream`, which streams here (OpenAI's rule): X-Prompt-Tokens comes with
+    the stream, the counts only the end knows come with `stream: false` (docs/api.md)."""
     path = str(media_dir / "clip.wav")
     reference = ({"references": [{"audio_path": path, "text": REF_TEXT}]}
                  if ref_format == "references" else {"ref_audio": path, "ref_text": REF_TEXT})
-    response = http.post("/v1/audio/speech", json={
-        "model": HUB_ID, "input": "Get the trust fund to the bank early.", "response_format": "wav",
-        **reference, "max_new_tokens": 2048, "seed": 4})
+    body = {"model": HUB_ID, "input": "Get the trust fund to the bank early.",
+            "response_format": "wav", **reference, "max_new_tokens": 2048, "seed": 4}
+    streamed = http.post("/v1/audio/speech", json=body)
+    assert streamed.status_code == 200, streamed.text
+    assert int(streamed.headers["x-prompt-tokens"]) > 0
+    response = http.post("/v1/audio/speech", json={**body, "stream": False})
     assert response.status_code == 200, response.text
     headers = response.headers
     assert int(headers["x-prompt-tokens"]) == int(headers["x-usage-input-tokens"]) > 0
@@ -160,8 +166,8 @@ def test_null_means_not_given(http):
                                    "sample_rate", "language", "task_type", "ref_audio",
                                    "references", "reference_codes", "instructions",
                                    "x_vector_only_mode", "speaker_embedding")}
-    with_nulls = speak(http, **nulls, seed=6, **FIXED)
-    plain = speak(http, seed=6, **FIXED)
+    with_nulls = speak(http, **nulls, seed=6, **FIXED)  # stream: null = not given: streamed
+    plain = speak(http, seed=6, stream=None, **FIXED)
     assert with_nulls.headers["content-type"] == "audio/wav"
     assert with_nulls.content == plain.content
 
@@ -257,7 +263,9 @@ def test_sample_rate_resamples_files_and_streams(http, rate):
 
 
 def test_sample_rate_errors(http):
-    for body in ({"sample_rate": 12345}, {"sample_rate": 44100, "response_format": "opus"}):
+    # 0 is not "the default" (issue 40 item 9: it was served at 24 kHz)
+    for body in ({"sample_rate": 12345}, {"sample_rate": 44100, "response_format": "opus"},
+                 {"sample_rate": 0}, {"sample_rate": -8000}):
         response = http.post("/v1/audio/speech", json={"input": TEXT, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == "sample_rate"
 
@@ -280,7 +288,7 @@ def test_initial_codec_chunk_frames_sets_the_first_chunk(http):
     assert _first_sse_delta_bytes(http, initial_codec_chunk_frames=10, **long) == 10 * 960 * 2
     assert _first_sse_delta_bytes(http, initial_codec_chunk_frames=0, **long) == 25 * 960 * 2
     for extra, words in (({"initial_codec_chunk_frames": 26, "stream": True}, "codec_chunk_frames"),
-                         ({"initial_codec_chunk_frames": 4}, "streaming request")):
+                         ({"initial_codec_chunk_frames": 4, "stream": False}, "not streamed")):
         response = http.post("/v1/audio/speech", json={"input": TEXT, **extra})
         assert response.status_code == 400 and words in response.json()["error"]["message"]
 

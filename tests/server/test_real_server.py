@@ -22,7 +22,9 @@ import soundfile as sf
 from bad_requests import bad_requests, post_bad_request
 from fuzz import clamp_frame_fields, fuzz_server
 from live_server import metric, serve_subprocess
+from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode
 
+from higgs_serve.audio.formats import FORMATS
 from higgs_serve.codec.chunker import StreamChunker, WindowParams
 from higgs_serve.codec.decoder import receptive_field_frames
 
@@ -44,6 +46,11 @@ def real_server(tiny_model_dir, tmp_path_factory):
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "1",
         "--max-input-chars", str(MAX_INPUT_CHARS), "--voices-dir", str(work / "voices"),
         "--stage-overrides", overrides,
+        # these tests compare streamed audio with files of the same seed frame by frame (the
+        # codec's windows); the mark is causal per chunk, so a stream's chunk ends carry a
+        # slightly different mark than a file's (docs/model.md#watermark): off here, as in the
+        # engine tests. Every endpoint marked: test_watermark_endpoints.py.
+        "--watermark", "off",
     ]) as server:
         yield server
     # the server has exited (serve_subprocess asserted its exit code)
@@ -63,8 +70,10 @@ def oai(real_server):
 
 
 def _pcm(http: httpx.Client, seed: int) -> bytes:
+    """One file (stream: false: the exact file windows)."""
     response = http.post("/v1/audio/speech", json={"model": NAME, "input": TEXT, "seed": seed,
-                                                   "response_format": "pcm", **FIXED})
+                                                   "response_format": "pcm", "stream": False,
+                                                   **FIXED})
     assert response.status_code == 200, response.text
     return response.content
 
@@ -107,18 +116,57 @@ def test_ready_models_health(http):
     assert http.get("/v1/models").json()["data"][0]["id"] == NAME
 
 
-@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm"])
-def test_every_format_decodes_to_24k_mono_of_the_expected_length(oai, fmt):
-    response = oai.audio.speech.create(model=NAME, input=TEXT, voice="default",
-                                       response_format=fmt, extra_body={"seed": 3, **FIXED})
-    assert response.response.headers["x-usage-output-tokens"] == str(FRAMES)
-    if fmt == "pcm":
-        assert len(response.content) == FRAMES * 960 * 2
-        return
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="float32", always_2d=True)
-    assert rate == RATE and audio.shape[1] == 1
-    tolerance = 0 if fmt in ("wav", "flac") else 2048  # lossy codecs pad
-    assert abs(audio.shape[0] - FRAMES * 960) <= tolerance
+def _streamed_pcm(http: httpx.Client, seed: int) -> bytes:
+    response = http.post("/v1/audio/speech", json={"model": NAME, "input": TEXT, "seed": seed,
+                                                   "response_format": "pcm", "stream": True,
+                                                   **FIXED})
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_format_streams_by_default_and_matches_the_streamed_pcm(oai, http, fmt):
+    """The SDK's default create streams every format; the stream decodes whole (ffmpeg) to the
+    streamed pcm of the same seed: lossless exactly, G.711 within its step, lossy codecs within
+    one codec frame of padding beyond the delay a stream cannot carry (docs/api.md#formats)."""
+    rate = FORMATS[fmt].default_rate_hz or RATE
+    response = oai.audio.speech.with_raw_response.create(
+        model=NAME, input=TEXT, voice="default", response_format=fmt,
+        extra_body={"seed": 3, "sample_rate": rate, **FIXED})
+    assert "content-length" not in response.headers  # streamed (chunked)
+    decoded = ffmpeg_decode(response.content, fmt, rate)
+    pcm = np.frombuffer(_streamed_pcm(http, 3), "<i2")
+    assert pcm.size == FRAMES * 960
+    if fmt in ("wav", "pcm", "flac"):
+        assert np.array_equal(decoded, pcm)
+    elif fmt in ("ulaw", "alaw"):  # 8 kHz: against the same request's pcm at 8 kHz
+        reference = np.frombuffer(http.post("/v1/audio/speech", json={
+            "input": TEXT, "seed": 3, "response_format": "pcm", "sample_rate": rate,
+            **FIXED}).content, "<i2").astype(np.int32)
+        assert decoded.size == reference.size == FRAMES * 320
+        assert np.all(np.abs(decoded - reference) <= np.abs(reference) // 16 + 32)
+    else:
+        extra = decoded.size - pcm.size - STREAM_DELAY[fmt]
+        assert 0 <= extra < CODEC_FRAME[fmt](rate), (fmt, decoded.size)
+
+
+def test_the_streaming_rule_streams_without_stream_and_files_use_file_windows(http, near_seams):
+    """docs/api.md#streaming: a request without `stream` is the `stream: true` stream, byte for
+    byte (streaming windows); `stream: false` is one file with its Content-Length whose frames
+    are the one-shot decode's (file windows), differing from the stream only near its seams."""
+    body = {"model": NAME, "input": TEXT, "seed": 4, "response_format": "pcm", **FIXED}
+    default = http.post("/v1/audio/speech", json=body)
+    assert "content-length" not in default.headers
+    assert default.content == _streamed_pcm_of(http, body)
+    file = http.post("/v1/audio/speech", json={**body, "stream": False})
+    assert int(file.headers["content-length"]) == len(file.content)
+    assert file.headers["x-usage-output-tokens"] == str(FRAMES)
+    assert_matches_file(default.content, file.content, near_seams)
+    assert default.content != file.content  # the tiny codec's seams do differ
+
+
+def _streamed_pcm_of(http: httpx.Client, body: dict) -> bytes:
+    return http.post("/v1/audio/speech", json={**body, "stream": True}).content
 
 
 def test_seed_gives_identical_audio(http):
@@ -155,7 +203,7 @@ def test_sse_deltas_equal_the_file_and_usage_is_right(oai, http, near_seams):
         "input": TEXT, "seed": 9, "response_format": "pcm", "stream": True, **FIXED})
     assert streamed == raw_stream.content  # same windows, same bytes
     file_response = http.post("/v1/audio/speech", json={
-        "input": TEXT, "seed": 9, "response_format": "pcm", **FIXED})
+        "input": TEXT, "seed": 9, "response_format": "pcm", "stream": False, **FIXED})
     assert_matches_file(streamed, file_response.content, near_seams)
     input_tokens = int(file_response.headers["x-usage-input-tokens"])
     assert input_tokens > 0
@@ -187,7 +235,7 @@ def test_codec_counters_count_the_windows_of_a_request(http):
     names = ("higgs_serve_codec_calls_total", "higgs_serve_codec_windows_total",
              "higgs_serve_codec_busy_seconds_total", "higgs_serve_codec_graph_calls_total")
     before = [metric(http, name) for name in names]
-    _pcm(http, 7)  # not streamed: one window for the whole clip
+    _pcm(http, 7)  # stream: false: one window for the whole clip
     calls, windows, busy, graph_calls = (metric(http, n) - b for n, b in zip(names, before))
     assert (calls, windows, graph_calls) == (1, 1, 0)  # CPU: eager
     assert busy > 0

@@ -364,3 +364,9 @@ def test_gemm_sweep_space_past_16_rows_fits_shared_memory_and_holds_the_tuned_bu
     n, k = 19456, 2560
     assert all(c.split_k == 1 and c.fits(n // 2, k) for c in bench_gemm.swiglu_candidates(n, k))
     assert dict(TUNED[(n, k)])[64] in bench_gemm.swiglu_candidates(n, k)
+
+
+def test_several_formats_are_run_level_by_level_on_one_server():
+    args = bench_serving.parse_args(["--model", "m", "--response-format", "pcm", "mp3"])
+    assert args.response_formats == ["pcm", "mp3"] and args.response_format == "pcm"
+    assert bench_serving.parse_args(["--model", "m"]).response_formats == ["pcm"]

@@ -84,9 +84,9 @@ def test_log_level_before_or_after_the_command():
 
 def test_docstring_and_help_list_only_real_commands():
     commands = {name for (name, *rest), _ in _subparsers(cli.build_parser()) if not rest}
-    assert commands == {"synth", "encode-voice", "serve", "config", "make-tiny-model"}
+    assert commands == {"synth", "encode-voice", "serve", "detect", "config", "make-tiny-model"}
     listed = set(re.findall(r"[a-z][a-z-]+", cli.__doc__.splitlines()[0].split(":", 1)[1]))
-    assert "bench" not in listed and {"synth", "serve", "encode-voice", "make-tiny-model"} <= listed
+    assert "bench" not in listed and {"synth", "serve", "encode-voice", "detect", "make-tiny-model"} <= listed
 
 
 def test_encode_voice_takes_the_shared_load_options():

@@ -77,13 +77,16 @@ def test_stage_overrides_example_is_the_one_in_the_help_and_runs_on_the_default_
 
 def test_help_examples_run_as_written(workdir):
     examples = _help_examples()
-    assert [shlex.split(e)[1] for e in examples] == ["make-tiny-model", "synth", "config", "encode-voice", "serve"]
+    assert [shlex.split(e)[1] for e in examples] == ["make-tiny-model", "synth", "config", "encode-voice", "serve",
+                                                     "detect"]
     for example in examples:
         if shlex.split(example)[1] == "serve":
             _run_serve_example(example, workdir)
             continue
         proc = subprocess.run(_argv(example), cwd=workdir, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{example}\n{proc.stderr}"
+        if shlex.split(example)[1] == "detect":  # synth's audio carries the watermark (on by default)
+            assert re.fullmatch(r"out/0000\.wav: marked \(score [\d.]+\)\n", proc.stdout), proc.stdout
     assert (workdir / "tiny-model" / "config.json").is_file()
     assert sf.info(workdir / "out" / "0000.wav").samplerate == 24000
     assert np.load(workdir / "codes.npy").shape == (25, 8)

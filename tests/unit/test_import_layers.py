@@ -22,6 +22,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "higgs_serve"
 # higher one. Top-level modules (cli.py, progress.py, ...) count as packages of their own name.
 LAYERS = {
     "cli": 9, "cli_options": 9, "preflight": 9, "synth_report": 9,  # the command line and its helpers
+    "cli_replica": 9,  # the CLI as a data-parallel replica (its access log without the supervisor's polls)
     "cluster": 8,  # scale-out: a front end over N servers, reusing the server's routers and plans
     "server": 7,
     "voices": 6,  # the voice registry and reference encoding: used by the server, uses the engine

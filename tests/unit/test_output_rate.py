@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from higgs_serve.audio.output_rate import OUTPUT_SAMPLE_RATES, StreamResampler, check_output_rate, resample
+from higgs_serve.audio.formats import OUTPUT_SAMPLE_RATES, output_rate_hz
+from higgs_serve.audio.output_rate import StreamResampler, resample
 from higgs_serve.errors import InvalidRequestError
 
 
@@ -21,9 +22,16 @@ def test_stream_matches_one_shot_and_frames_map_to_whole_samples(rate):
     np.testing.assert_allclose(streamed, whole, atol=1e-6)
 
 
-def test_checks():
-    check_output_rate(44100, "mp3")
-    with pytest.raises(InvalidRequestError, match="not offered"):
-        check_output_rate(12345, "wav")
-    with pytest.raises(InvalidRequestError, match="opus"):
-        check_output_rate(22050, "opus")
+def test_checks_name_sample_rate_and_the_format_defaults():
+    assert output_rate_hz("mp3", 44100, 24000) == 44100
+    assert output_rate_hz("wav", None, 24000) == 24000
+    assert output_rate_hz("ulaw", None, 24000) == output_rate_hz("alaw", None, 24000) == 8000
+    assert output_rate_hz("ulaw", 16000, 24000) == 16000  # headerless: any offered rate
+    for rate, fmt, match in [(12345, "wav", "not offered"), (0, "pcm", "not offered"),
+                             (22050, "opus", "opus cannot be encoded at 22050")]:
+        with pytest.raises(InvalidRequestError, match=match) as info:
+            output_rate_hz(fmt, rate, 24000)
+        assert info.value.param == "sample_rate"
+    with pytest.raises(InvalidRequestError, match="unknown response_format") as info:
+        output_rate_hz("ogg", None, 24000)
+    assert info.value.param == "response_format"

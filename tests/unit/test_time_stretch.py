@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from higgs_serve.audio.time_stretch import time_stretch
+from higgs_serve.audio.time_stretch import TimeStretcher, time_stretch
 
 RATE = 24000
 
@@ -34,3 +34,22 @@ def test_speed_one_is_identity_and_range_is_enforced():
     with pytest.raises(ValueError, match="speed must be in"):
         time_stretch(audio, 5.0)
     assert time_stretch(np.zeros(0, np.float32), 2.0).shape == (0,)
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.8, 1.0, 1.25, 4.0])
+def test_piece_by_piece_is_the_whole_stretch_and_holds_little(speed):
+    """TimeStretcher fed random pieces gives exactly time_stretch of the whole signal, never
+    returns more than round(received / speed), and keeps a few frames, not the signal."""
+    rng = np.random.default_rng(7)
+    audio = (rng.standard_normal(RATE * 6 + 123) * 0.3).astype(np.float32)
+    stretcher = TimeStretcher(speed)
+    pieces, received, held = [], 0, 0
+    while received < audio.shape[0]:
+        size = int(rng.integers(1, 5000))
+        pieces.append(stretcher.push(audio[received:received + size]))
+        received = min(received + size, audio.shape[0])
+        assert sum(p.shape[0] for p in pieces) <= round(received / speed)
+        held = max(held, stretcher._input.shape[0] + stretcher._out.shape[0])
+    pieces.append(stretcher.close())
+    assert np.array_equal(np.concatenate(pieces), time_stretch(audio, speed))
+    assert held < 20 * 1024 + 5000 / speed  # a few frames and the last piece, not the signal

@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import math
 
-import av
 import numpy as np
 import soundfile as sf
 import soxr
@@ -45,18 +44,39 @@ _OTHER_FORMATS = ((b"#!AMR", "amr"), (b"MThd", "midi"), (b"FORM", "aiff/iff"), (
                   (b"caff", "caf"), (b"wvpk", "wavpack"), (b"MAC ", "monkey's audio"))
 
 
-def read_clip(data: bytes, param: str, max_seconds: float) -> tuple[np.ndarray, int]:
-    """File bytes -> ([n] float32 mono, its sample rate in Hz), at most `max_seconds` long."""
+def read_clip(data: bytes, param: str, max_seconds: float,
+              what: str = "reference audio") -> tuple[np.ndarray, int]:
+    """File bytes -> ([n] float32 mono, its sample rate in Hz), at most `max_seconds` long
+    (`what` names the audio in the refusal)."""
     if not data:
         raise InvalidRequestError(f"{param} is empty", param=param)
     demuxer = _container_demuxer(data)
     if demuxer is not None:
-        mono, rate_hz = _read_with_av(data, demuxer, param, max_seconds)
+        mono, rate_hz = _read_with_av(data, demuxer, param, max_seconds, what)
     else:
-        mono, rate_hz = _read_with_soundfile(data, param, max_seconds)
+        mono, rate_hz = _read_with_soundfile(data, param, max_seconds, what)
     if mono.size == 0:
         raise InvalidRequestError(f"{param} contains no audio samples", param=param)
     return mono, rate_hz
+
+
+# Headerless encodings (our own pcm, ulaw and alaw outputs): the caller names the encoding and the
+# rate, as nothing in the bytes says them. encoding -> the ffmpeg raw demuxer.
+HEADERLESS = {"pcm": "s16le", "ulaw": "mulaw", "alaw": "alaw"}
+
+
+def read_headerless(data: bytes, encoding: str, rate_hz: int, param: str, max_seconds: float,
+                    what: str) -> tuple[np.ndarray, int]:
+    """Mono headerless samples (16-bit little-endian pcm or G.711) at `rate_hz` -> ([n] float32,
+    rate_hz), at most `max_seconds` long."""
+    if encoding not in HEADERLESS:
+        raise InvalidRequestError(f"unknown headerless encoding {encoding!r}; one of {', '.join(HEADERLESS)}",
+                                  param=param)
+    if not data:
+        raise InvalidRequestError(f"{param} is empty", param=param)
+    _check_header(param, rate_hz, 1, len(data) / rate_hz / (2 if encoding == "pcm" else 1), max_seconds, what)
+    return _read_with_av(data, HEADERLESS[encoding], param, max_seconds, what,
+                         options={"sample_rate": str(rate_hz), "ch_layout": "mono"})
 
 
 def load_clip(data: bytes, param: str, rate_hz: int, min_seconds: float,
@@ -75,7 +95,7 @@ def load_clip(data: bytes, param: str, rate_hz: int, min_seconds: float,
 
 # ----------------------------------------------------------------------------- header checks
 def _check_header(param: str, rate_hz: int, channels: int, seconds: float | None,
-                  max_seconds: float) -> None:
+                  max_seconds: float, what: str = "reference audio") -> None:
     if not MIN_RATE_HZ <= rate_hz <= MAX_RATE_HZ:
         raise InvalidRequestError(
             f"{param} has a sample rate of {rate_hz} Hz; accepted: {MIN_RATE_HZ}-{MAX_RATE_HZ} Hz",
@@ -85,12 +105,12 @@ def _check_header(param: str, rate_hz: int, channels: int, seconds: float | None
             f"{param} has {channels} channels; accepted: mono or stereo", param=param)
     if seconds is not None and seconds > max_seconds:
         raise InvalidRequestError(
-            f"{param} is {seconds:.2f} s long; reference audio may be at most {max_seconds:g} s",
+            f"{param} is {seconds:.2f} s long; {what} may be at most {max_seconds:g} s",
             param=param)
 
 
 # ----------------------------------------------------------------------------- soundfile
-def _read_with_soundfile(data: bytes, param: str, max_seconds: float) -> tuple[np.ndarray, int]:
+def _read_with_soundfile(data: bytes, param: str, max_seconds: float, what: str) -> tuple[np.ndarray, int]:
     try:
         handle = sf.SoundFile(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError) as error:
@@ -102,12 +122,12 @@ def _read_with_soundfile(data: bytes, param: str, max_seconds: float) -> tuple[n
         if handle.frames >= _SF_UNKNOWN_FRAMES and data.startswith(b"fLaC"):
             # a FLAC stream whose total_samples is 0 ("unknown"): libsndfile cannot read it
             # block by block (its position query fails), ffmpeg's FLAC decoder can
-            return _read_with_av(data, "flac", param, max_seconds)
+            return _read_with_av(data, "flac", param, max_seconds, what)
         # the header's frame count (0 when the header leaves it open); never trusted below:
         # decoding stops at the limit whatever the header says
         header_s = handle.frames / rate_hz if 0 < handle.frames and rate_hz > 0 else None
-        _check_header(param, rate_hz, channels, header_s, max_seconds)
-        out = _MonoBuffer(rate_hz, max_seconds, header_s, param)
+        _check_header(param, rate_hz, channels, header_s, max_seconds, what)
+        out = _MonoBuffer(rate_hz, max_seconds, header_s, param, what)
         try:
             while True:
                 block = handle.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
@@ -132,10 +152,12 @@ def _container_demuxer(data: bytes) -> str | None:
     return None
 
 
-def _read_with_av(data: bytes, demuxer: str, param: str,
-                  max_seconds: float) -> tuple[np.ndarray, int]:
+def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, what: str,
+                  options: dict[str, str] | None = None) -> tuple[np.ndarray, int]:
+    import av  # PyAV: loaded with the first container soundfile cannot read, not at server import
+
     try:
-        container = av.open(io.BytesIO(data), mode="r", format=demuxer)
+        container = av.open(io.BytesIO(data), mode="r", format=demuxer, options=options or {})
     except (av.FFmpegError, ValueError) as error:
         raise InvalidRequestError(f"{param} is not a readable {demuxer} file", param=param) from error
     with container:
@@ -145,8 +167,8 @@ def _read_with_av(data: bytes, demuxer: str, param: str,
         rate_hz = int(stream.codec_context.sample_rate or 0)
         channels = int(stream.codec_context.layout.nb_channels or 0)
         header_s = _stream_seconds(stream, container)
-        _check_header(param, rate_hz, channels, header_s, max_seconds)
-        out = _MonoBuffer(rate_hz, max_seconds, header_s, param)
+        _check_header(param, rate_hz, channels, header_s, max_seconds, what)
+        out = _MonoBuffer(rate_hz, max_seconds, header_s, param, what)
         try:
             _decode_av_frames(container, stream, rate_hz, param, out)
             return out.samples(), rate_hz
@@ -166,6 +188,8 @@ def _stream_seconds(stream, container) -> float | None:
 
 
 def _decode_av_frames(container, stream, rate_hz: int, param: str, out: _MonoBuffer) -> None:
+    import av
+
     to_float = av.AudioResampler(format="fltp")  # any sample format -> planar float32
     for frame in container.decode(stream):
         # every frame is checked: a stream may change its layout or rate after the header
@@ -180,9 +204,10 @@ class _MonoBuffer:
     """Decoded mono samples, preallocated once: the header's length when it gave one (grown if
     it lied short), else the limit; a block past the limit is refused before it is stored."""
 
-    def __init__(self, rate_hz: int, max_seconds: float, header_s: float | None, param: str):
+    def __init__(self, rate_hz: int, max_seconds: float, header_s: float | None, param: str,
+                 what: str = "reference audio"):
         self._limit = math.ceil(rate_hz * max_seconds)
-        self._max_seconds, self._param = max_seconds, param
+        self._max_seconds, self._param, self._what = max_seconds, param, what
         guess = self._limit if header_s is None else min(self._limit, math.ceil(header_s * rate_hz))
         self._data = np.empty(max(guess, 1), dtype=np.float32)
         self._size = 0
@@ -191,7 +216,7 @@ class _MonoBuffer:
         end = self._size + block.shape[0]
         if end > self._limit:
             raise InvalidRequestError(
-                f"{self._param} is longer than {self._max_seconds:g} s; reference audio may be at "
+                f"{self._param} is longer than {self._max_seconds:g} s; {self._what} may be at "
                 f"most {self._max_seconds:g} s", param=self._param)
         if end > self._data.shape[0]:
             grown = np.empty(min(self._limit, max(end, 2 * self._data.shape[0])), np.float32)

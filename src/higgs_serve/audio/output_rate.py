@@ -1,36 +1,16 @@
 """Output sample rates other than the model's 24 kHz (`sample_rate` in a speech request).
 
-The model always generates 24 kHz; a request may ask for another rate and gets its audio
-resampled with soxr (a band-limited resampler), whole for file responses and chunk by chunk for
-streams. soxr's stream resampler keeps its filter state between chunks, so a stream's samples
-match the one-shot resampling of the same audio and, at these rates, every 40 ms frame maps to a
-whole number of output samples (960 at 24 kHz -> 320 at 8 kHz ... 1920 at 48 kHz).
+The model always generates 24 kHz; a request may ask for another rate (audio/formats.py:
+OUTPUT_SAMPLE_RATES, checked there per format) and gets its audio resampled with soxr (a
+band-limited resampler), chunk by chunk for every response. soxr's stream resampler keeps its
+filter state between chunks, so a stream's samples match the one-shot resampling of the same
+audio and, at these rates, every 40 ms frame maps to a whole number of output samples (960 at 24 kHz -> 320 at 8 kHz ... 1920 at 48 kHz).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import soxr
-
-from higgs_serve.errors import InvalidRequestError
-
-OUTPUT_SAMPLE_RATES: tuple[int, ...] = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
-# Ogg/Opus encodes only these rates (libsndfile refuses the others).
-OPUS_SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 24000, 48000)
-
-
-def check_output_rate(sample_rate_hz: int, response_format: str) -> None:
-    """Raise InvalidRequestError (param sample_rate) unless the rate can be produced in the format."""
-    if sample_rate_hz not in OUTPUT_SAMPLE_RATES:
-        raise InvalidRequestError(
-            f"sample_rate {sample_rate_hz} is not offered; choose one of "
-            f"{', '.join(map(str, OUTPUT_SAMPLE_RATES))} (the model generates 24000)",
-            param="sample_rate")
-    if response_format == "opus" and sample_rate_hz not in OPUS_SAMPLE_RATES:
-        raise InvalidRequestError(
-            f"opus cannot be encoded at {sample_rate_hz} Hz; use one of "
-            f"{', '.join(map(str, OPUS_SAMPLE_RATES))} or another response_format",
-            param="sample_rate")
 
 
 def resample(audio: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:

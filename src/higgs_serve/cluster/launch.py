@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-
-from higgs_serve.cluster.frontend import Frontend, FrontendSettings, build_frontend
+from higgs_serve.cluster.frontend import Frontend, FrontendSettings, serve_frontend
 from higgs_serve.cluster.mps import MpsDaemon, check_mps, start_daemons, stop_daemons
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router
 from higgs_serve.errors import HiggsServeError
+from higgs_serve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -61,31 +63,34 @@ def plan_devices(data_parallel_size: int | None, devices: str | None, device: st
 
 def make_replicas(plan: ClusterPlan, model: str, serve_args: list[str], log_level: str,
                   work_dir: Path, mps: dict[str, MpsDaemon] | None = None) -> dict[str, Replica]:
-    """serve_args: the single-server flags every replica gets (not host/port/voices-dir); `mps`:
-    the MPS daemon of each shared GPU (its replicas run as that daemon's clients)."""
+    """serve_args: the single-server flags every replica gets (not where it listens, its key or
+    its voices directory); `mps`: the MPS daemon of each shared GPU (its replicas run as that
+    daemon's clients). Each replica listens on a Unix socket in `work_dir` (mode 0700): only
+    the front end reaches it. It runs through `higgs_serve.cli_replica`, the CLI with the
+    supervisor's polls kept out of its access log."""
     replicas = {}
     for index, device in enumerate(plan.devices):
         voices_dir = work_dir / f"replica-{index}-voices"
 
-        def command(port: int, voices_dir=voices_dir, device=device) -> list[str]:
-            return [sys.executable, "-m", "higgs_serve.cli", "--log-level", log_level, "serve",
-                    model, "--host", "127.0.0.1", "--port", str(port),
-                    "--voices-dir", str(voices_dir), "--device", "cpu" if device == "cpu" else "cuda",
-                    *serve_args]
+        def command(socket_path: Path, voices_dir=voices_dir, device=device) -> list[str]:
+            return [sys.executable, "-m", "higgs_serve.cli_replica", "--log-level", log_level,
+                    "serve", model, "--uds", str(socket_path), "--voices-dir", str(voices_dir),
+                    "--device", "cpu" if device == "cpu" else "cuda", *serve_args]
 
         env: dict[str, str | None] = {} if device == "cpu" else {"CUDA_VISIBLE_DEVICES": device}
         if mps and device in mps:
             env = mps[device].client_env
-        replicas[str(index)] = Replica(id=str(index), command=command, env=env,
-                                       stop_with_parent=True)
+        replicas[str(index)] = Replica(id=str(index), socket_path=work_dir / f"replica-{index}.sock",
+                                       command=command, env=env, stop_with_parent=True)
     return replicas
 
 
-def run_cluster(plan: ClusterPlan, model: str, serve_args: list[str], *, host: str, port: int,
-                voices_dir: Path, sample_rate_hz: int, api_key: str | None, log_level: str,
-                max_input_chars: int, graceful_shutdown_s: int = 30) -> None:
-    """Serve the front end until SIGINT/SIGTERM; the replicas stop with it."""
-    work_dir = Path(tempfile.mkdtemp(prefix="higgs-serve-dp-"))
+def run_cluster(plan: ClusterPlan, model: str, serve_args: list[str], *, listener: socket.socket,
+                voices_dir: Path, sample_rate_hz: int, settings: ServerSettings,
+                log_level: str) -> None:
+    """Serve the front end on `listener` until SIGINT/SIGTERM; the replicas, the MPS daemons and
+    the work directory go with it (the signal is handled here, so this cleanup always runs)."""
+    work_dir = Path(tempfile.mkdtemp(prefix="higgs-serve-dp-"))  # mode 0700: private sockets
     daemons: dict[str, MpsDaemon] = {}
     try:
         if plan.mps:
@@ -94,13 +99,30 @@ def run_cluster(plan: ClusterPlan, model: str, serve_args: list[str], *, host: s
         router = Router({rid: plan.capacity for rid in replicas}, policy=plan.routing,
                         load_bound=plan.load_bound)
         frontend = Frontend(replicas, router, voices_dir, sample_rate_hz,
-                            FrontendSettings(api_key=api_key, graceful_shutdown_s=graceful_shutdown_s,
-                                             max_input_chars=max_input_chars))
+                            FrontendSettings.of(settings))
         logger.info("data parallel: %d replicas on %s, routing %s%s", len(replicas),
                     ",".join(plan.devices), plan.routing, ", MPS on " + ",".join(daemons) if daemons else "")
-        config = uvicorn.Config(build_frontend(frontend), host=host, port=port, lifespan="on",
-                                timeout_graceful_shutdown=graceful_shutdown_s, log_level="info")
-        uvicorn.Server(config).run()
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve_until_signal(frontend, listener, work_dir))
     finally:
-        stop_daemons(daemons)  # after the replicas: the front end's shutdown stopped them
+        stop_daemons(daemons)  # after the replicas: the control plane's shutdown stopped them
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+async def _serve_until_signal(frontend: Frontend, listener: socket.socket, work_dir: Path) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    host, port = listener.getsockname()[:2]
+    await serve_frontend(frontend, listener, work_dir, stop, on_started=lambda: logger.info(
+        "front end listening on http://%s:%d; /ready answers 200 once a replica is ready", host, port))
+
+
+def _loop_factory():
+    """uvloop where installed (its transports cost the relay less CPU per byte), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

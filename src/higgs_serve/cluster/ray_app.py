@@ -22,7 +22,6 @@ annotations, and string annotations turn `request: Request` into a query paramet
 
 import asyncio
 import logging
-import secrets
 import shutil
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from higgs_serve.cluster.frontend import forward_headers, response_headers
+from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.replicas import Replica, parse_load
 from higgs_serve.cluster.routing import (
     DEFAULT_LOAD_BOUND,
@@ -47,13 +46,17 @@ from higgs_serve.cluster.routing import (
     body_key,
     routing_key,
 )
-from higgs_serve.cluster.voice_sync import reconcile, stored_audio, voice_json
+from higgs_serve.cluster.voice_sync import reconcile, stored_audio_or_none, voice_json
 from higgs_serve.errors import ConflictError, HiggsServeError, InvalidRequestError
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers.voices import read_upload, voice_exists, voice_missing
 from higgs_serve.voices.registry import Voice, VoiceRegistry
 
 logger = logging.getLogger(__name__)
+# Not passed on either way: they describe one hop, not the message.
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host",
+                          "content-length", "date", "server", "te", "trailer",
+                          "proxy-authorization", "proxy-authenticate", "authorization"})
 _ATTEMPTS = 3  # tries of a speech request before its first byte (the router picks each time)
 
 
@@ -104,8 +107,8 @@ class VoiceStore:
         self.revisions.pop(name, None)
         return deleted
 
-    def audio(self, name: str) -> bytes:
-        return stored_audio(self.registry, name)
+    def audio(self, name: str) -> bytes | None:
+        return stored_audio_or_none(self.registry, name)  # None: deleted meanwhile
 
 
 # ----------------------------------------------------------------------------- engine replicas
@@ -119,32 +122,35 @@ class HiggsEngine:
         self.work = Path(tempfile.mkdtemp(prefix="higgs-ray-replica-"))
         args = list(serve_args or [])
 
-        def command(port: int) -> list[str]:
+        def command(socket_path: Path) -> list[str]:
             return [sys.executable, "-m", "higgs_serve.cli", "--log-level", "WARNING", "serve",
-                    model, "--host", "127.0.0.1", "--port", str(port), "--device", device,
+                    model, "--uds", str(socket_path), "--device", device,
                     "--voices-dir", str(self.work / "voices"), *args]
 
-        self.server = Replica(id="local", command=command, log_path=self.work / "server.log")
+        # on a Unix socket in this actor's private work directory: reached only through Serve
+        self.server = Replica(id="local", socket_path=self.work / "server.sock", command=command,
+                              log_path=self.work / "server.log")
         self.server.start()
         self._wait_ready(start_timeout_s)
         self.voices = voices
         self.voices_version = -1
         self.voices_pushed: dict[str, int] = {}  # name -> the store revision this server holds
         self.voices_lock = asyncio.Lock()
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        self.client = self.server.client(timeout=httpx.Timeout(None, connect=5.0))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.server.exited:
-                raise RuntimeError(f"the engine server exited:\n{self._log_tail()}")
-            try:
-                if httpx.get(f"{self.server.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        with self.server.sync_client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.server.exited:
+                    raise RuntimeError(f"the engine server exited:\n{self._log_tail()}")
+                try:
+                    if client.get("/ready").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"the engine server was not ready in {timeout_s} s:\n{self._log_tail()}")
 
     def _log_tail(self) -> str:
@@ -164,7 +170,7 @@ class HiggsEngine:
             async def audio(name: str) -> bytes:
                 return await self.voices.audio.remote(name)
 
-            await reconcile(self.client, self.server.url, {v.name: v for v in listed}, audio,
+            await reconcile(self.client, "", {v.name: v for v in listed}, audio,
                             again=replaced)
             self.voices_pushed = revisions
             self.voices_version = version
@@ -175,7 +181,7 @@ class HiggsEngine:
         first, then the body's bytes as they come."""
         if uses_voice:
             await self._sync_voices()
-        request = self.client.build_request("POST", f"{self.server.url}{path}",
+        request = self.client.build_request("POST", path,
                                             content=body, headers=headers)
         response = await self.client.send(request, stream=True)
         try:  # cancelled when the client leaves: closing the connection aborts the engine request
@@ -187,17 +193,17 @@ class HiggsEngine:
             await response.aclose()
 
     async def models(self) -> bytes:
-        return (await self.client.get(f"{self.server.url}/v1/models")).content
+        return (await self.client.get("/v1/models")).content
 
     async def check_health(self) -> None:
         if self.server.exited:
             raise RuntimeError("the engine server process exited")
-        response = await self.client.get(f"{self.server.url}/ready", timeout=5)
+        response = await self.client.get("/ready", timeout=5)
         if response.status_code != 200:
             raise RuntimeError(f"the engine server is not ready: {response.text}")
 
     async def record_routing_stats(self) -> dict[str, float]:
-        response = await self.client.get(f"{self.server.url}/metrics", timeout=5)
+        response = await self.client.get("/metrics", timeout=5)
         in_flight, kv_usage = parse_load(response.text)
         return {"in_flight": in_flight, "kv_usage": kv_usage}
 
@@ -207,6 +213,17 @@ class HiggsEngine:
         if server is not None:
             server.stop()
         shutil.rmtree(getattr(self, "work", ""), ignore_errors=True)
+
+
+def forward_headers(headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+
+
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    kept = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+    if "content-length" in headers:  # the body is relayed unchanged, so its length holds
+        kept["content-length"] = headers["content-length"]
+    return kept
 
 
 # ----------------------------------------------------------------------------- ingress
@@ -226,8 +243,8 @@ class HiggsIngress:
     def _check_key(self, request: Request) -> None:
         if self.api_key is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.api_key):
+        if not bearer_ok(request.headers.get("authorization", "").encode("latin-1"),
+                         self.api_key.encode()):
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 

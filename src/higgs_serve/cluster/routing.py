@@ -84,8 +84,24 @@ def routing_key(body: Mapping) -> str | None:
         value = body.get(field_name)
         if value:
             data = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-            return f"{field_name}:{hashlib.sha256(data.encode()).hexdigest()[:32]}"
+            return f"{field_name}:{reference_digest(data.encode())}"
     return None
+
+
+# A reference longer than twice this is keyed by its length and its two ends only: hashing all of
+# a 500 KB clip cost the front end 0.29 ms a request. The key is a cache-affinity hint, never the
+# audio used, so two clips that differ only in their middle merely share a home replica.
+REFERENCE_SAMPLE_BYTES = 32 * 1024
+
+
+def reference_digest(data: bytes) -> str:
+    if len(data) > 2 * REFERENCE_SAMPLE_BYTES:
+        view = memoryview(data)
+        digest = hashlib.sha256(len(data).to_bytes(8, "big"))
+        digest.update(view[:REFERENCE_SAMPLE_BYTES])
+        digest.update(view[-REFERENCE_SAMPLE_BYTES:])
+        return digest.hexdigest()[:32]
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def batch_routing_key(body: Mapping) -> str | None:
@@ -106,7 +122,7 @@ def body_key(body: bytes, key_of: Callable[[Mapping], str | None] = routing_key)
     answers the 400 in its own words)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     return key_of(parsed) if isinstance(parsed, dict) else None
 

@@ -6,16 +6,28 @@ its own copy, so nothing needs a shared filesystem and a replica on another host
 A replica that was down, restarted or started later is reconciled against the canonical list
 before it takes traffic (missing voices added, deleted ones removed). Every replica receives the
 same normalised 24 kHz clip, so all of them encode it to the same reference codes.
+
+Which replica holds what is one number: the registry's `version` moves on every change, and a
+replica's `synced_version` says which version it holds. A change is applied at once to the
+replicas that hold the version before it (they then hold the new one); any other replica (not
+ready, restarting, being resynced, or one the change failed on) lags, and the supervisor resyncs
+it before it takes traffic again. So a change made while a replica is being resynced is never
+lost: the resync ends behind the registry's version and runs again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 
 from higgs_serve.voices.registry import Voice, VoiceRegistry
+
+if TYPE_CHECKING:
+    from higgs_serve.cluster.replicas import Replica
 
 logger = logging.getLogger(__name__)
 
@@ -38,25 +50,64 @@ async def push_voice(client: httpx.AsyncClient, url: str, voice: Voice, audio: b
 
 
 class FanOutRegistry(VoiceRegistry):
-    """The front end's canonical registry: every successful add or delete is then applied to
-    the replicas by `on_change(kind, voice_or_name)`, in the same worker thread, before the
-    upload or delete request is answered."""
+    """The front end's canonical registry: every successful add or delete is then applied to the
+    replicas that are in step (module note), in the same worker thread, before the upload or
+    delete request is answered. `mark_down(replica)`: route around a replica the change failed on."""
 
-    def __init__(self, directory, sample_rate_hz: int, on_change: Callable[[str, object], None]):
+    def __init__(self, directory, sample_rate_hz: int, replicas: Mapping[str, Replica],
+                 mark_down: Callable[[Replica], None]):
         super().__init__(directory, sample_rate_hz)
-        self.on_change = on_change
+        self.replicas = replicas
+        self.mark_down = mark_down
+        self.version = 0
+        self._changing = threading.Lock()  # one change reaches the replicas at a time
 
     def register(self, name: str, audio_bytes: bytes, ref_text: str | None = None,
                  **options) -> tuple[Voice, bool]:  # `add` comes here too
         voice, replaced = super().register(name, audio_bytes, ref_text, **options)
-        self.on_change("add", voice)
+        self._fan_out("add", voice)
         return voice, replaced
 
     def delete(self, name: str) -> bool:
         deleted = super().delete(name)
         if deleted:
-            self.on_change("delete", name)
+            self._fan_out("delete", name)
         return deleted
+
+    def _fan_out(self, kind: str, subject) -> None:
+        with self._changing:
+            before, after = self.version, self.version + 1
+            audio = stored_audio_or_none(self, subject.name) if kind == "add" else None
+            for replica in self.replicas.values():
+                if not replica.serving or replica.synced_version != before:
+                    continue  # it lags: the supervisor resyncs it before it serves again
+                try:
+                    with replica.sync_client(timeout=120) as client:
+                        if kind == "delete":
+                            _raise_unless_missing(client.delete(f"/v1/audio/voices/{subject}"))
+                        elif audio is not None:  # None: deleted meanwhile, its delete follows
+                            client.post("/v1/audio/voices", data=upload_fields(subject), files={
+                                "audio_sample": ("audio.wav", audio, "audio/wav")}).raise_for_status()
+                    replica.synced_version = after
+                except httpx.HTTPError as error:
+                    logger.warning("replica %s: voice %s failed (%s); it resyncs before serving "
+                                   "again", replica.id, kind, error)
+                    replica.synced_version = -1
+                    self.mark_down(replica)
+            self.version = after
+
+
+def _raise_unless_missing(response: httpx.Response) -> None:
+    if response.status_code != 404:
+        response.raise_for_status()
+
+
+def stored_audio_or_none(registry: VoiceRegistry, name: str) -> bytes | None:
+    """The clip, or None when the voice was deleted meanwhile."""
+    try:
+        return stored_audio(registry, name)
+    except FileNotFoundError:
+        return None
 
 
 def stored_audio(registry: VoiceRegistry, name: str) -> bytes:
@@ -65,16 +116,14 @@ def stored_audio(registry: VoiceRegistry, name: str) -> bytes:
 
 
 async def remove_voice(client: httpx.AsyncClient, url: str, name: str) -> None:
-    response = await client.delete(f"{url}/v1/audio/voices/{name}")
-    if response.status_code != 404:
-        response.raise_for_status()
+    _raise_unless_missing(await client.delete(f"{url}/v1/audio/voices/{name}"))
 
 
 async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Voice],
-                    audio: Callable[[str], Awaitable[bytes]], *, push_all: bool = False,
+                    audio: Callable[[str], Awaitable[bytes | None]], *, push_all: bool = False,
                     again: Collection[str] = ()) -> None:
     """Make the replica at `url` hold exactly the voices `wanted` (name -> Voice); `audio(name)`
-    fetches a clip. push_all: send every wanted voice again (overwriting), for a replica that may
+    fetches a clip (None: deleted meanwhile, skipped). push_all: send every wanted voice again (overwriting), for a replica that may
     have missed a replacement; else the ones it lacks and those named in `again` (replaced since
     it last got them)."""
     listed = await client.get(f"{url}/v1/audio/voices")
@@ -84,7 +133,9 @@ async def reconcile(client: httpx.AsyncClient, url: str, wanted: Mapping[str, Vo
         await remove_voice(client, url, name)
     pushed = wanted.keys() if push_all else (wanted.keys() - present) | (wanted.keys() & set(again))
     for name in sorted(pushed):
-        await push_voice(client, url, wanted[name], await audio(name))
+        clip = await audio(name)
+        if clip is not None:
+            await push_voice(client, url, wanted[name], clip)
 
 
 def voice_json(voice: Voice) -> dict:

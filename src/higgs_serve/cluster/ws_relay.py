@@ -1,9 +1,15 @@
 """WebSocket `/v1/audio/speech/stream` through the front end: one replica per session.
 
-The relay does not interpret the session protocol. It reads the client's first frame (the
-session's configuration), takes its voice as the affinity key when it is JSON that names one,
-opens the same path on the chosen replica, and from then on copies frames both ways unchanged
-(text stays text, binary stays binary) until either side closes; the close is passed on.
+Served by the control plane (the relay tunnels the upgrade here). The relay does not interpret
+the session protocol. It checks the key as the single server does (an `error` event and close
+1008), waits for the client's first frame (the session's configuration) for at most
+ws_idle_timeout_s (then an `idle_timeout` error and a normal close, as the single server closes an
+idle session), takes its voice as the affinity key when it is JSON that names one, opens the same
+path on the chosen replica's socket, and from then on copies frames both ways unchanged (text
+stays text, binary stays binary) until either side closes; the close is passed on. Once the
+session runs, the replica's own idle timeout applies. A replica that dies mid-session (its
+connection drops without a close frame) gives the client an `error` event (`replica_lost`: open a
+new session to retry) and close code 1012 (service restart).
 """
 
 from __future__ import annotations
@@ -12,25 +18,39 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from higgs_serve.audio.provenance import CLAIM_HEADER
+from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.routing import routing_key
+from higgs_serve.server.json_limits import JsonShapeError, check_json_shape
 
 logger = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/stream"
-_TRY_AGAIN_LATER = 1013  # WebSocket close code: no capacity now
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008
+CLOSE_INTERNAL = 1011
+CLOSE_RESTART = 1012  # the replica went away: try again
+CLOSE_TRY_AGAIN = 1013  # no capacity now
+_UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that describe a close, never sent in one
 
 
 def session_key(first_frame: str | bytes) -> str | None:
     """The affinity key of a session from its first frame: a `voice` (or reference) at the top
-    level or one level down (e.g. {"type": "session.config", "session": {"voice": ...}})."""
+    level or one level down (e.g. {"type": "session.config", "session": {"voice": ...}}).
+
+    The frame's shape is measured before it is parsed, as the single server measures every
+    message (server/json_limits.py): a frame too costly to parse would hold the front end's event
+    loop for every session and request it relays. Such a frame, or one that is not JSON, has no
+    key; it is passed on, and the replica answers it as the single server does (`invalid_json` or
+    `message_too_large`, the session still open for a valid config)."""
     try:
+        check_json_shape(first_frame)
         message = json.loads(first_frame)
-    except (ValueError, TypeError):
+    except (JsonShapeError, ValueError, TypeError, RecursionError):  # not JSON, or too costly
         return None
     if not isinstance(message, dict):
         return None
@@ -41,15 +61,28 @@ def session_key(first_frame: str | bytes) -> str | None:
     return None
 
 
+def error_event(message: str, code: str, type: str = "invalid_request_error") -> str:
+    """The single server's `error` event (server/ws_session.py)."""
+    error = {"message": message, "type": type, "param": None, "code": code}
+    return json.dumps({"type": "error", "message": message, "code": code, "error": error})
+
+
 def add_websocket(app: FastAPI, frontend) -> None:
     @app.websocket(PATH)
     async def relay(client: WebSocket) -> None:
+        claim = frontend.settings.c2pa_claim
+        await client.accept(headers=[(CLAIM_HEADER.lower().encode(), claim.encode())] if claim else None)
         if not _authorized(client, frontend.settings.api_key):
-            await client.close(code=1008, reason="missing or invalid API key")
+            await _end(client, error_event("missing or invalid API key: send 'Authorization: "
+                                           "Bearer <key>' or the api_key query parameter",
+                                           "invalid_api_key"), CLOSE_POLICY)
             return
-        await client.accept()
         try:
-            first = await _receive(client)
+            first = await asyncio.wait_for(_receive(client), frontend.settings.ws_idle_timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            await _end(client, error_event("the session was idle too long and is closed",
+                                           "idle_timeout"), CLOSE_NORMAL)
+            return
         except WebSocketDisconnect:
             return
         if first is None:
@@ -59,16 +92,14 @@ def add_websocket(app: FastAPI, frontend) -> None:
 
 def _authorized(client: WebSocket, api_key: str | None) -> bool:
     """The single server's rule: `Authorization: Bearer KEY` or the `api_key` query parameter
-    (browsers cannot set headers on a WebSocket)."""
+    (browsers cannot set headers on a WebSocket), compared as bytes."""
     if api_key is None:
         return True
     expected = api_key.encode()
-    scheme, _, token = client.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode("latin-1"),
-                                                             expected):
+    if bearer_ok(client.headers.get("authorization", "").encode("latin-1"), expected):
         return True
     query = client.query_params.get("api_key", "")
-    return bool(query) and secrets.compare_digest(query.encode(), expected)
+    return bool(query) and bearer_ok(b"Bearer " + query.encode(), expected)
 
 
 async def _receive(client: WebSocket) -> str | bytes | None:
@@ -78,23 +109,34 @@ async def _receive(client: WebSocket) -> str | bytes | None:
     return message["text"] if message.get("text") is not None else message["bytes"]
 
 
+async def _end(client: WebSocket, event: str | None, code: int, reason: str = "") -> None:
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
+        if event is not None:
+            await client.send_text(event)
+        await client.close(code=code, reason=reason)
+
+
 async def _session(frontend, client: WebSocket, first: str | bytes) -> None:
     key = session_key(first)
     tried: list[str] = []
     while True:
         decision = frontend.router.choose(key, exclude=tried)
         if decision is None:
-            await _refuse(client)
+            await _end(client, error_event("every engine replica is at capacity or not ready; "
+                                           "retry later", "queue_full", "overloaded_error"),
+                       CLOSE_TRY_AGAIN)
             return
         replica = frontend.replicas[decision.replica]
-        url = replica.url.replace("http://", "ws://", 1) + PATH
         try:
-            upstream = await connect(url, max_size=None, open_timeout=5)
+            upstream = await unix_connect(str(replica.socket_path), f"ws://replica{PATH}",
+                                          max_size=None, open_timeout=5)
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as error:
             status = error.response.status_code if isinstance(error, InvalidStatus) else None
             if not frontend.router.may_retry(first_byte_sent=False, status=status):
-                await client.close(code=1011, reason="the replica refused the session")
+                await _end(client, None, CLOSE_INTERNAL, "the replica refused the session")
                 return
+            if isinstance(error, OSError):
+                frontend.mark_down(replica)
             tried.append(replica.id)
             frontend.router.count_retry()
             continue
@@ -102,22 +144,14 @@ async def _session(frontend, client: WebSocket, first: str | bytes) -> None:
     frontend.router.dispatched(replica.id)
     try:
         async with upstream:
-            await upstream.send(first)
-            await _pump(client, upstream)
+            with contextlib.suppress(ConnectionClosed):
+                await upstream.send(first)
+            await _pump(client, upstream, replica.id)
     finally:
         frontend.router.finished(replica.id)
 
 
-async def _refuse(client: WebSocket) -> None:
-    error = {"type": "error", "error": {"message": "every engine replica is at capacity or not "
-                                                   "ready; retry later",
-                                        "type": "overloaded_error", "param": None,
-                                        "code": "queue_full"}}
-    await client.send_text(json.dumps(error))
-    await client.close(code=_TRY_AGAIN_LATER)
-
-
-async def _pump(client: WebSocket, upstream) -> None:
+async def _pump(client: WebSocket, upstream, replica_id: str) -> None:
     """Copy frames both ways until one side closes, then close the other."""
     async def client_to_upstream() -> None:
         while True:
@@ -136,14 +170,22 @@ async def _pump(client: WebSocket, upstream) -> None:
 
     tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
     try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    if tasks[1] in done:  # the replica ended the session: pass its close on
-        code = upstream.close_code or 1000
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await client.close(code=code if code != 1005 else 1000, reason=upstream.close_reason or "")
-    else:  # the client left: close upstream (the replica aborts the session's work)
-        await upstream.close()
+    if tasks[0] in done and tasks[0].exception() is None:
+        await upstream.close()  # the client left: the replica aborts the session's work
+        return
+    received = upstream.protocol.close_rcvd
+    if received is None:  # the connection dropped without a close frame: the replica died
+        logger.warning("replica %s: lost during a WebSocket session; the client is told to retry",
+                       replica_id)
+        await _end(client, error_event(f"the engine replica serving this session ({replica_id}) "
+                                       "stopped; open a new session to retry",
+                                       "replica_lost", "server_error"), CLOSE_RESTART,
+                   "replica lost")
+        return
+    code = CLOSE_NORMAL if received.code in _UNSENDABLE else received.code  # 1005: none given
+    await _end(client, None, code, received.reason)  # the replica's close, passed on

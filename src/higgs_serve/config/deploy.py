@@ -9,6 +9,7 @@ YAML shape (names follow vllm-omni's deploy YAML):
 
     base_config: other.yaml          # optional; relative to this file, else a shipped profile
     async_chunk: true                # stream codes to Stage 1 while Stage 0 generates
+    watermark: true                  # mark every generated signal (docs/model.md#watermark)
     connectors:
       talker_to_codec:               # the one connector: Stage 0 codes → Stage 1 codec
         extra: {codec_chunk_frames, codec_left_context_frames,
@@ -214,6 +215,9 @@ class DeployConfig:
     stage0: TalkerStageConfig = field(default_factory=TalkerStageConfig)
     stage1: CodecStageConfig = field(default_factory=CodecStageConfig)
     async_chunk: bool = True  # stream codes to Stage 1 while generating
+    # Mark every generated signal with the PerTh watermark on Stage 1's device (engine/mark_stage.py;
+    # docs/model.md#watermark says why it is on by default). false: audio leaves unmarked.
+    watermark: bool = True
     streaming: StreamingWindowConfig = field(default_factory=StreamingWindowConfig)
     layers: tuple[str, ...] = ()  # every source merged, lowest precedence first
 
@@ -227,6 +231,7 @@ class DeployConfig:
             "source": self.source,
             "layers": list(self.layers),
             "async_chunk": self.async_chunk,
+            "watermark": self.watermark,
             "connectors": {CONNECTOR_NAME: {"extra": asdict(self.streaming)}},
             "stages": [
                 {"stage_id": TALKER_STAGE_ID, **stage0,

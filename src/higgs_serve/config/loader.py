@@ -37,6 +37,7 @@ from higgs_serve.config.validators import (
 # A key left out of every layer takes the dataclass default: the defaults are written once, in
 # config/deploy.py (and config/sampling_defaults.py), and read from these instances.
 _ASYNC_CHUNK = next(f.default for f in fields(DeployConfig) if f.name == "async_chunk")
+_WATERMARK = next(f.default for f in fields(DeployConfig) if f.name == "watermark")
 _WINDOW = StreamingWindowConfig()
 _TALKER = TalkerStageConfig()
 _COMPILATION = CompilationConfig()
@@ -72,6 +73,7 @@ def load_for_command_line(
     force_cpu: bool = False,
     kv_cache_dtype: str | None = None,
     max_num_seqs: int | None = None,
+    watermark: bool | None = None,
     device_count: int | None = None,
 ) -> DeployConfig:
     """The deploy config the command-line values select; the CLI only hands them over.
@@ -79,9 +81,12 @@ def load_for_command_line(
     `force_cpu` puts both stages on the CPU (`--device cpu`, or no CUDA). `kv_cache_dtype` and
     `max_num_seqs` override Stage 0's keys, validated like every other key. `--max-num-seqs` also
     refits what the profile sized for its own max_num_seqs (the capture sizes, the token budget)
-    to the new bound, unless `--stage-overrides` sets those keys itself.
+    to the new bound, unless `--stage-overrides` sets those keys itself. `watermark` (`--watermark
+    on|off`) overrides the profile's top-level `watermark`.
     """
     cli: dict = {}
+    if watermark is not None:
+        cli["watermark"] = watermark
     if force_cpu:
         cli["0"] = {"devices": "cpu"}
         cli["1"] = {"devices": "cpu"}
@@ -129,6 +134,7 @@ def _stage0_keys(stage_overrides: str | None) -> dict:
 def _build(doc: dict, ctx: ReadContext, source: str, layers: tuple[str, ...]) -> DeployConfig:
     root = Section(doc, (), ctx)
     async_chunk = root.boolean("async_chunk", _ASYNC_CHUNK)
+    watermark = root.boolean("watermark", _WATERMARK)
     streaming = _build_streaming(root.section("connectors"))
     stages = root.section("stages")
     stage0 = _build_talker(stages.section(TALKER_STAGE_ID))
@@ -136,7 +142,7 @@ def _build(doc: dict, ctx: ReadContext, source: str, layers: tuple[str, ...]) ->
     stages.finish()
     root.finish()
     return DeployConfig(source=source, stage0=stage0, stage1=stage1, async_chunk=async_chunk,
-                        streaming=streaming, layers=layers)
+                        watermark=watermark, streaming=streaming, layers=layers)
 
 
 def _build_streaming(connectors: Section) -> StreamingWindowConfig:

@@ -18,10 +18,12 @@ from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
 from higgs_serve.codec.weights import expected_encoder_tensors
+from higgs_serve.audio.watermark import load_watermarker
 from higgs_serve.config.deploy import CodecGraphPath, DeployConfig, resolve_codec_graph_path
 from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
 from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
+from higgs_serve.engine.mark_stage import MarkStage
 from higgs_serve.engine.output_processor import OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError
@@ -264,6 +266,24 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
                             frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
                             codebook_size=audio.codebook_size)
+    marks = build_mark_stage(deploy, codec_device)
     outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
-                              audio.codebook_size)
-    return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs)
+                              audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None)
+    return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs,
+                       marks=marks)
+
+
+def build_mark_stage(deploy: DeployConfig, device: torch.device) -> MarkStage | None:
+    """The watermark stage on the codec's device when the deploy config marks audio (raises
+    WatermarkUnavailableError when it cannot), else None, said once in the log."""
+    if not deploy.watermark:
+        logger.warning("watermark off: generated audio is not marked as AI-generated "
+                       "(turn it on with --watermark on or `watermark: true` in the deploy config)")
+        return None
+    watermark = load_watermarker("perth", str(device))
+    logger.info("watermark on: every generated signal is marked (%s, on %s)", watermark.name, device)
+    # one batch holds at most as many windows as the codec decodes at once; on CPU one window a
+    # call, as the codec: a convolution rounds differently with the batch size, and a seed's
+    # audio must not depend on what else was running
+    batch = deploy.stage1.max_batch_windows if device.type == "cuda" else 1
+    return MarkStage(watermark, max_batch_windows=batch)

@@ -27,6 +27,7 @@ from higgs_serve.errors import EngineDeadError, EngineOverloadedError
 
 if TYPE_CHECKING:  # the device-side parts, for their types only: the loop imports no tensor library
     from higgs_serve.codec.codec_runner import CodecRunner
+    from higgs_serve.engine.mark_stage import MarkStage
     from higgs_serve.worker.model_runner import ModelRunner
 
 __all__ = ["ChunkSink", "EngineCore", "EngineCounters", "EngineHooks", "EngineParts"]
@@ -45,6 +46,9 @@ class EngineParts:
     codec: CodecRunner  # Stage 1: started and stopped with the loop
     inputs: InputProcessor
     outputs: OutputProcessor
+    # the watermark stage (its own thread, after the codec), when the deploy config marks audio;
+    # `outputs` routes every sink through it
+    marks: MarkStage | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class EngineCore:
         self.codec = parts.codec
         self.inputs = parts.inputs
         self.outputs = parts.outputs
+        self.marks = parts.marks
         self.max_waiting = max_waiting
         self.hooks = hooks or EngineHooks()
         self._phase = self.hooks.profile or (lambda phase: _UNTIMED)
@@ -138,24 +143,47 @@ class EngineCore:
                 # labelled counters (metrics.LABELLED_COUNTERS): "<family>:<label value>"
                 **{f"stage0_steps:{mode.value.lower()}": n for mode, n in self.runner.step_modes.items()},
                 **{f"eager_steps:{outcome}": n for outcome, n in self.runner.eager_steps.items()},
+                **self._mark_stats(),
             }
+
+    def _mark_stats(self) -> dict[str, float]:
+        if self.marks is None:
+            return {}
+        c = self.marks.counters
+        return {"watermark_calls": c.calls, "watermark_chunks": c.chunks, "watermark_audio_seconds": c.audio_s,
+                "watermark_busy_seconds": c.busy_s}
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
-        """Start the codec thread, then the step loop's thread."""
-        self.codec.start()
+        """Start the stages' threads, then the step loop's thread."""
+        self.start_stages()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop, abort what is left, then stop the codec (it decodes what it holds)."""
+        """Stop the loop, abort what is left, then stop the codec (it decodes what it holds) and
+        the watermark stage (it marks what the codec delivered)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
         for request_id in self.outputs.request_ids():
             self.abort(request_id)
+        self.stop_stages()
+
+    def start_stages(self) -> None:
+        """Start the threads after the loop: the watermark stage (when on), then the codec.
+        (Tests that step the loop by hand start only these.)"""
+        if self.marks is not None:
+            self.marks.start()
+        self.codec.start()
+
+    def stop_stages(self) -> None:
+        """Stop the codec (it decodes what it holds), then the watermark stage (it marks what
+        the codec delivered)."""
         self.codec.stop()
+        if self.marks is not None:
+            self.marks.stop()
 
     def _run(self) -> None:
         try:

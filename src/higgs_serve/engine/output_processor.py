@@ -2,8 +2,9 @@
 
 Contract (the engine loop is the only caller of `emit`; any thread may call the others):
 - `open(request_id, stream, sink, max_frames, prompt_tokens)`: start collecting a request's
-  rows; its chunks go to `sink`. `stream` picks the streaming window rule, else the exact
-  file-chunk rule (codec/chunker.py: `file_window_params`).
+  rows; its chunks go to `sink` (through `sink_wrapper` when one is set: the watermark stage,
+  engine/mark_stage.py, which marks every chunk before the sink sees it). `stream` picks the
+  streaming window rule, else the exact file-chunk rule (codec/chunker.py: `file_window_params`).
 - `emit(rows, finished)`: once per step: append each request's row, hand every window the rule
   says is due to the codec (Stage 1, its own thread), and for a finished request hand its rows
   and frames to the sink (`ChunkSink.finish`) and forget it. Rows of unknown (aborted) requests
@@ -18,7 +19,7 @@ NumPy array per request.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,8 +101,11 @@ class _Open:
 
 class OutputProcessor:
     def __init__(self, codec: CodecRunner, window: WindowParams, file_window: WindowParams, async_chunk: bool,
-                 num_codebooks: int, codebook_size: int):
+                 num_codebooks: int, codebook_size: int,
+                 sink_wrapper: Callable[[ChunkSink], ChunkSink] | None = None):
         self.codec = codec
+        # every request's sink passes through this (the watermark stage's `wrap`), if set
+        self.sink_wrapper = sink_wrapper
         self.window = window
         # a request answered as one file is decoded in exact chunks as it is generated
         # (chunker.file_window_params); its sink collects them
@@ -125,6 +129,8 @@ class OutputProcessor:
     def open(self, speech: SpeechRequest, sink: ChunkSink, max_frames: int, prompt_tokens: int) -> None:
         window = speech.stream_window(self.window) if speech.stream else self.file_window
         out = RequestOutput(window, self.async_chunk, self.num_codebooks, self.codebook_size)
+        if self.sink_wrapper is not None:
+            sink = self.sink_wrapper(sink)
         with self._lock:  # the caller has checked the id is not open already
             self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens)
 

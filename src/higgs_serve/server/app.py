@@ -29,7 +29,9 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
 from higgs_serve.server.body_limit import BodyLimitMiddleware
-from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices
+from higgs_serve.audio.provenance import Provenance
+from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
+from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
 from higgs_serve.server.schemas import ERROR_RESPONSES
 from higgs_serve.server.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
@@ -44,10 +46,12 @@ logger = logging.getLogger(__name__)
 
 def build_app(engine: SpeechEngine, settings: ServerSettings, *,
               reference_encoder: ReferenceEncoder | None = None,
-              on_engine_failure: Callable[[], None] | None = None) -> FastAPI:
+              on_engine_failure: Callable[[], None] | None = None,
+              provenance: Provenance | None = None) -> FastAPI:
     """An app serving `engine`. The lifespan starts and shuts down the engine.
 
     reference_encoder: enables voice cloning (voice=<registered> and ref_audio); None = 400.
+    provenance: signs whole files (audio/provenance.py); None = unsigned.
     on_engine_failure: called if `engine.start()` raises (run_server stops uvicorn with it).
     """
     gate = AdmissionGate(engine.deploy.stage0.max_num_seqs + settings.max_queue)
@@ -55,7 +59,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                             reference_encoder=reference_encoder)
     state = ServerState(engine=engine, settings=settings,
                         voices=VoiceRegistry(settings.voices_dir, engine.sample_rate_hz),
-                        metrics=metrics, gate=gate, reference_encoder=reference_encoder)
+                        metrics=metrics, gate=gate, reference_encoder=reference_encoder,
+                        provenance=provenance)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -67,6 +72,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                 starting.cancel()
             await engine.shutdown()
             state.audio_workers.shutdown()
+            state.encode_workers.shutdown()
 
     app = FastAPI(title="higgs-serve", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")
@@ -74,12 +80,13 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     install_error_handlers(app)
     app.add_middleware(SendTimeoutMiddleware, send_timeout_s=settings.send_timeout_s)
     app.add_middleware(BodyLimitMiddleware, default_bytes=settings.max_json_body_bytes,
-                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES})
+                       limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES,
+                               watermark.DETECT_PATH: DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES})
     # every /v1 route needs the key (tests/server/test_reliability.py enumerates app.routes)
     protected = [Security(_api_key_checker(settings.api_key))] if settings.api_key else []
     documented = {status: ERROR_RESPONSES[status] for status in (401, 500)
                   if status != 401 or settings.api_key}
-    for router in (speech.router, speech_batch.router, voices.router, health.models_router):
+    for router in (speech.router, speech_batch.router, voices.router, watermark.router, health.models_router):
         app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
     # WebSocket: checks the API key itself (header or api_key query parameter)
@@ -121,7 +128,8 @@ def _api_key_checker(api_key: str):
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
                options: RuntimeOptions | None = None,
                reference_encoder: ReferenceEncoder | None = None,
-               sockets: list[socket.socket] | None = None) -> None:
+               sockets: list[socket.socket] | None = None,
+               provenance: Provenance | None = None) -> None:
     """Serve `model` until SIGINT/SIGTERM; raises the engine's error if it failed to start.
 
     sockets: already bound listening sockets (the CLI binds before loading, so a port in use
@@ -140,7 +148,8 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
     def stop() -> None:
         server.should_exit = True
 
-    app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop)
+    app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop,
+                    provenance=provenance)
     server = draining_server(app, settings.host, settings.port, log_level="info")
     server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error
@@ -154,8 +163,10 @@ SHUTDOWN_ABORT_WINDOW_S = 2  # after the grace period: for aborted requests to a
 def draining_server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
     """uvicorn for `app`, whose shutdown aborts what is left after the grace period."""
     grace_s = server_state_of(app).settings.graceful_shutdown_s
+    settings = server_state_of(app).settings
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
-                            timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S)
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S,
+                            ws_max_size=settings.max_ws_message_bytes)
     return DrainingServer(config, server_state_of(app), grace_s)
 
 

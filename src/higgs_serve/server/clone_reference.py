@@ -48,7 +48,8 @@ def voice_name(body: SpeechFields) -> str:
 
 async def resolve_reference(body: SpeechFields, state: ServerState) -> ReferenceAudio | None:
     """The cloning reference the request names, or None for zero-shot."""
-    voice = voice_name(body)
+    asked = voice_name(body)
+    voice = state.settings.voice_alias_map.get(asked, asked)  # --voice-alias alloy=default
     _check_one_reference(body, voice)
     limit = state.settings.max_input_chars
     for param, transcript in (("ref_text", body.ref_text), ("reference_text", body.reference_text),
@@ -65,7 +66,7 @@ async def resolve_reference(body: SpeechFields, state: ServerState) -> Reference
         return await _encoded_clip(body.ref_audio, "ref_audio", body.ref_text, state)
     if voice == DEFAULT_VOICE:
         return None
-    return await _registered_voice(voice, state)
+    return await _registered_voice(voice, state, asked)
 
 
 def check_ref_text_length(ref_text: str | None, max_chars: int, param: str = "ref_text") -> None:
@@ -117,11 +118,16 @@ async def clip_bytes(value: str, param: str, state: ServerState) -> bytes:
         raise InvalidRequestError(f"{param}: {error}", param=param) from error
 
 
-async def _registered_voice(name: str, state: ServerState) -> ReferenceAudio:
+async def _registered_voice(name: str, state: ServerState, asked: str) -> ReferenceAudio:
+    """name: the registered voice; asked: what the request said (an alias of it, or the same)."""
     voice = state.voices.get(name)
     if voice is None:
-        hint = (" OpenAI's stock voices do not exist for this model." if name in OPENAI_VOICES
-                else "")
+        if asked != name:
+            raise InvalidRequestError(
+                f"voice {asked!r} stands for {name!r} (--voice-alias), which is not registered; "
+                "register it with POST /v1/audio/voices", param="voice")
+        hint = (" OpenAI's stock voices do not exist for this model (a server can map them to "
+                "its voices with --voice-alias)." if name in OPENAI_VOICES else "")
         raise InvalidRequestError(
             f"unknown voice {name!r}.{hint} Use 'default', a voice registered with "
             "POST /v1/audio/voices, or ref_audio + ref_text", param="voice")

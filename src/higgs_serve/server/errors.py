@@ -22,6 +22,7 @@ from higgs_serve.errors import (
     EngineOverloadedError,
     InputTooLongError,
     InvalidRequestError,
+    WatermarkUnavailableError,
 )
 from higgs_serve.server.peer_fields import explain_unknown
 
@@ -68,6 +69,9 @@ def to_api_error(error: Exception) -> ApiError:
     if isinstance(error, EngineDeadError):
         return ApiError(503, "the engine has stopped; the server must be restarted",
                         type="server_error", code="engine_dead")
+    if isinstance(error, WatermarkUnavailableError):
+        return ApiError(503, f"watermark detection is not available on this server: {error}",
+                        type="server_error", code="watermark_unavailable")
     logger.error("unhandled error while serving a request", exc_info=error)
     return ApiError(500, "internal server error", type="server_error", code="internal_error")
 
@@ -151,6 +155,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     @app.exception_handler(EngineOverloadedError)
     @app.exception_handler(EngineDeadError)
+    @app.exception_handler(WatermarkUnavailableError)
     async def _engine(request: Request, error: Exception) -> JSONResponse:
         return error_response(to_api_error(error))
 

@@ -1,10 +1,11 @@
 """Long-form POST /v1/audio/speech: an input longer than one segment budget is split
 (text.group_segments) and spoken segment by segment (engine/long_form.py) as ONE response.
 
-- file: the whole recording, encoded once; `X-Segments` holds the segment timestamps as compact
+- file (`stream: false`): the whole recording, encoded into one file as it is spoken
+  (server/audio_file.py: bounded memory, spilled to disk past 1 MiB); `X-Segments` holds the segment timestamps as compact
   JSON `[[char_start, char_end, start_s, end_s], ...]` (omitted past MAX_SEGMENTS_HEADER_BYTES,
   with `X-Segments-Omitted: <count>`; SSE carries them at any length).
-- raw stream (pcm/wav): the samples only (headers are gone before the first segment ends).
+- raw stream (any format): the audio only (headers are gone before the first segment ends).
 - sse: `speech.audio.delta` as usual, a `speech.segment.done` event per segment as it finishes,
   and `speech.audio.done` with usage, finish_reason and every segment.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -28,6 +30,7 @@ from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
 from higgs_serve.errors import HiggsServeError
 from higgs_serve.server import speech_run, sse
+from higgs_serve.server.audio_file import file_response
 from higgs_serve.server.errors import error_object, to_api_error
 from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.settings import ServerSettings
@@ -36,6 +39,11 @@ from higgs_serve.server.state import ServerState
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
+# A long-form request logs its start, then a line per finished segment at most this often (and
+# its last), so a log shows a request of hours is alive without a line per segment.
+PROGRESS_LOG_S = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 async def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
@@ -66,11 +74,14 @@ class LongFormRun:
         self._first: SegmentAudio | SegmentDone | None = None
         self._closed = False
         self.started_s = time.perf_counter()  # the chain's engine time runs from here
+        self._logged_s = self.started_s  # the last progress line
         self._aborted = False
         state.generations.add(self)  # the shutdown's grace period aborts it (abort_in_flight)
         self.completed = False  # the chain ran to its end (every segment, or the audio cap)
 
     async def _run(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
+        logger.info("long-form %s: %d segments, %d characters", self.plan.request.request_id,
+                    len(self.segments), self.segments[-1].end - self.segments[0].start)
         for segment in self.segments:
             if self._aborted:
                 return
@@ -79,6 +90,8 @@ class LongFormRun:
                 async for event in speech:
                     if isinstance(event, (SegmentAudio, SegmentDone)):
                         yield event
+                    if isinstance(event, SegmentDone):
+                        self._log_progress(event)
             finally:
                 await speech.aclose()  # at once, not when collected: aborts the engine request
             if self.session.finish_reason == "abort":
@@ -86,6 +99,16 @@ class LongFormRun:
             if self.session.length_capped:
                 break
         self.completed = True
+
+    def _log_progress(self, done: SegmentDone) -> None:
+        now = time.perf_counter()
+        last = done.index + 1 == len(self.segments)
+        if not last and now - self._logged_s < PROGRESS_LOG_S:
+            return
+        self._logged_s = now
+        logger.info("long-form %s: segment %d/%d done, %.1f s of audio in %.1f s",
+                    self.plan.request.request_id, done.index + 1, len(self.segments),
+                    done.end_sample / self._state.engine.sample_rate_hz, now - self.started_s)
 
     async def start(self) -> None:
         """Wait for the first audio (errors surface before any response starts). Cancelled
@@ -110,9 +133,11 @@ class LongFormRun:
         async for event in self._events:
             yield event
 
-    async def collect(self) -> np.ndarray:
-        pieces = [e.audio async for e in self.events() if isinstance(e, SegmentAudio)]
-        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    async def audio(self) -> AsyncIterator[np.ndarray]:
+        """The recording's audio as it is spoken: [n] float32 at 24 kHz per piece."""
+        async for event in self.events():
+            if isinstance(event, SegmentAudio):
+                yield event.audio
 
     @property
     def finish_reason(self) -> str:
@@ -169,6 +194,7 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
     if plan.mode == "file":
         return await _file(run, request, state, headers)
     headers["X-Time-To-First-Audio-Ms"] = f"{1e3 * (time.perf_counter() - arrived_s):.1f}"
+    headers.update(speech_run.claim_headers(state))  # a stream carries no manifest
     if plan.mode == "sse":
         # no proxy buffering, as for a single request's events
         return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
@@ -185,14 +211,16 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
                 headers: dict[str, str]) -> Response:
     plan = run.plan
     try:
-        audio = await speech_run.unless_disconnected(run.collect(), request)
-        if audio is speech_run.CLIENT_GONE:
+        # encoded (stretched, resampled) into one spooled file while it is spoken
+        file = await speech_run.unless_disconnected(speech_run.file_of(run.audio(), plan, state),
+                                                    request)
+        if file is speech_run.CLIENT_GONE:
             await run.close()  # the client left: unfinished, counted as "abort"
             return Response(status_code=499)
         if run.finish_reason == "abort":  # cut by the shutdown's grace period
+            file.discard()
             await run.close()
             raise speech_run.shutting_down()
-        data = await speech_run.render_file(audio, plan, state)  # stretch, output rate, encode
     except BaseException:
         await run.close(outcome="error")
         raise
@@ -201,7 +229,7 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
     usage = speech_run.file_headers(plan, run.finish_reason, run.session.num_frames,
                                     time.perf_counter() - run.started_s)
     headers = {**headers, **usage, **_segments_header(run.timings(1.0 / plan.speed))}
-    return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format], headers=headers)
+    return file_response(file, formats.MEDIA_TYPES[plan.response_format], headers)
 
 
 def _segments_header(timings: list[dict]) -> dict[str, str]:
@@ -214,13 +242,14 @@ def _segments_header(timings: list[dict]) -> dict[str, str]:
 
 async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
     try:
-        pcm = speech_run.PcmChunks(run.plan, state)  # the request's output rate
-        if run.plan.response_format == "wav":
-            yield formats.streaming_wav_header(run.plan.sample_rate_hz)
-        async for event in run.events():
-            if isinstance(event, SegmentAudio):
-                yield pcm.convert(event.audio, is_final=False)
-        yield pcm.convert(np.zeros(0, np.float32), is_final=True)
+        out = speech_run.audio_out(run.plan, state)  # the request's speed, rate and format
+        async for audio in run.audio():
+            data = await out.push(audio)
+            if data:
+                yield data
+        tail = await out.close()
+        if tail:
+            yield tail
         if run.finish_reason == "abort":
             # aborted by the server (shutdown): counted "abort", the body ends truncated
             await run.close()
@@ -233,19 +262,21 @@ async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
 
 
 async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
-    plan, rate = run.plan, state.engine.sample_rate_hz  # rate: of the engine's samples (timings)
-    pcm = speech_run.PcmChunks(plan, state)  # the request's output rate
+    plan = run.plan
+    # timings: the engine's samples, scaled by the stretch (speed != 1) as the file's are
+    rate = state.engine.sample_rate_hz * plan.speed
+    out = speech_run.audio_out(plan, state)  # the request's speed, rate and format
     sent_audio = False
     try:
-        if plan.response_format == "wav":
-            yield sse.audio_delta(formats.streaming_wav_header(plan.sample_rate_hz))
         async for event in run.events():
             if isinstance(event, SegmentAudio):
-                yield sse.audio_delta(pcm.convert(event.audio, is_final=False))
-                sent_audio = True
+                data = await out.push(event.audio)
+                if data:
+                    yield sse.audio_delta(data)
+                    sent_audio = True
             else:
                 yield sse.encode_event("speech.segment.done", event.timing(rate))
-        tail = pcm.convert(np.zeros(0, np.float32), is_final=True)
+        tail = await out.close()
         if tail:
             yield sse.audio_delta(tail)
         session = run.session
@@ -258,7 +289,8 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         usage = {"input_tokens": plan.input_tokens, "output_tokens": session.num_frames,
                  "total_tokens": plan.input_tokens + session.num_frames}
         yield sse.encode_event("speech.audio.done", {
-            "usage": usage, "finish_reason": run.finish_reason, "segments": run.timings()})
+            "usage": usage, "finish_reason": run.finish_reason,
+            "segments": run.timings(1.0 / plan.speed)})
     except HiggsServeError as error:
         await run.close(outcome="error")
         api_error = to_api_error(error)

@@ -27,7 +27,7 @@ from higgs_serve.voices.codes_file import (
     check_reference_codes,
 )
 
-ResponseFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
+ResponseFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
 StreamFormat = Literal["audio", "sse"]
 
 
@@ -47,6 +47,17 @@ class PeerModel(BaseModel):
                 if value is not None
                 or (key in fields and fields[key].is_required())
                 or (key not in fields and key not in UNSUPPORTED_FIELDS)}
+
+
+def unicode_text(value: str) -> str:
+    """`value` if it is valid Unicode: JSON's escapes can spell a lone surrogate (\\ud800),
+    which Python keeps but the tokenizer and the sentence splitter cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"holds a lone surrogate ({value[error.start]!r} at character "
+                         f"{error.start}): not valid Unicode text") from None
+    return value
 
 
 class ReferenceClip(PeerModel):
@@ -71,6 +82,11 @@ class ReferenceClip(PeerModel):
             raise ValueError(f"media_type must be an audio/* type, got {self.media_type!r}")
         return self
 
+    @field_validator("text")
+    @classmethod
+    def _text_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
+
     def source(self) -> tuple[str, str]:
         """(the audio value, the name of the field it came in)."""
         name = next(name for name in REFERENCE_AUDIO_FIELDS if getattr(self, name) is not None)
@@ -87,19 +103,21 @@ class SpeechFields(PeerModel):
         default=None, description="One of the served model names or the model path/hub id it "
         "was started with; may be omitted.")
     voice: str = Field(
-        default="default", description="'default' (zero-shot) or a voice registered through "
-        "POST /v1/audio/voices (a name, or {\"id\": name}). OpenAI's stock voice names are not "
-        "available (400).")
+        default="default", description="'default' (zero-shot), a voice registered through "
+        "POST /v1/audio/voices (a name, or {\"id\": name}), or an alias the server maps to one "
+        "(--voice-alias). OpenAI's stock voice names are a 400 unless aliased.")
     speaker: str | None = Field(default=None, description="Alias of voice (vllm-omni).")
     response_format: ResponseFormat = Field(
-        default="wav", description="wav (default), pcm (raw s16le), flac, mp3, opus (Ogg). "
-        "aac is refused in this build: no packaged encoder.")
+        default="wav", description="wav (default), pcm (raw s16le), flac, mp3, opus (Ogg), aac "
+        "(ADTS), ulaw or alaw (G.711, headerless, 8 kHz unless sample_rate says otherwise). "
+        "Every format streams as it is made unless stream is false.")
     speed: float = Field(
         default=1.0, ge=MIN_SPEED, le=MAX_SPEED,
-        description="Playback speed via pitch-preserving time stretch; non-streaming only.")
+        description="Playback speed via pitch-preserving time stretch (streamed too).")
     sample_rate: int | None = Field(
         default=None, description="Output rate in Hz, resampled from the model's 24000: one of "
-        "8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000.")
+        "8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000 (opus: 8000, 16000, 24000, "
+        "48000). Default 24000; ulaw and alaw 8000.")
     instructions: str | None = Field(
         default=None, description="Not supported by Higgs-Audio V3: a non-empty value is a 400.")
     task_type: str | None = Field(
@@ -150,15 +168,25 @@ class SpeechFields(PeerModel):
                              "clones from a single clip")
         return value
 
-    @field_validator("reference_codes")
+    @field_validator("reference_codes", mode="before")
     @classmethod
-    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
-        if len(value) > MAX_REFERENCE_FRAMES:  # before building an array of it
+    def _codes_size(cls, value: Any) -> Any:
+        """The shape from the raw lists, before any code is validated: validating every element
+        of an oversize list first cost time that grew with the list (issue 40 item 2)."""
+        if not isinstance(value, list):
+            return value  # the type error is pydantic's
+        if len(value) > MAX_REFERENCE_FRAMES:
             raise ValueError(f"must hold 1-{MAX_REFERENCE_FRAMES} frames (30 s), got {len(value)}")
-        bad_rows = [i for i, row in enumerate(value) if len(row) != NUM_CODEBOOKS]
+        bad_rows = [i for i, row in enumerate(value)
+                    if isinstance(row, list) and len(row) != NUM_CODEBOOKS]
         if bad_rows:
             raise ValueError(f"must have shape [T, {NUM_CODEBOOKS}]: frame {bad_rows[0]} has "
                              f"{len(value[bad_rows[0]])} codes")
+        return value
+
+    @field_validator("reference_codes")
+    @classmethod
+    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
         try:  # the same rule as `synth --ref-codes` files
             codes = np.asarray(value, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
         except OverflowError as error:
@@ -168,6 +196,11 @@ class SpeechFields(PeerModel):
         except InvalidRequestError as error:
             raise ValueError(str(error).removeprefix("reference_codes ")) from error
         return value
+
+    @field_validator("ref_text", "reference_text")
+    @classmethod
+    def _transcript_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
 
     @field_validator("language")
     @classmethod
@@ -185,18 +218,19 @@ class SpeechRequestBody(SpeechFields):
 
     input: str = Field(min_length=1, description="Text to speak (non-empty; length-capped).")
     stream: bool | None = Field(
-        default=None, description="true: stream audio as it is generated (raw audio unless "
-        "stream_format is 'sse').")
+        default=None, description="Left out or true: the audio streams as it is generated, in "
+        "every format (raw bytes unless stream_format is 'sse'), as OpenAI's endpoint does. "
+        "false: one file with its Content-Length, made with the file windows.")
     stream_format: StreamFormat | None = Field(
-        default=None, description="'audio' (raw chunked pcm/wav) or 'sse' (speech.audio.* "
-        "events); either one implies streaming.")
+        default=None, description="'audio' (raw chunked bytes of response_format, the default) "
+        "or 'sse' (speech.audio.* events carrying them in base64).")
 
     @field_validator("input")
     @classmethod
     def _input_has_text(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("input must contain non-whitespace text")
-        return value
+        return unicode_text(value)
 
 
 MAX_BATCH_ITEMS = 32
@@ -291,6 +325,12 @@ class ModelObject(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelObject]
+
+
+class WatermarkDetection(BaseModel):
+    detected: bool = Field(description="true when the audio carries the higgs-serve watermark "
+                                       "(score >= 0.4)")
+    score: float = Field(description="the detector's confidence, 0 (unmarked) to 1 (marked)")
 
 
 ERROR_RESPONSES = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,11 @@ DEFAULT_SEND_TIMEOUT_S = 30.0
 # limit (voices/registry.py MAX_UPLOAD_BYTES) plus the multipart envelope.
 JSON_BODY_OVERHEAD_BYTES = 1024 * 1024
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
-AUDIO_WORKERS = 4  # threads for decoding, resampling, encoding (server/audio_workers.py)
+AUDIO_WORKERS = 4  # threads for decoding and encoding reference clips (server/audio_workers.py)
+# Threads that encode responses (server/audio_out.py): PyAV releases the GIL, so one a core lets
+# encoding use the whole host (benchmarks/results/README.md, bench_encoders).
+DEFAULT_ENCODE_THREADS = max(4, os.cpu_count() or 1)
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an alias name (--voice-alias)
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
 
@@ -52,18 +58,36 @@ class ServerSettings:
     # A response write that waits longer (the client stopped reading) ends the response, which
     # aborts its engine request and frees its admission slot (server/send_timeout.py).
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    # Signed provenance (audio/provenance.py): the operator's PEM certificate chain and private
+    # key; with both, wav/mp3/flac files carry a C2PA manifest. An optional RFC 3161 timestamp
+    # authority URL countersigns each manifest's signature time.
+    c2pa_cert: Path | None = None
+    c2pa_key: Path | None = None
+    c2pa_tsa_url: str | None = None
+    encode_threads: int = DEFAULT_ENCODE_THREADS
+    # `voice` names that stand for another voice: (alias, target) pairs, target a registered voice
+    # or "default" (--voice-alias alloy=default), so OpenAI-only clients can name a voice.
+    voice_aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def max_json_body_bytes(self) -> int:
         """The largest JSON body accepted (413 past it)."""
         return 4 * -(-self.max_ref_audio_bytes // 3) + JSON_BODY_OVERHEAD_BYTES
 
+    @property
+    def max_ws_message_bytes(self) -> int:
+        """The largest WebSocket message: a session.config carries what a JSON body does (a
+        base64 reference of max_ref_audio_bytes), so the same bound. uvicorn closes a connection
+        whose message is larger (1009); a text message longer in characters is refused."""
+        return self.max_json_body_bytes
+
     def __post_init__(self) -> None:
         positive = {"port": self.port, "max_input_chars": self.max_input_chars,
                     "max_ref_audio_bytes": self.max_ref_audio_bytes,
                     "send_timeout_s": self.send_timeout_s,
                     "segment_max_chars": self.segment_max_chars, "max_audio_s": self.max_audio_s,
-                    "ws_idle_timeout_s": self.ws_idle_timeout_s}
+                    "ws_idle_timeout_s": self.ws_idle_timeout_s,
+                    "encode_threads": self.encode_threads}
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"server setting {name} must be positive, got {value}")
@@ -86,8 +110,38 @@ class ServerSettings:
                 raise ConfigError("--allowed-local-media-path must be an existing directory, "
                                   f"got {self.allowed_local_media_path}")
             object.__setattr__(self, "allowed_local_media_path", directory)
+        if (self.c2pa_cert is None) != (self.c2pa_key is None):
+            raise ConfigError("--c2pa-cert and --c2pa-key sign C2PA manifests together: give both or neither")
+        if self.c2pa_tsa_url is not None and self.c2pa_cert is None:
+            raise ConfigError("--c2pa-tsa-url timestamps C2PA signatures: give --c2pa-cert and --c2pa-key too")
+        if self.c2pa_tsa_url is not None and not self.c2pa_tsa_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--c2pa-tsa-url must be an http(s) URL, got {self.c2pa_tsa_url!r}")
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))
+        self._check_voice_aliases()
+
+    def _check_voice_aliases(self) -> None:
+        seen: dict[str, str] = {}
+        for alias, target in self.voice_aliases:
+            for name in (alias, target):
+                if not VOICE_NAME.fullmatch(name):
+                    raise ConfigError(f"--voice-alias {alias}={target}: {name!r} is not a voice "
+                                      "name (letters, digits, '.', '_', '-'; at most 64)")
+            if alias == "default":
+                raise ConfigError("--voice-alias: 'default' is the zero-shot voice and cannot be "
+                                  "an alias")
+            if alias == target:
+                raise ConfigError(f"--voice-alias {alias}={target}: an alias of itself")
+            if seen.get(alias, target) != target:
+                raise ConfigError(f"--voice-alias {alias} is given twice, as {seen[alias]!r} and "
+                                  f"{target!r}")
+            seen[alias] = target
+        if any(target in seen for target in seen.values()):
+            raise ConfigError("--voice-alias: an alias must name a voice, not another alias")
+
+    @property
+    def voice_alias_map(self) -> dict[str, str]:
+        return dict(self.voice_aliases)
 
     @property
     def served_model_names(self) -> tuple[str, ...]:

@@ -13,8 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from higgs_serve.audio.formats import STREAMABLE_FORMATS, check_format
-from higgs_serve.audio.output_rate import check_output_rate
+from higgs_serve.audio.formats import output_rate_hz
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.sampling_params import SamplingParams
@@ -48,9 +47,8 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
         raise InvalidRequestError(
             "instructions are not supported: Higgs-Audio V3 cannot follow free-form style "
             "instructions; leave the field out", param="instructions")
-    check_format(body.response_format)
-    sample_rate_hz = body.sample_rate or state.engine.sample_rate_hz
-    check_output_rate(sample_rate_hz, body.response_format)
+    sample_rate_hz = output_rate_hz(body.response_format, body.sample_rate,
+                                    state.engine.sample_rate_hz)  # the format's checks too
     mode = _mode(body)
     _check_initial_chunk(body, mode, state)
     reference = await resolve_reference(body, state)
@@ -75,24 +73,16 @@ def _check_model(model: str | None, state: ServerState) -> None:
 
 
 def _mode(body: SpeechRequestBody) -> Mode:
-    """file: one encoded body; audio: raw chunked pcm/wav; sse: speech.audio.* events."""
-    if body.stream is False and body.stream_format is not None:
-        raise InvalidRequestError(
-            f"stream_format {body.stream_format!r} streams the response, but stream is false; "
-            "drop one of them", param="stream_format")
-    if body.stream_format is None and not body.stream:
+    """The streaming rule (docs/api.md#streaming): every request streams, in every format, unless
+    it says `stream: false` (file: one encoded body, exact file windows); `stream_format` picks
+    raw audio or SSE."""
+    if body.stream is False:
+        if body.stream_format is not None:
+            raise InvalidRequestError(
+                f"stream_format {body.stream_format!r} streams the response, but stream is "
+                "false; drop one of them", param="stream_format")
         return "file"
-    mode: Mode = body.stream_format or "audio"
-    if body.response_format not in STREAMABLE_FORMATS:
-        raise InvalidRequestError(
-            f"streaming supports response_format {' or '.join(STREAMABLE_FORMATS)}, not "
-            f"{body.response_format!r}; request it without streaming instead",
-            param="response_format")
-    if body.speed != 1.0:
-        raise InvalidRequestError(
-            "speed is applied to the finished audio, so it needs a non-streaming request "
-            "(speed must be 1.0 when streaming)", param="speed")
-    return mode
+    return body.stream_format or "audio"
 
 
 def _check_initial_chunk(body: SpeechRequestBody, mode: Mode, state: ServerState) -> None:
@@ -102,8 +92,8 @@ def _check_initial_chunk(body: SpeechRequestBody, mode: Mode, state: ServerState
         return
     if mode == "file":
         raise InvalidRequestError(
-            "initial_codec_chunk_frames sets the first streamed chunk; it needs a streaming "
-            "request (stream or stream_format)", param="initial_codec_chunk_frames")
+            "initial_codec_chunk_frames sets the first streamed chunk; a request with "
+            "stream: false is not streamed (leave stream out)", param="initial_codec_chunk_frames")
     limit = state.engine.deploy.streaming.codec_chunk_frames
     if frames > limit:
         raise InvalidRequestError(

@@ -2,15 +2,16 @@
 long-form), /speech/batch and, for the counting and the output rate, WebSocket sentences.
 
 admit_plan (bounded in-flight count, 429 past it; then the plan) -> start (submit, first chunk;
-a failure counted by START_FAILURES) -> collect -> `render_file` (time stretch, output rate, one
-int16 conversion, encode) or stream chunk by chunk through `PcmChunks`. Headers are built here
-so every response says the same.
+a failure counted by START_FAILURES) -> the response's `audio_out` pipeline (server/audio_out.py:
+stretch, output rate, the one int16 conversion, the format's encoder), chunk by chunk into a
+stream or into one file (server/audio_file.py). Headers are built here so every response says
+the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -18,9 +19,10 @@ import numpy as np
 from fastapi import Request
 
 from higgs_serve.audio import formats
-from higgs_serve.audio.output_rate import StreamResampler, resample
-from higgs_serve.audio.time_stretch import time_stretch
 from higgs_serve.errors import EngineOverloadedError, InvalidRequestError
+from higgs_serve.audio.provenance import CLAIM_HEADER
+from higgs_serve.server.audio_file import AudioFile, FileSigning, collect_file
+from higgs_serve.server.audio_out import AudioOut, AudioTap
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import SpeechRequestBody
@@ -100,47 +102,54 @@ def shutting_down() -> ApiError:
                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> bytes:
-    """Finished 24 kHz audio -> the response file (stretched, resampled, encoded off-loop)."""
-    def render() -> bytes:
-        signal = time_stretch(audio, plan.speed) if plan.speed != 1.0 else audio
-        signal = resample(signal, state.engine.sample_rate_hz, plan.sample_rate_hz)
-        return formats.encode_audio(signal, plan.response_format, plan.sample_rate_hz)
-
-    return await state.audio_workers.run(render)
+def audio_out(plan: SpeechPlan, state: ServerState, seekable: bool = False,
+              taps: tuple[AudioTap, ...] = ()) -> AudioOut:
+    """The response's pipeline: the plan's speed, rate and format (seekable: for a file)."""
+    return AudioOut(plan.response_format, state.engine.sample_rate_hz, plan.sample_rate_hz,
+                    plan.speed, state.encode_workers, seekable=seekable, taps=taps)
 
 
-class PcmChunks:
-    """Engine chunks -> s16le bytes at the plan's rate, one stream's resampler state kept."""
+async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,
+                  state: ServerState) -> AudioFile:
+    """The whole-file path: every chunk of `audio` (24 kHz float) encoded into one AudioFile as
+    it arrives, signed at the end when the server signs (the caller sends or reads it, then
+    discards it)."""
+    signing = (FileSigning(state.provenance, plan.response_format, state.encode_workers)
+               if state.provenance is not None else None)
+    return await collect_file(audio, audio_out(plan, state, seekable=True), signing)
 
-    def __init__(self, plan: SpeechPlan, state: ServerState):
-        self._resampler = StreamResampler(state.engine.sample_rate_hz, plan.sample_rate_hz)
 
-    def convert(self, audio: np.ndarray, is_final: bool) -> bytes:
-        return formats.float_to_pcm16(self._resampler.push(audio, last=is_final))
+def claim_headers(state: ServerState) -> dict[str, str]:
+    """A stream's (or any audio without a manifest's) claim header on a signing server
+    (audio/provenance.py)."""
+    return {} if state.provenance is None else {CLAIM_HEADER: state.provenance.claim}
 
 
 def audio_headers(plan: SpeechPlan) -> dict[str, str]:
-    """Every audio response: what the bytes are, and the language the request was checked for."""
+    """Every audio response, streamed or not: what the bytes are, the language the request was
+    checked for, and its input tokens (ours and sglang-omni's name: known before any audio).
+    X-Bit-Depth only where the samples are on the wire (pcm, wav, flac: 16; G.711: 8)."""
+    depth = formats.FORMATS[plan.response_format].bits_per_sample
+    bits = {"X-Bit-Depth": str(depth)} if depth is not None else {}
     return {
         "X-Request-Id": plan.request.request_id,
         "X-Sample-Rate": str(plan.sample_rate_hz),
         "X-Channels": "1",
-        "X-Bit-Depth": str(formats.PCM_BITS_PER_SAMPLE),
+        **bits,
         "X-Language": plan.language,
+        "X-Usage-Input-Tokens": str(plan.input_tokens),
+        "X-Prompt-Tokens": str(plan.input_tokens),
     }
 
 
 def file_headers(plan: SpeechPlan, finish_reason: str | None, num_frames: int,
                  engine_time_s: float) -> dict[str, str]:
-    """A finished file (single or long-form): ours (X-Usage-*) and sglang-omni's usage names,
-    same numbers."""
+    """A finished file (single or long-form, `stream: false`): what only the end knows, ours
+    (X-Usage-*) and sglang-omni's usage names, same numbers."""
     return {
         **audio_headers(plan),
         "X-Finish-Reason": str(finish_reason),
-        "X-Usage-Input-Tokens": str(plan.input_tokens),
         "X-Usage-Output-Tokens": str(num_frames),
-        "X-Prompt-Tokens": str(plan.input_tokens),
         "X-Completion-Tokens": str(num_frames),
         "X-Engine-Time": f"{engine_time_s:.4f}",
     }
@@ -155,10 +164,14 @@ async def unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | 
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-        if not work.done():
+        left = not work.done()
+        if left:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
+    # a cancelled gather() ends with a CancelledError exception, not in the cancelled state
+    # (issue 40 item 10); work that finished anyway (a cancellation swallowed by wait_for on
+    # Python 3.11) gives its result, so whatever it holds is closed by its caller
+    if left and (work.cancelled() or isinstance(work.exception(), asyncio.CancelledError)):
         return CLIENT_GONE
     return work.result()
 

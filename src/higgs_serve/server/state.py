@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
+from higgs_serve.audio.provenance import Provenance
+from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
@@ -80,6 +82,12 @@ class ServerState:
     gate: AdmissionGate
     reference_encoder: ReferenceEncoder | None
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
+    # POST /v1/audio/watermark/detect: on the CPU, loaded at its first request
+    detector: LazyDetector = field(default_factory=LazyDetector)
+    # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
+    provenance: Provenance | None = None
+    # response encoding (server/audio_out.py), apart from reference work: --encode-threads
+    encode_workers: AudioWorkers | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
@@ -87,6 +95,10 @@ class ServerState:
     # server/long_form.py): aborted when the shutdown's grace period ends, so each ends its
     # own response (503 or a stream error event)
     generations: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.encode_workers is None:
+            self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
 
     def abort_in_flight(self) -> None:
         for generation in list(self.generations):

@@ -1,4 +1,5 @@
-"""POST /v1/audio/speech: one encoded file, raw chunked pcm/wav, or SSE events.
+"""POST /v1/audio/speech: the audio streamed as it is made (raw bytes of the format, or SSE
+events), or with `stream: false` one file (docs/api.md#streaming).
 
 Order of work: validate the body's schema, refuse at once if the engine is dead or warming up,
 admit (bounded in-flight count, 429 past it; before any reference clip is fetched, decoded or
@@ -15,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
@@ -22,6 +24,7 @@ from starlette.background import BackgroundTask
 from higgs_serve.audio import formats
 from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import long_form, speech_run, sse
+from higgs_serve.server.audio_file import file_response
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
@@ -59,7 +62,8 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
         return await _file_response(generation, request, state)
     # the server's own share of the time to first audio, as OpenAI reports its processing time:
     # beside the client's own TTFA it tells time in the server from time on the way to it
-    headers = {**speech_run.audio_headers(plan), "Cache-Control": "no-cache",
+    headers = {**speech_run.audio_headers(plan), **speech_run.claim_headers(state),
+               "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
         return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
@@ -82,38 +86,47 @@ def check_engine(state: ServerState) -> None:
 
 async def _file_response(generation: Generation, request: Request,
                          state: ServerState) -> Response:
-    """Collect everything (aborting if the client leaves), stretch, resample, encode, answer."""
+    """Encode the chunks into one file as they arrive (aborting if the client leaves), then
+    answer it with its Content-Length (server/audio_file.py)."""
     plan = generation.plan
     try:
-        audio = await speech_run.unless_disconnected(generation.collect(), request)
-        if audio is speech_run.CLIENT_GONE:
+        file = await speech_run.unless_disconnected(
+            speech_run.file_of(_audio(generation), plan, state), request)
+        if file is speech_run.CLIENT_GONE:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
         if generation.finish_reason == "abort":  # cut by the shutdown's grace period
+            file.discard()
             generation.close()
             raise speech_run.shutting_down()
-        data = await speech_run.render_file(audio, plan, state)
     except BaseException:
         generation.close(outcome="error")
         raise
     generation.close()
-    return Response(data, media_type=formats.MEDIA_TYPES[plan.response_format],
-                    headers=speech_run.file_headers(plan, generation.finish_reason,
-                                                    generation.num_frames,
-                                                    generation.engine_time_s))
+    return file_response(file, formats.MEDIA_TYPES[plan.response_format],
+                         speech_run.file_headers(plan, generation.finish_reason,
+                                                 generation.num_frames, generation.engine_time_s))
+
+
+async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
+    async for chunk in generation.chunks():
+        yield chunk.audio
+
+
+async def _encoded(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
+    """The response format's bytes, chunk by chunk, as the pipeline releases them."""
+    out = speech_run.audio_out(generation.plan, state)
+    async for chunk in generation.chunks():
+        data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
+        if data:
+            yield data
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
-    """pcm: s16le bytes per chunk; wav: a streaming header (sizes 0xFFFFFFFF) first."""
+    """The format's bytes as they are made (wav: a streaming header, sizes 0xFFFFFFFF, first)."""
     try:
-        plan = generation.plan
-        pcm = speech_run.PcmChunks(plan, state)
-        if plan.response_format == "wav":
-            yield formats.streaming_wav_header(plan.sample_rate_hz)
-        async for chunk in generation.chunks():
-            data = pcm.convert(chunk.audio, chunk.is_final)
-            if data:
-                yield data
+        async for data in _encoded(generation, state):
+            yield data
         if generation.finish_reason == "abort":
             # Aborted by the server (shutdown): end the body abruptly so it reads as truncated.
             generation.close()
@@ -128,18 +141,14 @@ async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterato
 
 
 async def _sse_events(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
-    """speech.audio.delta per chunk, then speech.audio.done with usage (or .error)."""
+    """speech.audio.delta (base64 of the format's bytes) as they are made, then
+    speech.audio.done with usage (or .error)."""
     plan = generation.plan
     sent_audio = False
     try:
-        pcm = speech_run.PcmChunks(plan, state)
-        if plan.response_format == "wav":
-            yield sse.audio_delta(formats.streaming_wav_header(plan.sample_rate_hz))
-        async for chunk in generation.chunks():
-            data = pcm.convert(chunk.audio, chunk.is_final)
-            if data:
-                yield sse.audio_delta(data)
-                sent_audio = True
+        async for data in _encoded(generation, state):
+            yield sse.audio_delta(data)
+            sent_audio = True
         if generation.finish_reason == "abort":
             generation.close()
             yield sse.audio_error(error_object(

@@ -1,0 +1,101 @@
+"""The watermark at the command line: `synth` marks by default and says in one line when it does
+not; `--watermark` and the deploy key switch it; `higgs-serve detect` reads files (and headerless
+samples) and says which carry the mark; with the mark on and its model missing, nothing starts."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import soundfile as sf
+
+from higgs_serve.audio import perth
+from higgs_serve.cli import main
+
+FRAMES = "125"  # 5 s
+
+
+def _synth(model_dir, out_dir, *extra) -> int:
+    return main(["--log-level", "INFO", "synth", str(model_dir), "--text", "Hello there.", "--output-dir", str(out_dir),
+                 "--device", "cpu", "--seed", "3", "--max-new-tokens", FRAMES, *extra])
+
+
+@pytest.fixture(scope="module")
+def outputs(tiny_model_dir, tmp_path_factory):
+    on, off = tmp_path_factory.mktemp("on"), tmp_path_factory.mktemp("off")
+    assert _synth(tiny_model_dir, on) == 0
+    assert _synth(tiny_model_dir, off, "--watermark", "off") == 0
+    return on / "0000.wav", off / "0000.wav"
+
+
+def test_synth_marks_by_default_and_detect_tells_marked_from_unmarked(outputs, capsys):
+    on, off = outputs
+    capsys.readouterr()
+    assert main(["detect", str(on), str(off)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{on}: marked (score ") and lines[1].startswith(f"{off}: not marked (score ")
+    assert main(["detect", "--json", str(on)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["file"] == str(on) and found["detected"] is True and found["score"] >= 0.4
+
+
+def test_headerless_samples_are_read_with_format_and_rate(outputs, tmp_path, capsys):
+    on, _ = outputs
+    audio, rate = sf.read(on, dtype="int16")
+    raw = tmp_path / "on.pcm"
+    raw.write_bytes(audio.astype("<i2").tobytes())
+    capsys.readouterr()
+    assert main(["detect", "--format", "pcm", "--sample-rate", str(rate), str(raw)]) == 0
+    assert capsys.readouterr().out.startswith(f"{raw}: marked")
+    assert main(["detect", "--sample-rate", "16000", str(raw)]) == 2
+    assert "--sample-rate is the rate of headerless FILEs: give --format too" in capsys.readouterr().err
+
+
+def test_a_bad_file_fails_before_anything_is_detected(outputs, tmp_path, capsys):
+    on, _ = outputs
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"not audio at all" * 10)
+    capsys.readouterr()
+    assert main(["detect", str(on), str(junk)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the good file before it was not reported either
+    assert captured.err.count("\n") == 1 and f"FILE {junk} is not a supported audio file" in captured.err
+
+
+def test_watermark_off_says_so_in_one_line(tiny_model_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    assert _synth(tiny_model_dir, tmp_path, "--watermark", "off") == 0
+    off_lines = [r.getMessage() for r in caplog.records if "watermark" in r.getMessage()]
+    assert off_lines == ["watermark off: generated audio is not marked as AI-generated (turn it on with "
+                         "--watermark on or `watermark: true` in the deploy config)"]
+
+
+def test_the_deploy_key_and_the_flag(tiny_model_dir, tmp_path, capsys):
+    profile = tmp_path / "unmarked.yaml"
+    profile.write_text("base_config: higgs_multimodal_qwen3.yaml\nwatermark: false\n")
+    capsys.readouterr()
+    assert main(["config", "show", str(tiny_model_dir), "--device", "cpu", "--deploy-config", str(profile)]) == 0
+    assert json.loads(capsys.readouterr().out)["watermark"] is False
+    assert main(["config", "show", str(tiny_model_dir), "--device", "cpu", "--deploy-config", str(profile),
+                 "--watermark", "on"]) == 0
+    assert json.loads(capsys.readouterr().out)["watermark"] is True
+    profile.write_text("base_config: higgs_multimodal_qwen3.yaml\nwatermark: maybe\n")
+    assert main(["config", "show", str(tiny_model_dir), "--device", "cpu", "--deploy-config", str(profile)]) == 2
+    assert "watermark" in capsys.readouterr().err
+
+
+def test_no_model_no_start(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """With the mark on, a missing watermark model stops synth and serve before any load, in one
+    line; with it off they would run."""
+    monkeypatch.setattr(perth, "CHECKPOINT_RELPATH", ("no_such_model.pth.tar",))
+    out = tmp_path / "out"
+    assert _synth(tiny_model_dir, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "higgs-serve: error: resemble-perth is installed but its trained model is missing" in err
+    assert not (out / "0000.wav").exists()
+    assert main(["serve", str(tiny_model_dir), "--device", "cpu", "--port", "0"]) == 2
+    assert "its trained model is missing" in capsys.readouterr().err
+    monkeypatch.setattr(perth.importlib.util, "find_spec", lambda name: None)
+    assert _synth(tiny_model_dir, out) == 2
+    assert "the watermark needs the resemble-perth package" in capsys.readouterr().err

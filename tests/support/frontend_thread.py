@@ -1,0 +1,66 @@
+"""The data-parallel front end (relay + control plane, cluster/frontend.py) served in a thread
+of the test process on a free port, over replicas the test provides (Unix sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+
+from higgs_serve.cluster.frontend import Frontend, serve_frontend
+
+
+@contextmanager
+def frontend_thread(frontend: Frontend, work: Path) -> Iterator[str]:
+    """Yields the front end's http URL once it listens; stops it (as SIGTERM would) after."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(256)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    started = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(serve_frontend(frontend, listener, work, stop, started.set))
+        except BaseException as error:  # shown by the test
+            failed.append(error)
+            started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(20) and not failed, failed
+    try:
+        yield url
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the front end did not stop"
+        assert not failed, failed
+
+
+def serve_app_on_socket(app, path: Path) -> tuple[uvicorn.Server, threading.Thread]:
+    """A uvicorn server for `app` on the Unix socket `path` (a stand-in replica), started."""
+    server = uvicorn.Server(uvicorn.Config(app, uds=str(path), log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return server, thread
+
+
+def wait_until(predicate, timeout_s: float = 10.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

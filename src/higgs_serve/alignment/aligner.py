@@ -31,6 +31,10 @@ class WordTiming:
         """The same word on a timeline that starts `offset_s` earlier (a segment's start)."""
         return WordTiming(self.word, self.start_s + offset_s, self.end_s + offset_s)
 
+    def scaled(self, factor: float) -> WordTiming:
+        """The same word on a timeline stretched by `factor` (1 / speed after a time stretch)."""
+        return WordTiming(self.word, self.start_s * factor, self.end_s * factor)
+
     def to_json(self) -> dict:
         """The peers' shape (vllm-omni's `{word, start_ms, end_ms}`), whole milliseconds."""
         return {"word": self.word, "start_ms": round(1e3 * self.start_s),

@@ -45,6 +45,7 @@ class AlignerPool:
         self.workers = workers
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
+        self._warmed: set[str] = set()
 
     def _live_executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -70,6 +71,15 @@ class AlignerPool:
         """Start the workers and build aligner `name` in one of them (an alignment of no words),
         so the first real request does not wait for the model to load."""
         return self.submit(name, np.zeros(4800, np.float32), 24000, [])
+
+    def warm(self, name: str) -> None:
+        """`start(name)` once per aligner, without waiting: called when a request asking for
+        timestamps is planned, so the model loads while its first sentence is spoken."""
+        with self._lock:
+            if name in self._warmed:
+                return
+            self._warmed.add(name)
+        self.start(name)
 
     def shutdown(self) -> None:
         with self._lock:

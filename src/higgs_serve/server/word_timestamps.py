@@ -15,14 +15,23 @@ sentence's offset on the response's timeline: the number of samples pushed befor
 exact across long-form segments (engine/long_form.py adds and removes no sample at its joins).
 An alignment that fails (too little audio for its words, a worker that died) gives `words=None`:
 the audio is unaffected and the surface reports the sentence's timestamps as missing.
+
+Speed: the tap sees the engine's audio before the time stretch (server/audio_out.py), so a
+response at `speed` s has every time (offsets, durations, words) multiplied by 1 / s, the same
+scaling X-Segments uses; the stretch keeps the order and the relative place of every sample.
+
+The surfaces' shapes (docs/api.md#word-timestamps) are built here too: the REST header with
+its size rule, and the JSON list every surface carries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +40,40 @@ from higgs_serve.alignment import WordTiming, user_words
 from higgs_serve.alignment.pool import AlignerPool
 
 logger = logging.getLogger(__name__)
+
+# vllm-omni's rule for its REST header: the JSON list up to 4096 bytes, else
+# `X-Word-Timestamps-Omitted: oversize; bytes=N; limit=4096` (the words then come only on SSE or
+# the WebSocket). About 80 words fit.
+MAX_HEADER_BYTES = 4096
+WORDS_EVENT = "speech.words"  # the SSE event carrying one sentence's words (ours: docs/api.md)
+
+# (seconds from a sentence's end to its words, failed) for each alignment: metrics.py
+OnAligned = Callable[[float, bool], None]
+
+
+def words_json(words: list[WordTiming] | None) -> list[dict] | None:
+    """The peers' list `[{word, start_ms, end_ms}]` (None stays None: alignment failed)."""
+    return None if words is None else [word.to_json() for word in words]
+
+
+def header_of(sentences: list[SentenceWords]) -> dict[str, str]:
+    """The REST headers of a finished response's words, on its timeline: `X-Word-Timestamps`
+    (ASCII-escaped compact JSON) up to MAX_HEADER_BYTES, else `X-Word-Timestamps-Omitted`.
+    A sentence that failed to align keeps its words with null times, so the list always has
+    one entry per word of the input."""
+    entries = []
+    for sentence in sentences:
+        timed = sentence.on_timeline()
+        if timed is None:
+            entries += [{"word": word, "start_ms": None, "end_ms": None}
+                        for word in user_words(sentence.text)]
+        else:
+            entries += words_json(timed)
+    value = json.dumps(entries, separators=(",", ":"), ensure_ascii=True)
+    if len(value) > MAX_HEADER_BYTES:
+        return {"X-Word-Timestamps-Omitted":
+                f"oversize; bytes={len(value)}; limit={MAX_HEADER_BYTES}"}
+    return {"X-Word-Timestamps": value}
 
 
 @dataclass(frozen=True)
@@ -41,6 +84,13 @@ class SentenceWords:
     duration_s: float  # its audio's length
     words: list[WordTiming] | None  # sentence-relative; None: alignment failed
 
+    def to_json(self) -> dict:
+        """The SSE `speech.words` payload: the sentence's span and its words on the response's
+        timeline, in milliseconds; `words` null when its alignment failed."""
+        return {"index": self.index, "start_ms": round(1e3 * self.offset_s),
+                "end_ms": round(1e3 * (self.offset_s + self.duration_s)),
+                "words": words_json(self.on_timeline())}
+
     def on_timeline(self) -> list[WordTiming] | None:
         """The words on the response's timeline (shifted by the sentence's offset)."""
         if self.words is None:
@@ -49,10 +99,13 @@ class SentenceWords:
 
 
 class WordTimestampTap:
-    def __init__(self, pool: AlignerPool, aligner_name: str, sample_rate_hz: int):
+    def __init__(self, pool: AlignerPool, aligner_name: str, sample_rate_hz: int,
+                 speed: float = 1.0, on_aligned: OnAligned | None = None):
         self._pool = pool
         self._aligner = aligner_name
         self._rate = sample_rate_hz
+        self._scale = 1.0 / speed  # response seconds per engine second
+        self._on_aligned = on_aligned
         self._chunks: list[np.ndarray] = []  # the current sentence's audio, as pushed
         self._pushed = 0  # samples pushed before the current sentence
         self._current = 0  # samples of the current sentence
@@ -71,7 +124,8 @@ class WordTimestampTap:
     def end_sentence(self, text: str) -> None:
         """The audio pushed since the last end is the speech of `text`: queue its alignment."""
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
-        meta = SentenceWords(self._count, text, self._pushed / self._rate, self._current / self._rate, None)
+        meta = SentenceWords(self._count, text, self._scale * self._pushed / self._rate,
+                             self._scale * self._current / self._rate, None)
         words = user_words(text)
         self._count += 1
         self._pushed += self._current
@@ -81,6 +135,8 @@ class WordTimestampTap:
             future.set_result([])
         else:
             future = asyncio.wrap_future(self._pool.submit(self._aligner, audio, self._rate, words))
+            if self._on_aligned is not None:
+                future.add_done_callback(self._reporter(time.perf_counter()))
         self._pending.append((meta, future))
         self._arrived.set()
 
@@ -135,6 +191,12 @@ class WordTimestampTap:
         self._pending.clear()
         self.finish()
 
+    def _reporter(self, queued_s: float) -> Callable[[asyncio.Future], None]:
+        def report(future: asyncio.Future) -> None:
+            if not future.cancelled():
+                self._on_aligned(time.perf_counter() - queued_s, future.exception() is not None)
+        return report
+
     def _resolve(self, meta: SentenceWords, future: asyncio.Future) -> SentenceWords:
         if future.cancelled():
             return meta
@@ -142,4 +204,7 @@ class WordTimestampTap:
         if error is not None:
             logger.warning("word timestamps for sentence %d are missing: %s", meta.index, error)
             return meta
-        return SentenceWords(meta.index, meta.text, meta.offset_s, meta.duration_s, future.result())
+        words = future.result()
+        if self._scale != 1.0:
+            words = [word.scaled(self._scale) for word in words]
+        return SentenceWords(meta.index, meta.text, meta.offset_s, meta.duration_s, words)

@@ -228,3 +228,37 @@ def test_session_configs_that_cannot_have_timestamps_get_an_error_event(live, co
     event = asyncio.run(run())
     assert event["type"] == "error" and event["error"]["param"] == param, event
     assert param in event["message"] or param == "language"
+
+
+def test_metrics_count_alignments(live):
+    """After the requests above (or this one alone): the alignment histogram has observations."""
+    httpx.post(live.url + "/v1/audio/speech", json=_body(stream=False), timeout=60).raise_for_status()
+    text = httpx.get(live.url + "/metrics", timeout=10).text
+    count = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("higgs_serve_alignment_seconds_count"))
+    assert count >= 1 and "higgs_serve_alignment_failures_total" in text
+
+
+def test_a_server_without_aligner_processes_refuses_the_field(tmp_path):
+    """--alignment-workers 0: word_timestamps is a 400 naming the field, on REST and in a
+    WebSocket session.config; nothing else changes."""
+    from fake_engine import FakeEngine
+    from live_server import MODEL_NAME, fake_settings, start_threaded_server
+
+    server = start_threaded_server(FakeEngine(), fake_settings(tmp_path, alignment_workers=0))
+    try:
+        assert server.app.state.server.aligner_pool is None
+        response = httpx.post(server.url + "/v1/audio/speech", timeout=30, json={
+            "model": MODEL_NAME, "input": "Hello there.", "word_timestamps": True})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "word_timestamps"
+        assert "--alignment-workers 0" in response.json()["error"]["message"]
+
+        async def session():
+            async with websockets.connect(_ws_url(server)) as ws:
+                await ws.send(json.dumps({"type": "session.config", "word_timestamps": True}))
+                return json.loads(await asyncio.wait_for(ws.recv(), timeout=10))
+
+        assert asyncio.run(session())["error"]["param"] == "word_timestamps"
+    finally:
+        server.stop()

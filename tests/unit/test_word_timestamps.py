@@ -5,6 +5,7 @@ up by alignment (real speech with known word edges: tests/support/data)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from concurrent.futures import Future
 
@@ -148,3 +149,60 @@ def test_close_cancels_what_is_queued():
         return [s async for s in tap.results()]
 
     assert asyncio.run(scenario()) == []
+
+
+def test_speed_scales_every_time_and_metrics_see_each_alignment():
+    """speed 2: the tap sees the engine's audio before the stretch, so offsets, durations and
+    words are halved (the response's timeline); each alignment is reported once, failures flagged."""
+    from higgs_serve.alignment import WordTiming
+
+    reports = []
+
+    class DonePool:
+        def __init__(self):
+            self.calls = 0
+
+        def submit(self, name, audio, rate, words):
+            self.calls += 1
+            future = Future()
+            if self.calls == 2:
+                future.set_exception(AlignmentError("too short"))
+            else:
+                future.set_result([WordTiming(w, 0.2 * i, 0.2 * i + 0.1) for i, w in enumerate(words)])
+            return future
+
+    async def scenario():
+        tap = WordTimestampTap(DonePool(), ALIGNER, 24000, speed=2.0,
+                               on_aligned=lambda s, failed: reports.append(failed))
+        for text in ("one two", "three"):
+            tap.push(np.zeros(48000, np.float32))  # 2 s of engine audio, 1 s stretched
+            tap.end_sentence(text)
+        return await tap.drain()
+
+    first, second = asyncio.run(scenario())
+    assert (first.offset_s, first.duration_s, second.offset_s) == (0.0, 1.0, 1.0)
+    assert [t for w in first.on_timeline() for t in (w.start_s, w.end_s)] == pytest.approx([0.0, 0.05, 0.1, 0.15])
+    assert second.words is None and reports == [False, True]
+    assert second.to_json() == {"index": 1, "start_ms": 1000, "end_ms": 2000, "words": None}
+
+
+def test_header_keeps_every_word_and_follows_vllm_omnis_size_rule():
+    """X-Word-Timestamps: compact ASCII JSON, a failed sentence's words with null times; past
+    4096 bytes X-Word-Timestamps-Omitted says how big it was."""
+    from higgs_serve.alignment import WordTiming
+    from higgs_serve.server.word_timestamps import MAX_HEADER_BYTES, SentenceWords, header_of
+
+    aligned = SentenceWords(0, "Café au lait", 0.0, 1.0, [
+        WordTiming("Café", 0.0, 0.3), WordTiming("au", 0.3, 0.4), WordTiming("lait", 0.4, 0.9)])
+    failed = SentenceWords(1, "<|sfx:laugh|> Two words", 1.0, 0.5, None)
+    header = header_of([aligned, failed])
+    assert header["X-Word-Timestamps"].isascii()
+    assert json.loads(header["X-Word-Timestamps"]) == [
+        {"word": "Café", "start_ms": 0, "end_ms": 300}, {"word": "au", "start_ms": 300, "end_ms": 400},
+        {"word": "lait", "start_ms": 400, "end_ms": 900},
+        {"word": "Two", "start_ms": None, "end_ms": None}, {"word": "words", "start_ms": None, "end_ms": None}]
+    many = SentenceWords(0, " ".join(["word"] * 200), 0.0, 60.0,
+                         [WordTiming("word", 0.3 * i, 0.3 * i + 0.2) for i in range(200)])
+    (name, value), = header_of([many]).items()
+    size = len(json.dumps([w.to_json() for w in many.words], separators=(",", ":")))
+    assert (name, value) == ("X-Word-Timestamps-Omitted", f"oversize; bytes={size}; limit={MAX_HEADER_BYTES}")

@@ -51,8 +51,11 @@ class PocketsphinxAligner(Aligner):
         # Beams off (0 = prune nothing): a full Viterbi pass over the one-path grammar. With the
         # default beams a single word said otherwise than the dictionary has it ("cat" for
         # "fox") prunes the only path and the whole sentence fails; unpruned costs ~1.5x the CPU.
+        # lm=None: alignment needs the acoustic model and the dictionary only (set_align_text
+        # makes the grammar); the bundled language model would cost a third of the start-up and
+        # its memory for nothing (benchmarks/results/alignment_accuracy.json: same accuracy).
         self._decoder = Decoder(samprate=DECODER_RATE_HZ, bestpath=False, loglevel="FATAL",
-                                beam=0.0, wbeam=0.0, pbeam=0.0)
+                                beam=0.0, wbeam=0.0, pbeam=0.0, lm=None)
         self._added: set[str] = set()
 
     def align(self, audio: np.ndarray, sample_rate_hz: int, words: list[str]) -> list[WordTiming]:

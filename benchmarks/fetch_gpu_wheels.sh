@@ -22,6 +22,7 @@ BINARY=(
   soxr==1.1.0
   sentencex==1.0.32  # text segmentation (long-form, WebSocket)
   websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client; the front end's relay (cluster/ws_relay.py)
+  pocketsphinx==5.1.1  # word timestamps' aligner (alignment/; its en-US model is inside the wheel)
   av==18.1.0  # bounded decoding of aac / m4a / webm references (audio/decode.py imports it); 36 MB
 )
 # pure-python wheels
@@ -36,6 +37,7 @@ PURE=(
   uvicorn==0.54.0
   python-multipart==0.0.34
   pycparser==3.12
+  num2words==0.5.14  # numbers as words for the aligner (its docopt is for its own CLI only)
 )
 
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64

@@ -132,7 +132,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         sample_rate = engine.loaded.spec.codec.sample_rate
         long_texts = [r for r in requests if len(r.text) > args.segment_max_chars]  # one recording each
         requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
-        synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s, out_dir)
+        long_form = synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s,
+                                    out_dir, progress=ProgressReporter(unit="seg"))
         monitor = SynthMonitor(out_dir, [r.request_id for r in requests], sample_rate, stream=args.stream,
                                progress=ProgressReporter(unit="req"))
         try:
@@ -143,7 +144,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
             paths = write_result(out_dir, res, sample_rate)
             note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
             print(monitor.line(res, paths, note), flush=True)
-        print(monitor.summary(), flush=True)
+        print(monitor.summary(long_form), flush=True)
     finally:
         engine.close()
     return 0
@@ -317,7 +318,7 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     if args.preset == "4b" and not args.config_only:
         raise ConfigError("--preset 4b without --config-only would write about 9 GB of random weights: "
                           "add --config-only and load it with --load-format dummy")
-    directory = preflight.check_output_dir(args.dir, "DIR")
+    directory = preflight.check_new_dir(args.dir, "DIR", args.force)
     write_tiny_model(directory, seed=args.seed, preset=args.preset, config_only=args.config_only)
     what = "config.json and tokenizer" if args.config_only else "checkpoint"
     print(f"wrote {args.preset} {what} to {args.dir}")
@@ -374,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_show_flags(show)
 
     p = _subcommand(sub, "make-tiny-model", "write a small random checkpoint in the real layout",
-                    _cmd_make_tiny_model, "make-tiny-model DIR [--seed N] [--preset {tiny,4b}] [--config-only]")
+                    _cmd_make_tiny_model, "make-tiny-model DIR [--seed N] [--preset {tiny,4b}] [--config-only] [--force]")
     add_make_tiny_model_flags(p)
     return parser
 

@@ -213,3 +213,5 @@ def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:
                    help="tiny: milliseconds a step on CPU; 4b: the real geometry (needs --config-only)")
     p.add_argument("--config-only", action="store_true",
                    help="write config.json and tokenizer only (load it with --load-format dummy)")
+    p.add_argument("--force", action="store_true",
+                   help="write into DIR even if it is not empty (its model files are overwritten)")

@@ -81,6 +81,17 @@ def check_output_dir(path: str, flag: str) -> Path:
     return directory
 
 
+def check_new_dir(path: str, flag: str, force: bool) -> Path:
+    """check_output_dir, refusing a directory that already holds files unless `force`."""
+    directory = Path(path).expanduser()
+    if directory.is_dir() and not force:
+        entries = sum(1 for _ in directory.iterdir())
+        if entries:
+            raise ConfigError(f"{flag} {path} is not empty ({entries} entries): choose a new "
+                              "directory, or add --force to write the model files into it")
+    return check_output_dir(path, flag)
+
+
 def check_output_file(path: str, flag: str) -> Path:
     """A path a file can be written to: not a directory, in an existing writable directory."""
     file = Path(path).expanduser()

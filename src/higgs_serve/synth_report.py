@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -84,11 +85,23 @@ class SynthMonitor:
         return (f"{res.request_id}: {len(res.frames)} frames, {seconds:.2f} s audio, finish={res.finish_reason}, "
                 f"{timing}done {done:.2f} s{rtf}{note} -> {written}")
 
-    def summary(self) -> str:
-        audio_s = sum(self._samples.values()) / self._sample_rate
-        wall = max(self.done_s.values(), default=0.0)
+    def summary(self, long_form: LongFormTotals | None = None) -> str:
+        """Every request of the run: this batch's and the long texts spoken before it."""
+        long_form = long_form or LongFormTotals()
+        audio_s = sum(self._samples.values()) / self._sample_rate + long_form.audio_s
+        wall = max(self.done_s.values(), default=0.0) + long_form.wall_s
         rtf = f" (RTF {wall / audio_s:.2f})" if audio_s else ""
-        return f"{len(self.done_s)} request(s): {audio_s:.2f} s of audio in {wall:.2f} s{rtf}"
+        count = len(self.done_s) + long_form.requests
+        return f"{count} request(s): {audio_s:.2f} s of audio in {wall:.2f} s{rtf}"
+
+
+@dataclass
+class LongFormTotals:
+    """The long texts of a synth run (spoken one recording each, before the batch)."""
+
+    requests: int = 0
+    audio_s: float = 0.0
+    wall_s: float = 0.0
 
 
 def stream_check(codec, out_dir: Path, res) -> str:
@@ -105,9 +118,11 @@ def stream_check(codec, out_dir: Path, res) -> str:
     return f", stream ok ({len(res.chunks)} chunks, max seam error vs one-shot {err:.2e} = {err / peak:.2e} of peak)"
 
 
-def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float, out_dir: Path) -> None:
+def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float, out_dir: Path,
+                    progress: ProgressReporter | None = None) -> LongFormTotals:
     """Texts past `segment_max_chars`: split and spoken as one recording each
-    (engine/long_form.py); writes OUT/<id>.wav and OUT/<id>.segments.json (segment timestamps)."""
+    (engine/long_form.py); writes OUT/<id>.wav and OUT/<id>.segments.json (segment timestamps).
+    Progress is reported per segment; returns the totals the run's summary adds."""
     import functools
     import json
 
@@ -119,10 +134,23 @@ def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float
 
     sample_rate = engine.loaded.spec.codec.sample_rate
     generate = functools.partial(stream_from_core, engine.core)
+    totals = LongFormTotals()
     for request in requests:
         t0 = time.perf_counter()
         segments = group_segments(request.text, segment_max_chars)
-        result = synthesize_long_form(generate, request, segments, int(max_audio_s * sample_rate))
+        label = f"{request.request_id} (long-form)"
+
+        def on_segment(done, total=len(segments), label=label, t0=t0) -> None:
+            if progress is not None:
+                audio_s = done.end_sample / sample_rate
+                progress(done.index + 1, total, label,
+                         f"{audio_s:.1f} s audio, RTF {(time.perf_counter() - t0) / audio_s:.2f}"
+                         if audio_s else "")
+
+        result = synthesize_long_form(generate, request, segments, int(max_audio_s * sample_rate),
+                                      on_segment=on_segment)
+        if progress is not None:
+            progress.close()  # a recording cut by the audio cap ends before its last segment
         wav, timings_path = out_dir / f"{request.request_id}.wav", out_dir / f"{request.request_id}.segments.json"
         sf.write(wav, result.audio, sample_rate, subtype="PCM_16")
         timings = [done.timing(sample_rate) for done in result.segments]
@@ -130,3 +158,7 @@ def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float
         print(f"{request.request_id}: long-form, {len(timings)} segments, {result.num_frames} frames, "
               f"{len(result.audio) / sample_rate:.2f} s audio, finish={result.finish_reason}, "
               f"{time.perf_counter() - t0:.2f} s -> {wav}, {timings_path}", flush=True)
+        totals.requests += 1
+        totals.audio_s += len(result.audio) / sample_rate
+        totals.wall_s += time.perf_counter() - t0
+    return totals

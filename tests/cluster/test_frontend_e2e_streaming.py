@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 from support.cluster_e2e import FIXED, FRAMES, PCM_BYTES, SEGMENT_MAX_CHARS, tone_clip
 
 from higgs_serve.cluster.routing import routing_key
+from higgs_serve.server.json_limits import MAX_DEPTH, MAX_MEMBERS
 
 SAMPLES = FRAMES * 960
 # three sentences, together longer than SEGMENT_MAX_CHARS (not than the default 300)
@@ -27,9 +28,13 @@ ARTICLE = ("The river rose slowly through the night, and by morning the lower ro
            "By evening the water had started to fall again, leaving mud across every field.")
 
 
-def _session(url: str, pieces: list[str], seed: int) -> list:
-    """Every message of one session (text as dicts, audio as bytes), and the close code last."""
-    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
+def _session(url: str, pieces: list[str], seed: int, first: str | None = None) -> list:
+    """Every message of one session (text as dicts, audio as bytes), and the close code last;
+    `first`: a frame sent before the config (its answer is the first message)."""
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream",
+                 max_size=None) as ws:
+        if first is not None:
+            ws.send(first)
         ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "seed": seed,
                             **FIXED}))
         for piece in pieces:
@@ -70,6 +75,30 @@ def test_a_websocket_session_through_the_front_end(cluster):
     assert first.status_code == 200 and first.content == audio[0]
     health = http.get("/health").json()
     assert all(r["in_flight"] == 0 for r in health["replicas"])
+
+
+@pytest.mark.parametrize("first, code, words", [
+    ("[" * 99_999, "invalid_json", f"nested more than {MAX_DEPTH} levels deep"),
+    ('{"type": "session.config", ' + ",".join(f'"k{i}": 0' for i in range(MAX_MEMBERS + 1)) + "}",
+     "message_too_large", f"more than {MAX_MEMBERS} object members"),
+], ids=["deep", "wide"])
+def test_a_first_frame_too_costly_to_parse_is_answered_as_the_single_server_answers(
+        cluster, first, code, words):
+    """Issue 40: the front end parsed a session's first frame with plain json.loads, on the loop
+    that relays every session and request. Its shape is now measured first
+    (server/json_limits.py); the frame is passed on, and the replica answers it as the single
+    server does: the error event, the session still open for a valid config."""
+    url, _, log = cluster
+    messages = _session(url, ["Hello there."], seed=3, first=first)
+    assert messages.pop() == 1000
+    error = messages[0]
+    message = f"message is {words}; no message is that complex"
+    assert error == {"type": "error", "message": message, "code": code,
+                     "error": {"message": message, "type": "invalid_request_error",
+                               "param": None, "code": code}}
+    assert not any(isinstance(m, dict) and m["type"] == "error" for m in messages[1:])
+    assert messages[-1]["type"] == "session.done" and messages[-1]["total_sentences"] == 1
+    assert "Traceback" not in log.read_text()
 
 
 def test_a_long_form_request_is_one_recording_with_its_segments(cluster):

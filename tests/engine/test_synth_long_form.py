@@ -5,6 +5,7 @@ reaching the server settings."""
 from __future__ import annotations
 
 import json
+import socket
 
 import numpy as np
 import pytest
@@ -42,13 +43,42 @@ def test_stream_check_refuses_long_texts(tiny_model_dir, tmp_path, capsys):
     assert "--segment-max-chars" in capsys.readouterr().err
 
 
-def test_serve_flags_reach_the_settings(tiny_model_dir, monkeypatch):
+@pytest.fixture
+def port_8000_taken():
+    """The README's own example serves on 8000: this test must pass while something does
+    (issue 40 item 11: it bound 8000 itself and failed when the port was in use)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", 8000))
+            sock.listen()
+        except OSError:
+            pass  # already taken by someone else: the same situation
+        yield
+
+
+def test_serve_flags_reach_the_settings(tiny_model_dir, monkeypatch, port_8000_taken):
     seen = {}
     monkeypatch.setattr("higgs_serve.server.app.run_server",
                         lambda model, settings, *a, **k: seen.setdefault("settings", settings))
-    assert cli.main(["serve", str(tiny_model_dir), "--device", "cpu", "--segment-max-chars", "50",
+    assert cli.main(["serve", str(tiny_model_dir), "--device", "cpu", "--port", "0",
+                     "--segment-max-chars", "50",
                      "--max-audio-s", "12.5", "--ws-idle-timeout-s", "3",
                      "--max-input-chars", "999"]) == 0
     settings = seen["settings"]
     assert (settings.segment_max_chars, settings.max_audio_s, settings.ws_idle_timeout_s,
             settings.max_input_chars) == (50, 12.5, 3.0, 999)
+
+
+def test_the_summary_counts_long_texts_and_their_progress_is_shown(tiny_model_dir, tmp_path, capsys,
+                                                                   caplog):
+    """Issue 40 item 11: one long --text printed `0 request(s)`; and a long text reported no
+    progress until it was done."""
+    args = ["--log-level", "INFO", "synth", str(tiny_model_dir), "--output-dir", str(tmp_path),
+            "--device", "cpu", "--seed", "1", "--max-new-tokens", str(FRAMES),
+            "--segment-max-chars", "40", "--text", TEXT]
+    caplog.set_level("INFO", logger="higgs_serve.progress")
+    assert cli.main(args) == 0
+    audio_s = 3 * FRAMES * 960 / 24000
+    assert f"1 request(s): {audio_s:.2f} s of audio" in capsys.readouterr().out
+    progress = [r.getMessage() for r in caplog.records if r.name == "higgs_serve.progress"]
+    assert any(line.startswith("0000 (long-form): 3/3 (100%)") for line in progress), progress

@@ -35,7 +35,7 @@ class RecordingEngine:
 
 
 def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_seqs: int = 2,
-                             max_tokens: int = 200) -> ThreadedServer:
+                             max_tokens: int = 200, sockets=None) -> ThreadedServer:
     capture = list(range(1, min(max_num_seqs, 2) + 1))
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": max_tokens},
                                   "compilation_config": {"cudagraph_capture_sizes": capture}}})
@@ -48,4 +48,4 @@ def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_
     state = app.state.server
     return run_in_thread(app, engine, plain_uvicorn(app), state.engine_ready, timeout_s=120,
                          why_not=lambda: f": {state.engine_start_error}", name="test-uvicorn-engine",
-                         poll_s=0.05, join_timeout_s=30)
+                         poll_s=0.05, join_timeout_s=30, sockets=sockets)

@@ -50,10 +50,12 @@ def plain_uvicorn(app: FastAPI) -> uvicorn.Server:
 def run_in_thread(app: FastAPI, engine: Any, server: uvicorn.Server, ready: Callable[[], bool],
                   timeout_s: float, why_not: Callable[[], str] = lambda: "",
                   name: str = "test-uvicorn", poll_s: float = 0.01,
-                  join_timeout_s: float = 10.0) -> ThreadedServer:
+                  join_timeout_s: float = 10.0,
+                  sockets: list[socket.socket] | None = None) -> ThreadedServer:
     """Run `server` in a daemon thread; return once it listens and `ready()` holds, or raise
-    (with `why_not()`) if the thread dies or `timeout_s` passes first."""
-    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    (with `why_not()`) if the thread dies or `timeout_s` passes first. sockets: listening
+    sockets to serve on (e.g. with small buffers), instead of uvicorn binding its own."""
+    thread = threading.Thread(target=lambda: server.run(sockets=sockets), name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not (server.started and ready()):
@@ -88,6 +90,17 @@ class Subprocess:
     url: str
     process: subprocess.Popen
     log_path: str
+
+
+def small_buffer_listener(send_buffer_bytes: int = 32 * 1024) -> socket.socket:
+    """A listening socket on a free loopback port whose accepted connections send through a
+    small, fixed kernel buffer (Linux hands the listener's SO_SNDBUF to them): a client that
+    stops reading blocks the server's writes within a second, not after megabytes."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
 
 
 def free_port() -> int:

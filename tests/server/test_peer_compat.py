@@ -263,7 +263,9 @@ def test_sample_rate_resamples_files_and_streams(http, rate):
 
 
 def test_sample_rate_errors(http):
-    for body in ({"sample_rate": 12345}, {"sample_rate": 44100, "response_format": "opus"}):
+    # 0 is not "the default" (issue 40 item 9: it was served at 24 kHz)
+    for body in ({"sample_rate": 12345}, {"sample_rate": 44100, "response_format": "opus"},
+                 {"sample_rate": 0}, {"sample_rate": -8000}):
         response = http.post("/v1/audio/speech", json={"input": TEXT, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == "sample_rate"
 

@@ -142,3 +142,23 @@ def test_streaming_items_are_per_item_errors(http):
         "items": [{"input": "x", "stream": True}, {"input": "y", **FIXED}]}).json()
     assert [r["status"] for r in body["results"]] == ["error", "success"]
     assert body["results"][0]["param"] == "stream"
+
+
+def test_a_long_batch_item_is_what_speech_gives_the_same_input(http):
+    """Issue 40 item 8: a 900-character input with seed 3 was several segments through /speech but one
+    capped request as a batch item. An item is now planned and spoken exactly as /speech with
+    stream false speaks it: long-form, the same segments, seeds and audio."""
+    text = " ".join(f"This is sentence number {i} of a longer text." for i in range(20))
+    assert 880 <= len(text) <= 960
+    single = speak(http, input=text, seed=3, response_format="wav", stream=False, **FIXED)
+    segments = int(single.headers["x-segment-count"])
+    assert single.status_code == 200 and segments >= 3
+    batch = http.post("/v1/audio/speech/batch", json={
+        "items": [{"input": text, "seed": 3}, {"input": "Short one.", "seed": 3}],
+        "response_format": "wav", **FIXED}).json()
+    long_item, short_item = batch["results"]
+    assert long_item["status"] == "success", long_item
+    assert base64.b64decode(long_item["audio_data"]) == single.content
+    assert long_item["usage"]["output_tokens"] == int(single.headers["x-usage-output-tokens"])
+    assert long_item["usage"]["output_tokens"] == segments * FRAMES
+    assert short_item["usage"]["output_tokens"] == FRAMES

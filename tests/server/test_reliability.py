@@ -217,3 +217,62 @@ def test_the_limits_section_matches_the_code():
     for phrase in expected:
         assert phrase in limits, phrase
     assert settings.DEFAULT_SEND_TIMEOUT_S == defaults.send_timeout_s
+
+
+def batch_memory_figures() -> list[str]:
+    """The batch row's measured figures, as benchmarks/results/batch_memory_cpu.json has them."""
+    import json
+    from pathlib import Path
+
+    result = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                         / "batch_memory_cpu.json").read_text())
+    cases = {case["case"]: case for case in result["cases"]}
+    admitted = cases["admitted"]
+    return [f"RSS grew by at most {max(c['rss_growth_mb'] for c in cases.values()):.0f} MB",
+            f"{admitted['spooled_peak_mb']:.0f} MB spooled", f"{admitted['answer_mb']:.0f} MB answer",
+            "batch_memory_cpu.json"]
+
+
+def test_the_limits_section_covers_the_websocket_batch_and_long_form_limits():
+    """Issue 40: the surfaces added since issue 28 have their limits in the same table, and
+    its numbers are the code's."""
+    from pathlib import Path
+
+    from higgs_serve.server import json_limits, long_form, ws_session
+    from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES
+    from higgs_serve.server.batch_answer import BASE64_BLOCK_BYTES
+    from higgs_serve.server.schemas import MAX_BATCH_ITEMS
+    from higgs_serve.server.settings import ServerSettings
+    from higgs_serve.voices.codes_file import MAX_REFERENCE_FRAMES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    limits = text[text.index("## Limits"):text.index("## Batch")]
+    defaults = ServerSettings()
+    rows = {line.split("|")[1].strip(): line for line in limits.splitlines()
+            if line.startswith("| ") and not line.startswith("| what")}
+    expected = {
+        "JSON shape (bodies and WebSocket messages)": [
+            f"nested at most {json_limits.MAX_DEPTH} deep", f"{json_limits.MAX_CONTAINERS:,} arrays",
+            f"{json_limits.MAX_MEMBERS:,} object members", f"{json_limits.MAX_VALUES:,} values"],
+        "`reference_codes`": [f"at most {MAX_REFERENCE_FRAMES} rows"],
+        "long-form audio": [f"({defaults.max_audio_s:g} s)",
+                            f"at most every {long_form.PROGRESS_LOG_S:g} s"],
+        "long-form timestamps header": [f"up to {long_form.MAX_SEGMENTS_HEADER_BYTES} bytes"],
+        "batch": [f"1–{MAX_BATCH_ITEMS} items", "`max_num_seqs` items",
+                  f"`--max-input-chars` ({defaults.max_input_chars})",
+                  f"`--max-audio-s` ({defaults.max_audio_s:g} s)", "413 `batch_too_large`",
+                  f"about {SPOOL_MEMORY_BYTES >> 20} MiB per item",
+                  f"{BASE64_BLOCK_BYTES >> 10} KiB of audio at a time",
+                  *batch_memory_figures()],
+        "WebSocket message": [f"{defaults.max_ws_message_bytes:,} bytes"],
+        "WebSocket text waiting": [f"({defaults.max_input_chars})",
+                                   f"{ws_session.MAX_PENDING_UTTERANCES} utterance ends"],
+        "WebSocket session end": [f"({defaults.ws_idle_timeout_s:g} s)", "close 1000",
+                                  f"close {ws_session.CLOSE_POLICY}",
+                                  f"at most {ws_session.FINAL_SEND_S:g} s"],
+    }
+    for row, phrases in expected.items():
+        assert row in rows, row
+        for phrase in phrases:
+            assert phrase in rows[row], (row, phrase)
+    assert defaults.max_ws_message_bytes == defaults.max_json_body_bytes

@@ -20,7 +20,7 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.server import long_form
 from higgs_serve.server.app import build_app
 from higgs_serve.server.routers import speech_batch
-from higgs_serve.server.schemas import SpeechRequestBody
+from higgs_serve.server.schemas import SpeechBatchRequest, SpeechRequestBody
 from higgs_serve.server.speech_run import admit_plan
 
 SENTENCES = "One sentence here. Another one there. A third one follows."
@@ -85,10 +85,11 @@ def test_batch_item_aborted_mid_way_is_an_error_not_a_success(tmp_path):
     # the first fake step: abort everything in flight; its chunk still arrives (audio started)
     engine.hooks = EngineHooks(on_step=lambda *_: state.abort_in_flight())
 
-    result, signed = asyncio.run(speech_batch._run_item(
-        0, {"input": "a sentence long enough for several chunks"}, {}, state,
-        time.perf_counter(), asyncio.Semaphore(1)))
-    assert result.status == "error" and not signed, result
+    body = SpeechBatchRequest(items=[{"input": "a sentence long enough for several chunks"}])
+    batch = speech_batch._Batch(state, body, time.perf_counter())
+    item = asyncio.run(batch._run_item(0, body.items[0]))
+    result = item.result
+    assert result.status == "error" and item.file is None, result
     assert (result.status_code, result.code) == (503, "shutting_down")
     assert state.gate.in_flight == 0 and not state.generations
     assert state.metrics.requests.labels("abort")._value.get() == 1

@@ -189,6 +189,8 @@ def test_sglang_session_configured_names_the_session_rate(live):
 
 
 def test_malformed_messages_get_errors_and_the_session_goes_on(live):
+    cap = live.app.state.server.settings.max_ws_message_bytes
+
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:
             bad = [
@@ -200,7 +202,9 @@ def test_malformed_messages_get_errors_and_the_session_goes_on(live):
                 json.dumps({"type": "session.config", "input": "no"}),
                 json.dumps({"type": "session.config", "stream_audio": "yes"}),
                 json.dumps({"type": "session.config", "voice": "alloy"}),
-                json.dumps({"type": "input.text", "text": "x" * 2001}),
+                json.dumps({"type": "input.text", "text": "x" * cap}),  # over the message cap
+                "[" * 99_999,  # issue 40 item 4: a traceback and an abrupt 1006 close before
+                json.dumps({"type": "session.config", "sample_rate": 0}),  # item 9
             ]
             for message in bad:
                 await ws.send(message)
@@ -214,11 +218,13 @@ def test_malformed_messages_get_errors_and_the_session_goes_on(live):
         errors = [e for e in events if e["type"] == "error"]
         codes = [e["code"] for e in errors]
         assert codes == ["invalid_json", "invalid_message", "unknown_type", "not_configured",
-                         *["invalid_request_error"] * 4, "message_too_large",
-                         "invalid_message", "already_configured", "invalid_message"], codes
+                         *["invalid_request_error"] * 4, "message_too_large", "invalid_json",
+                         "invalid_request_error", "invalid_message", "already_configured",
+                         "invalid_message"], codes
         params = [e["error"]["param"] for e in errors]
         # a bad session.config names its field, with the REST message
         assert params[4:8] == ["temperature", "input", "stream_audio", "voice"]
+        assert params[10] == "sample_rate"
         assert "alloy" in errors[7]["message"] and params[-1] == "text"
         assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == 1
         assert len(audio) == FRAMES * 1920
@@ -314,18 +320,21 @@ def test_text_waiting_to_be_spoken_is_bounded(live):
 
 
 def test_idle_session_is_closed(live):
+    """No message and nothing to speak for ws_idle_timeout_s: an idle_timeout error, then close
+    1000, and nothing after it (the session ends one way: it no longer speaks the unfinished
+    text and then sends session.done as well)."""
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:
             await ws.send(json.dumps(CONFIG))
             await ws.send(json.dumps({"type": "input.text", "text": "Unfinished"}))
             started = time.perf_counter()
             events, _, _ = await _receive_all(ws)
-            return events, time.perf_counter() - started
+            return events, time.perf_counter() - started, ws.close_code
 
-    events, waited = asyncio.run(run())
-    kinds = [e["type"] for e in events]
-    assert "idle_timeout" in [e.get("code") for e in events]
-    assert kinds[-1] == "session.done" and kinds.count("audio.done") == 1  # buffer spoken
+    events, waited, close_code = asyncio.run(run())
+    assert [e["type"] for e in events] == ["error"] and events[0]["code"] == "idle_timeout"
+    assert "10 characters of unfinished text were not spoken" in events[0]["message"]
+    assert close_code == 1000
     assert IDLE_S <= waited < IDLE_S + 10
 
 

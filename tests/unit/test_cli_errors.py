@@ -200,6 +200,21 @@ def test_make_tiny_model_4b_needs_config_only(capsys, tmp_path):
     assert not (tmp_path / "big").exists()  # refused before writing anything
 
 
+def test_make_tiny_model_keeps_a_non_empty_directory_unless_forced(capsys, tmp_path):
+    """Issue 40 item 11: make-tiny-model wrote over an existing directory without a word."""
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    err = _error(capsys, "make-tiny-model", str(target))
+    assert f"DIR {target} is not empty" in err and "--force" in err
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]  # nothing written
+    assert cli.main(["--log-level", "WARNING", "make-tiny-model", str(target), "--config-only",
+                     "--force"]) == 0
+    assert (target / "config.json").exists() and (target / "notes.txt").read_text() == "keep me"
+    assert cli.main(["--log-level", "WARNING", "make-tiny-model", str(tmp_path / "empty"),
+                     "--config-only"]) == 0  # a new (or empty) directory needs no flag
+
+
 def test_out_of_memory_is_one_line_with_what_to_lower(capsys, tmp_path):
     """A real allocation failure: a config whose text embedding needs more bytes than a 64-bit
     process can address (so no overcommit setting lets it through), built with --load-format dummy."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -60,3 +61,31 @@ def test_size_limit_and_missing_flag_and_remote_file_urls(media):
     with pytest.raises(InvalidRequestError, match="this host"):
         read_local_reference(f"file://other{media}/a.wav", media, 100, "ref_audio")
     assert os.path.exists(media / "a.wav")
+
+
+def test_a_fifo_is_refused_at_once_without_blocking(media):
+    """Issue 40 item 1: opening a FIFO for reading blocks until a writer comes, so eight requests
+    naming one pinned eight threads forever; the open is non-blocking and the type checked first."""
+    os.mkfifo(media / "pipe.wav")
+    result: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_local_reference(str(media / "pipe.wav"), media, 100, "ref_audio")
+        except BaseException as error:  # noqa: BLE001: handed to the test thread
+            result.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=2)
+    if reader.is_alive():  # unblock the stuck open() so the thread can end, then fail
+        os.close(os.open(media / "pipe.wav", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a FIFO blocked")
+    assert isinstance(result[0], InvalidRequestError) and "not a regular file" in str(result[0])
+    assert result[0].param == "ref_audio"
+
+
+def test_device_files_are_refused(media):
+    (media / "zero.wav").symlink_to("/dev/zero")  # resolved outside: refused by the directory rule
+    with pytest.raises(InvalidRequestError, match="outside"):
+        read_local_reference(str(media / "zero.wav"), media, 100, "ref_audio")

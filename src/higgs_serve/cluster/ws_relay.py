@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from higgs_serve.audio.provenance import CLAIM_HEADER
 from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.routing import routing_key
+from higgs_serve.server.json_limits import JsonShapeError, check_json_shape
 
 logger = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/stream"
@@ -39,10 +40,17 @@ _UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that describe a close, neve
 
 def session_key(first_frame: str | bytes) -> str | None:
     """The affinity key of a session from its first frame: a `voice` (or reference) at the top
-    level or one level down (e.g. {"type": "session.config", "session": {"voice": ...}})."""
+    level or one level down (e.g. {"type": "session.config", "session": {"voice": ...}}).
+
+    The frame's shape is measured before it is parsed, as the single server measures every
+    message (server/json_limits.py): a frame too costly to parse would hold the front end's event
+    loop for every session and request it relays. Such a frame, or one that is not JSON, has no
+    key; it is passed on, and the replica answers it as the single server does (`invalid_json` or
+    `message_too_large`, the session still open for a valid config)."""
     try:
+        check_json_shape(first_frame)
         message = json.loads(first_frame)
-    except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the parser
+    except (JsonShapeError, ValueError, TypeError, RecursionError):  # not JSON, or too costly
         return None
     if not isinstance(message, dict):
         return None

@@ -216,9 +216,11 @@ class LongFormAudio:
 
 
 def synthesize_long_form(generate: Callable, base: SpeechRequest, segments: Sequence[Segment],
-                         max_audio_samples: int) -> LongFormAudio:
+                         max_audio_samples: int,
+                         on_segment: Callable[[SegmentDone], None] | None = None) -> LongFormAudio:
     """Blocking: speak every segment (offline use, `higgs-serve synth`). generate: an
-    AsyncEngine-style `generate(request)` (e.g. async_engine.stream_from_core bound to a core)."""
+    AsyncEngine-style `generate(request)` (e.g. async_engine.stream_from_core bound to a core);
+    on_segment: called as each segment finishes (progress)."""
     async def run() -> LongFormAudio:
         session = LongFormSession(generate, base, max_audio_samples)
         pieces = []
@@ -226,6 +228,8 @@ def synthesize_long_form(generate: Callable, base: SpeechRequest, segments: Sequ
             async for event in session.speak(segment):
                 if isinstance(event, SegmentAudio):
                     pieces.append(event.audio)
+                elif isinstance(event, SegmentDone) and on_segment is not None:
+                    on_segment(event)
             if session.length_capped:
                 break
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)

@@ -163,8 +163,10 @@ SHUTDOWN_ABORT_WINDOW_S = 2  # after the grace period: for aborted requests to a
 def draining_server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
     """uvicorn for `app`, whose shutdown aborts what is left after the grace period."""
     grace_s = server_state_of(app).settings.graceful_shutdown_s
+    settings = server_state_of(app).settings
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
-                            timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S)
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S,
+                            ws_max_size=settings.max_ws_message_bytes)
     return DrainingServer(config, server_state_of(app), grace_s)
 
 

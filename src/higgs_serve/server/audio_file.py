@@ -108,9 +108,10 @@ class AudioFile:
         self._file.seek(0)
         return bytes(data)
 
-    async def blocks(self) -> AsyncIterator[bytes]:
+    async def blocks(self, block_bytes: int = _READ_BLOCK_BYTES) -> AsyncIterator[bytes]:
+        """The finished file, block_bytes at a time (the last block shorter); discarded after."""
         try:
-            while block := self._file.read(_READ_BLOCK_BYTES):
+            while block := self._file.read(block_bytes):
                 yield block
         finally:
             self.discard()

@@ -5,7 +5,9 @@ reference clips on the server's disk. This server reads such a file only when it
 `--allowed-local-media-path DIR`, and only if the file's real path (every symlink resolved, `..`
 collapsed) lies inside DIR's real path: a request can never make the server read anything else.
 The file is opened without following a final symlink (so it cannot be swapped for one between the
-check and the read), must be a regular file, and is size-capped like an upload.
+check and the read) and without blocking (opening a FIFO for reading would otherwise wait for a
+writer forever, holding the request and a thread), must be a regular file (checked on the open
+descriptor, before any read), and is size-capped like an upload.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def read_local_reference(value: str, allowed_dir: Path | None, max_bytes: int,
             f"with {FLAG} DIR; send the audio as base64 or a data: URI instead", param=param)
     path = _resolve_inside(_path_of(value, param), allowed_dir, param)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO or device opens at once (and is refused below); reads of a
+        # regular file are not affected by it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError as error:
         raise InvalidRequestError(f"{param}: no such file under {FLAG}", param=param) from error
     except OSError as error:
@@ -61,7 +65,8 @@ def read_local_reference(value: str, allowed_dir: Path | None, max_bytes: int,
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise InvalidRequestError(f"{param}: not a regular file", param=param)
+        raise InvalidRequestError(f"{param}: not a regular file (a FIFO, device, socket or "
+                                  "directory is never read)", param=param)
     with os.fdopen(fd, "rb") as handle:
         if info.st_size > max_bytes:
             raise InvalidRequestError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -38,6 +39,11 @@ from higgs_serve.server.state import ServerState
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
+# A long-form request logs its start, then a line per finished segment at most this often (and
+# its last), so a log shows a request of hours is alive without a line per segment.
+PROGRESS_LOG_S = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 async def plan_segments(text: str, settings: ServerSettings) -> list[Segment]:
@@ -68,11 +74,14 @@ class LongFormRun:
         self._first: SegmentAudio | SegmentDone | None = None
         self._closed = False
         self.started_s = time.perf_counter()  # the chain's engine time runs from here
+        self._logged_s = self.started_s  # the last progress line
         self._aborted = False
         state.generations.add(self)  # the shutdown's grace period aborts it (abort_in_flight)
         self.completed = False  # the chain ran to its end (every segment, or the audio cap)
 
     async def _run(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
+        logger.info("long-form %s: %d segments, %d characters", self.plan.request.request_id,
+                    len(self.segments), self.segments[-1].end - self.segments[0].start)
         for segment in self.segments:
             if self._aborted:
                 return
@@ -81,6 +90,8 @@ class LongFormRun:
                 async for event in speech:
                     if isinstance(event, (SegmentAudio, SegmentDone)):
                         yield event
+                    if isinstance(event, SegmentDone):
+                        self._log_progress(event)
             finally:
                 await speech.aclose()  # at once, not when collected: aborts the engine request
             if self.session.finish_reason == "abort":
@@ -88,6 +99,16 @@ class LongFormRun:
             if self.session.length_capped:
                 break
         self.completed = True
+
+    def _log_progress(self, done: SegmentDone) -> None:
+        now = time.perf_counter()
+        last = done.index + 1 == len(self.segments)
+        if not last and now - self._logged_s < PROGRESS_LOG_S:
+            return
+        self._logged_s = now
+        logger.info("long-form %s: segment %d/%d done, %.1f s of audio in %.1f s",
+                    self.plan.request.request_id, done.index + 1, len(self.segments),
+                    done.end_sample / self._state.engine.sample_rate_hz, now - self.started_s)
 
     async def start(self) -> None:
         """Wait for the first audio (errors surface before any response starts). Cancelled

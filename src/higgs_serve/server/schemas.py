@@ -49,6 +49,17 @@ class PeerModel(BaseModel):
                 or (key not in fields and key not in UNSUPPORTED_FIELDS)}
 
 
+def unicode_text(value: str) -> str:
+    """`value` if it is valid Unicode: JSON's escapes can spell a lone surrogate (\\ud800),
+    which Python keeps but the tokenizer and the sentence splitter cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"holds a lone surrogate ({value[error.start]!r} at character "
+                         f"{error.start}): not valid Unicode text") from None
+    return value
+
+
 class ReferenceClip(PeerModel):
     """One entry of `references` (Boson's cloning shape): one audio field + its transcript."""
 
@@ -70,6 +81,11 @@ class ReferenceClip(PeerModel):
         if self.media_type is not None and not self.media_type.startswith("audio/"):
             raise ValueError(f"media_type must be an audio/* type, got {self.media_type!r}")
         return self
+
+    @field_validator("text")
+    @classmethod
+    def _text_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
 
     def source(self) -> tuple[str, str]:
         """(the audio value, the name of the field it came in)."""
@@ -152,15 +168,25 @@ class SpeechFields(PeerModel):
                              "clones from a single clip")
         return value
 
-    @field_validator("reference_codes")
+    @field_validator("reference_codes", mode="before")
     @classmethod
-    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
-        if len(value) > MAX_REFERENCE_FRAMES:  # before building an array of it
+    def _codes_size(cls, value: Any) -> Any:
+        """The shape from the raw lists, before any code is validated: validating every element
+        of an oversize list first cost time that grew with the list (issue 40 item 2)."""
+        if not isinstance(value, list):
+            return value  # the type error is pydantic's
+        if len(value) > MAX_REFERENCE_FRAMES:
             raise ValueError(f"must hold 1-{MAX_REFERENCE_FRAMES} frames (30 s), got {len(value)}")
-        bad_rows = [i for i, row in enumerate(value) if len(row) != NUM_CODEBOOKS]
+        bad_rows = [i for i, row in enumerate(value)
+                    if isinstance(row, list) and len(row) != NUM_CODEBOOKS]
         if bad_rows:
             raise ValueError(f"must have shape [T, {NUM_CODEBOOKS}]: frame {bad_rows[0]} has "
                              f"{len(value[bad_rows[0]])} codes")
+        return value
+
+    @field_validator("reference_codes")
+    @classmethod
+    def _codes_shape(cls, value: list[list[int]]) -> list[list[int]]:
         try:  # the same rule as `synth --ref-codes` files
             codes = np.asarray(value, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
         except OverflowError as error:
@@ -170,6 +196,11 @@ class SpeechFields(PeerModel):
         except InvalidRequestError as error:
             raise ValueError(str(error).removeprefix("reference_codes ")) from error
         return value
+
+    @field_validator("ref_text", "reference_text")
+    @classmethod
+    def _transcript_is_unicode(cls, value: str) -> str:
+        return unicode_text(value)
 
     @field_validator("language")
     @classmethod
@@ -199,7 +230,7 @@ class SpeechRequestBody(SpeechFields):
     def _input_has_text(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("input must contain non-whitespace text")
-        return value
+        return unicode_text(value)
 
 
 MAX_BATCH_ITEMS = 32

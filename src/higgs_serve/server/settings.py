@@ -74,6 +74,13 @@ class ServerSettings:
         """The largest JSON body accepted (413 past it)."""
         return 4 * -(-self.max_ref_audio_bytes // 3) + JSON_BODY_OVERHEAD_BYTES
 
+    @property
+    def max_ws_message_bytes(self) -> int:
+        """The largest WebSocket message: a session.config carries what a JSON body does (a
+        base64 reference of max_ref_audio_bytes), so the same bound. uvicorn closes a connection
+        whose message is larger (1009); a text message longer in characters is refused."""
+        return self.max_json_body_bytes
+
     def __post_init__(self) -> None:
         positive = {"port": self.port, "max_input_chars": self.max_input_chars,
                     "max_ref_audio_bytes": self.max_ref_audio_bytes,

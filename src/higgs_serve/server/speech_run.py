@@ -119,19 +119,6 @@ async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,
     return await collect_file(audio, audio_out(plan, state, seekable=True), signing)
 
 
-async def render_file(audio: np.ndarray, plan: SpeechPlan, state: ServerState) -> tuple[bytes, bool]:
-    """A finished 24 kHz signal -> the file's bytes (batch items): the whole-file path fed once;
-    and whether they carry a C2PA manifest."""
-    async def whole() -> AsyncIterator[np.ndarray]:
-        yield audio
-
-    file = await file_of(whole(), plan, state)
-    try:
-        return file.read_all(), file.signed
-    finally:
-        file.discard()
-
-
 def claim_headers(state: ServerState) -> dict[str, str]:
     """A stream's (or any audio without a manifest's) claim header on a signing server
     (audio/provenance.py)."""
@@ -177,10 +164,14 @@ async def unless_disconnected(awaitable: Awaitable[T], request: Request) -> T | 
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-        if not work.done():
+        left = not work.done()
+        if left:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
+    # a cancelled gather() ends with a CancelledError exception, not in the cancelled state
+    # (issue 40 item 10); work that finished anyway (a cancellation swallowed by wait_for on
+    # Python 3.11) gives its result, so whatever it holds is closed by its caller
+    if left and (work.cancelled() or isinstance(work.exception(), asyncio.CancelledError)):
         return CLIENT_GONE
     return work.result()
 

@@ -9,8 +9,11 @@ The WebSocket-only fields are checked here:
                      false: one binary message per sentence, when it is complete
     audio_transport  "binary" (default): audio in binary WebSocket messages;
                      "base64": audio.chunk JSON events carrying base64 audio
-    protocol         "vllm-omni" (default): input.done flushes, the session stays open;
-                     "sglang-omni": a session.configured reply, and input.done ends the session
+    protocol         "vllm-omni" (default): input.done ends an utterance (session.done), the
+                     session stays open; "sglang-omni": a session.configured reply, and
+                     input.done ends the session. A config nested under `session` (sglang-omni's
+                     client) defaults to "sglang-omni".
+    split_granularity  "sentence" only (the peers' name for what this server does)
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class SessionOptions(BaseModel):
     stream_audio: bool = True
     audio_transport: Literal["binary", "base64"] = "binary"
     protocol: Literal["vllm-omni", "sglang-omni"] = "vllm-omni"
+    # what the peers' clients send; sentences are what this server speaks, so only that value
+    split_granularity: Literal["sentence"] = "sentence"
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class SessionConfig:
 
 async def parse_session_config(message: dict, state: ServerState) -> SessionConfig:
     """Raises InvalidRequestError / ApiError naming the field, exactly as REST would."""
-    fields = {k: v for k, v in message.items() if k != "type"}
+    fields = _session_fields(message)
     for name in NOT_IN_SESSIONS:
         if name in fields:
             raise InvalidRequestError(
@@ -69,3 +74,20 @@ def _validated(model: type[BaseModel], fields: dict):
     except ValidationError as error:
         message, param = describe_validation_errors(list(error.errors()))
         raise InvalidRequestError(message, param=param) from None
+
+
+def _session_fields(message: dict) -> dict:
+    """The config's fields: top level (vllm-omni), or nested under `session` as sglang-omni's
+    client sends them, which then means protocol sglang-omni unless the config says otherwise."""
+    fields = {k: v for k, v in message.items() if k != "type"}
+    if "session" not in fields:
+        return fields
+    nested = fields.pop("session")
+    if not isinstance(nested, dict):
+        raise InvalidRequestError("session must be an object holding the session's fields",
+                                  param="session")
+    if fields:
+        raise InvalidRequestError(
+            f"give the session's fields either at the top level or under session, not both "
+            f"({', '.join(sorted(fields))} beside session)", param=sorted(fields)[0])
+    return {"protocol": "sglang-omni", **nested}

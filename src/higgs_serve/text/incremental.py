@@ -9,7 +9,10 @@ so a boundary with an odd number of `"` before it is not trusted yet. Released s
 ones `segment_text` gives for the whole text (tested on real text, fed a character at a time and
 in larger pieces), and offsets count from the start of the session's text. Text past
 `max_buffer_chars` is released whatever it ends with, so a producer that never ends a sentence
-(or never closes a quote) cannot grow the buffer without bound.
+(or never closes a quote) cannot grow the buffer without bound. A piece of whitespace alone
+cannot make a sentence releasable, so it is appended without segmenting the buffer again, and
+whitespace with no text before it is dropped (each such piece cost a segmentation of the whole
+buffer before).
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ class IncrementalSegmenter:
 
     def feed(self, text: str) -> list[Segment]:
         """Add text; returns the sentences now known to be complete."""
-        self._buffer += text
+        if not text.isspace() and text:
+            self._buffer += text
+        elif not self._buffer or self._buffer.isspace():
+            # whitespace before any text is never part of a segment: dropped, offsets kept
+            self._offset += len(self._buffer) + len(text)
+            self._buffer = ""
+            return []
+        else:
+            # whitespace adds no visible character: nothing becomes releasable (LOOKAHEAD_CHARS,
+            # quotes), so the buffer is not segmented again unless it outgrew its bound
+            self._buffer += text
+            if len(self._buffer) <= self.max_buffer_chars:
+                return []
         spans = spans_of(self._buffer, self.max_chars)
         if not spans:
             return []

@@ -4,13 +4,13 @@ The protocol (vllm-omni's "Streaming Text Input", with sglang-omni's variant beh
 `protocol`; docs/api.md, "WebSocket streaming"):
 
     client: session.config {REST fields + stream_audio, audio_transport, protocol}
-            input.text {text}   input.done   session.close
+            input.text {text}   input.flush   input.done   session.close
     server: [session.configured]  audio.start  <binary audio> | audio.chunk  audio.done
-            session.done  error
+            session.done (per utterance)  error
 
 Auth: with --api-key, `Authorization: Bearer <key>` or the `api_key` query parameter; a wrong or
 missing key gets an `error` event and close code 1008. A server still warming up (or whose engine
-died) answers `error` and close code 1013.
+died) answers `error` and close code 1013. How a session ends: server/ws_session.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from fastapi import APIRouter, WebSocket
 
 from higgs_serve.server import speech_run
 from higgs_serve.server.state import ServerState
-from higgs_serve.server.ws_session import CLOSE_POLICY, CLOSE_TRY_AGAIN, SpeechStreamSession
+from higgs_serve.server.ws_session import (
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN,
+    Ending,
+    SpeechStreamSession,
+)
 
 router = APIRouter(tags=["audio"])
 
@@ -34,16 +39,16 @@ async def speech_stream(ws: WebSocket) -> None:
     await ws.accept(headers=[(k.lower().encode(), v.encode()) for k, v in claim.items()])
     session = SpeechStreamSession(ws, state)
     if not _authorized(ws, state.settings.api_key):
-        await session.send_error("missing or invalid API key: send 'Authorization: Bearer <key>' "
-                             "or the api_key query parameter", code="invalid_api_key")
-        await ws.close(CLOSE_POLICY)
+        await session.end(Ending.failed(
+            "invalid_api_key", "missing or invalid API key: send 'Authorization: Bearer <key>' "
+            "or the api_key query parameter", CLOSE_POLICY, type="invalid_request_error"))
         return
     if not state.engine_ready():
         dead = state.engine_dead()
-        await session.send_error("the engine has stopped; the server must be restarted" if dead
-                             else "the engine is still warming up; retry shortly",
-                             code="engine_dead" if dead else "not_ready", type="server_error")
-        await ws.close(CLOSE_TRY_AGAIN)
+        await session.end(Ending.failed(
+            "engine_dead" if dead else "not_ready",
+            "the engine has stopped; the server must be restarted" if dead
+            else "the engine is still warming up; retry shortly", CLOSE_TRY_AGAIN))
         return
     state.metrics.ws_sessions.inc()
     try:

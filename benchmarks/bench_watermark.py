@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ import numpy as np
 import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import mean, now_iso, percentile, provenance, write_json  # noqa: E402
+from common import REPO_ROOT, mean, now_iso, percentile, provenance, write_json  # noqa: E402
 from speech_clips import SAMPLE_RATE_HZ, make_clips  # noqa: E402
 
 from higgs_serve.audio.watermark import THRESHOLD, MarkStream, detect, embed, load_watermarker  # noqa: E402

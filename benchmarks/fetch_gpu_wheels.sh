@@ -6,13 +6,21 @@
 # Versions are the ones pinned in pyproject.toml, and for their own dependencies the ones our
 # CPU venv resolved. Never put torch or numpy here: they would shadow the image's CUDA builds.
 #
-# Usage (from the repo root, on a machine with internet): bash benchmarks/fetch_gpu_wheels.sh
+# Usage (from the repo root, on a machine with internet): bash benchmarks/fetch_gpu_wheels.sh [SET...]
+# SETs beyond the base (the server stack): av (the compressed formats' encoders, 36 MB; the
+# default when no SET is named), perth (the watermark's trained weights, 34 MB), align (the
+# word timestamps' aligner, PocketSphinx with its en-US model: a timestamps run, --watermark off). A device call
+# carries at most 64 MiB, so av and perth travel in separate calls: a formats run starts its
+# server with --watermark off, a watermark run streams pcm (nothing imports av for it).
 # On the GPU machine, run_gpu_suite.sh installs them with
 #   python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.whl
+SETS=("$@")
+[ ${#SETS[@]} -eq 0 ] && SETS=(av)
 mkdir -p "$DEST"
+rm -f "$DEST"/*.whl  # only this call's sets: what is carried must fit the device call
 
 # compiled wheels: need the platform tags
 BINARY=(
@@ -22,9 +30,15 @@ BINARY=(
   soxr==1.1.0
   sentencex==1.0.32  # text segmentation (long-form, WebSocket)
   websockets==17.4  # uvicorn's WebSocket protocol; bench_ws_stream.py's client; the front end's relay (cluster/ws_relay.py)
-  pocketsphinx==5.1.1  # word timestamps' aligner (alignment/; its en-US model is inside the wheel)
-  av==18.1.0  # bounded decoding of aac / m4a / webm references (audio/decode.py imports it); 36 MB
 )
+declare -A SET_WHEELS=(
+  [av]="av==18.1.0"  # the mp3/aac/flac/opus encoders, bounded reference decoding; 36 MB
+  [perth]="resemble-perth==1.0.1"  # the watermark's trained model (audio/perth.py reads its file); 34 MB
+  [align]="pocketsphinx==5.1.1"  # word timestamps' aligner (alignment/; its en-US model is inside the wheel)
+)
+for set in "${SETS[@]}"; do
+  [ -n "${SET_WHEELS[$set]:-}" ] || { echo "fetch_gpu_wheels: unknown set $set (av, perth, align)" >&2; exit 2; }
+done
 # pure-python wheels
 PURE=(
   fastapi==0.163.2
@@ -46,6 +60,9 @@ TARGET=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
 
 for spec in "${BINARY[@]}"; do
   python3 -m pip download -q "${TARGET[@]}" "${PLATFORMS[@]}" -d "$DEST" "$spec"
+done
+for set in "${SETS[@]}"; do
+  python3 -m pip download -q "${TARGET[@]}" "${PLATFORMS[@]}" -d "$DEST" "${SET_WHEELS[$set]}"
 done
 for spec in "${PURE[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEST" "$spec"

@@ -35,10 +35,14 @@
 #               the default profile, SSE streams (a raw stream asking for timestamps waits), pcm,
 #               c = 1/64 (LM_TS_LEVELS): lm_timestamps_off then lm_timestamps_on; compare TTFA
 #               p50 (the ratio on/off), audio s/s, the words' lag and the aligner processes' CPU
-#               per audio second (default --alignment-workers: a quarter of the cores, at most 4)
+#               per audio second (default --alignment-workers: a quarter of the cores, at most 4);
+#               the mark off, so the wheels are the base set plus `align` (fetch_gpu_wheels.sh align)
 #   lm_frontend issue 46 item 4: the same default-profile server behind the data-parallel  est. 2 min
 #               front end (serve --devices 0: one replica), pcm, c = 64/256; bench_serving's
 #               server CPU is then the front end's own (the replica is its child, not counted)
+#   lm_watermark issue 46 item 2: the default profile with the mark on, then off, pcm,    est. 6 min
+#               c = 1/64/256 (levels carry the mark stage's busy ms per audio s), then
+#               bench_watermark's cost section on this device; carry `fetch_gpu_wheels.sh perth`
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
 #               against float32 and of float32 against float64, 4 random
 #               codecs x (64 streaming windows + 4 whole clips)
@@ -243,7 +247,7 @@ stage_lm_timestamps() {
     # shellcheck disable=SC2086  # LM_TS_LEVELS is a list
     lm_serving "lm_timestamps_$state" 200 --deploy-config higgs_multimodal_qwen3_high_throughput \
       --concurrency $LM_TS_LEVELS --response-format pcm --stream-format sse --word-timestamps "$state" \
-      --server-arg=--max-queue --server-arg=256 || rc=1
+      --watermark off --server-arg=--max-queue --server-arg=256 || rc=1
   done
   return $rc
 }
@@ -252,6 +256,19 @@ stage_lm_frontend() {
   [ "$DEVICE" = cpu ] && replicas=(--server-arg=--data-parallel-size --server-arg=1)
   lm_serving lm_frontend 200 --deploy-config higgs_multimodal_qwen3_high_throughput --concurrency 64 256 \
     --response-format pcm --no-stream-field --server-arg=--max-queue --server-arg=256 "${replicas[@]}"
+}
+
+stage_lm_watermark() {
+  # the mark on, then off, on the same profile and levels (pcm: no encoder in the way); then
+  # the mark's own cost on this GPU (carry the perth wheel set: fetch_gpu_wheels.sh perth)
+  local common=(--deploy-config higgs_multimodal_qwen3_high_throughput --response-format pcm
+                --no-stream-field --server-arg=--max-queue --server-arg=256)
+  # shellcheck disable=SC2086
+  lm_serving lm_watermark_on 200 "${common[@]}" --concurrency $LM_LEVELS --watermark on
+  # shellcheck disable=SC2086
+  lm_serving lm_watermark_off 200 "${common[@]}" --concurrency $LM_LEVELS --watermark off
+  run lm_watermark_cost 100 python3 benchmarks/bench_watermark.py --device "$DEVICE" --sections cost \
+    --repeats 20 --out "$OUT/lm_watermark_cost.json"
 }
 
 stage_codec_snr() {
@@ -274,13 +291,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_timestamps|lm_frontend}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_timestamps|lm_frontend) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_timestamps, lm_frontend)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps)" >&2
        exit 2 ;;
   esac
 done

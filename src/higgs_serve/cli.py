@@ -255,7 +255,6 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     settings = _server_settings(args, args.port or ServerSettings.port, {})
     if args.mps:
         check_mps(devices)  # before the model is read: a missing binary is a flag error
-    aliases = ServerSettings(voice_aliases=preflight.read_voice_aliases(args.voice_alias)).voice_aliases
     # the replicas sign the files; a chain c2pa refuses fails here, before any replica starts
     preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
@@ -276,7 +275,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--c2pa-tsa-url": args.c2pa_tsa_url}
     serve_args = ["--served-model-name", *args.served_model_name]
     # each replica gets the aliases (checked above, before the model was read) as NAME=VOICE
-    serve_args += [x for alias, voice in aliases for x in ("--voice-alias", f"{alias}={voice}")]
+    serve_args += [x for alias, voice in settings.voice_aliases for x in ("--voice-alias", f"{alias}={voice}")]
     serve_args += [str(x) for flag, value in passed.items() if value not in (None, "")
                    for x in (flag, value)]
     voices_dir = (preflight.check_output_dir(args.voices_dir, "--voices-dir") if args.voices_dir

@@ -25,6 +25,12 @@ Metrics (docs/model.md#metrics, the usual definitions):
 - watermark (`--watermark on|off` starts the server with the mark on or off): the mark stage's
   busy fraction of the level, its chunks per call, and its busy milliseconds per audio second
   (where it runs: the codec's device), from the same counters; None when the mark is off.
+- word timestamps (`--word-timestamps on`, with `--stream-format sse`: a raw stream asking for
+  them waits for the whole audio, docs/api.md#word-timestamps): each request asks for them; per
+  level the lag of its `speech.words` events behind the last audio delta, the words received,
+  the server's alignment histogram and failures (/metrics), and the aligner processes' CPU per
+  audio second (the server's child processes, /proc). Compare TTFA with an `--word-timestamps
+  off` run of the same command (same stream format).
 - time to gapless audio: client time from sending the request to the earliest moment a player
   could start and then play the whole stream at 1x without a stall (TTFA when nothing stalls;
   what a client that buffers before playing must wait).
@@ -45,7 +51,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import functools
+import json
 import os
 import random
 import socket
@@ -138,6 +146,8 @@ class RequestRecord:
     sample_rate: int = SAMPLE_RATE
     response_format: str = "pcm"
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per read
+    words_at: float | None = None  # the last speech.words event (SSE with --word-timestamps on)
+    words: int = 0  # word timestamps received (entries with times)
 
     @property
     def ok(self) -> bool:
@@ -228,7 +238,7 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
     body = {
         "input": SENTENCES[index % len(SENTENCES)],
         "stream": True,
-        "stream_format": "audio",
+        "stream_format": args.stream_format,
         "response_format": args.response_format,
         "max_new_tokens": frames,
         "min_new_tokens": frames,
@@ -241,6 +251,8 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
         del body["stream"], body["stream_format"]
     if args.served_model_name:
         body["model"] = args.served_model_name
+    if args.word_timestamps == "on":
+        body["word_timestamps"] = True
     return body
 
 
@@ -258,18 +270,40 @@ async def send_one(client: httpx.AsyncClient, url: str, index: int, args: argpar
             record.sample_rate = int(resp.headers.get("x-sample-rate", SAMPLE_RATE))
             if "x-time-to-first-audio-ms" in resp.headers:
                 record.server_ttfa_ms = float(resp.headers["x-time-to-first-audio-ms"])
-            async for chunk in resp.aiter_raw():
-                if not chunk:
-                    continue
-                now = time.perf_counter()
-                if record.first_audio is None:
-                    record.first_audio = now
-                record.arrivals.append((now, len(chunk)))
-                record.num_bytes += len(chunk)
+            if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                await _read_sse(resp, record)
+            else:
+                async for chunk in resp.aiter_raw():
+                    if chunk:
+                        _arrived(record, time.perf_counter(), len(chunk))
     except httpx.HTTPError as exc:  # recorded per request and counted as a failure
         record.error = f"{type(exc).__name__}: {exc}"
     record.end = time.perf_counter()
     return record
+
+
+def _arrived(record: RequestRecord, now: float, num_bytes: int) -> None:
+    if record.first_audio is None:
+        record.first_audio = now
+    record.arrivals.append((now, num_bytes))
+    record.num_bytes += num_bytes
+
+
+async def _read_sse(resp: httpx.Response, record: RequestRecord) -> None:
+    """`--stream-format sse`: audio deltas (base64 of the format's bytes) counted as they come,
+    speech.words events timed and counted, an error event recorded."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[len("data: "):])
+        kind = event.get("type")
+        if kind == "speech.audio.delta":
+            _arrived(record, time.perf_counter(), len(base64.b64decode(event["audio"])))
+        elif kind == "speech.words":
+            record.words_at = time.perf_counter()
+            record.words += sum(1 for w in event["words"] or () if w["start_ms"] is not None)
+        elif kind == "speech.audio.error":
+            record.error = json.dumps(event["error"])[:500]
 
 
 # ------------------------------------------------------------------------------ one level
@@ -335,8 +369,11 @@ STEP_KIND_SERIES = {**{f"stage0_steps_{m}": f'higgs_serve_stage0_steps_total{{mo
 # The watermark stage (engine/mark_stage.py), present when the server marks audio.
 WATERMARK_SERIES = ("higgs_serve_watermark_calls_total", "higgs_serve_watermark_chunks_total",
                     "higgs_serve_watermark_audio_seconds_total", "higgs_serve_watermark_busy_seconds_total")
+# Word timestamps (server/word_timestamps.py): a sentence's wait for its words, and failures.
+ALIGNMENT_SERIES = ("higgs_serve_alignment_seconds_sum", "higgs_serve_alignment_seconds_count",
+                    "higgs_serve_alignment_failures_total")
 SCRAPED_SERIES = frozenset(ENGINE_SERIES + SERVER_TTFA_SERIES + CODEC_SERIES + WATERMARK_SERIES
-                           + tuple(STEP_KIND_SERIES.values()))
+                           + ALIGNMENT_SERIES + tuple(STEP_KIND_SERIES.values()))
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -412,6 +449,20 @@ def watermark_metrics(before: dict[str, float], after: dict[str, float], window_
             "watermark_busy_ms_per_audio_s": 1e3 * busy / audio_s if audio_s else None}
 
 
+def alignment_metrics(before: dict[str, float], after: dict[str, float], records: list[RequestRecord]) -> dict:
+    """Word timestamps over a level: the client's lag from the last audio to the last words
+    event, words received, and the server's alignment wait and failures (None when not asked)."""
+    timed = [r for r in records if r.ok and r.words_at is not None and r.arrivals]
+    lag = [1e3 * (r.words_at - r.arrivals[-1][0]) for r in timed]
+    deltas = counter_deltas(before, after, ALIGNMENT_SERIES)
+    seconds, count, failures = deltas if deltas is not None else (None, None, None)
+    return {"words_events_requests": len(timed), "words_per_request_mean": mean([r.words for r in timed]),
+            "words_lag_ms_p50": percentile(lag, 50), "words_lag_ms_p99": percentile(lag, 99),
+            "server_alignment_ms_mean": 1e3 * seconds / count if count else None,
+            "alignments": int(count) if count is not None else None,
+            "alignment_failures": int(failures) if failures is not None else None}
+
+
 def level_metrics(concurrency: int, records: list[RequestRecord], window_s: float) -> dict:
     """TTFA, gapless start and stalls over the streamed requests; RTF, latency and audio over all
     (whole-file requests, `--file-every`, also get their own latency)."""
@@ -469,6 +520,25 @@ def process_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of the live child processes of `pid`, recursively (the aligner
+    workers), from /proc/<pid>/task/*/children; None where /proc has no such process."""
+    if pid is None or not Path(f"/proc/{pid}/task").is_dir():
+        return None
+    total, stack = 0.0, [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+            children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
+        except OSError:  # it ended meanwhile
+            continue
+        for child in children:
+            stack.append(child)
+            total += process_cpu_s(child) or 0.0
+    return total
+
+
 def server_cpu_metrics(cpu_before: float | None, cpu_after: float | None, window_s: float,
                        audio_s: float) -> dict:
     if cpu_before is None or cpu_after is None or window_s <= 0:
@@ -496,11 +566,11 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
         counters_before = await engine_counters(client, url)
-        cpu_before = process_cpu_s(server_pid)
+        cpu_before, children_before = process_cpu_s(server_pid), children_cpu_s(server_pid)
         t0 = time.perf_counter()
         records = await closed_loop(url, list(range(index, index + num)), concurrency, args)
         window = max(r.end for r in records) - t0
-        cpu_after = process_cpu_s(server_pid)
+        cpu_after, children_after = process_cpu_s(server_pid), children_cpu_s(server_pid)
         counters_after = await engine_counters(client, url)
         stop.set()
         await poller
@@ -510,6 +580,10 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
     metrics.update(watermark_metrics(counters_before, counters_after, window))
+    metrics.update(alignment_metrics(counters_before, counters_after, records))
+    child = (children_after - children_before if None not in (children_before, children_after) else None)
+    metrics["server_children_cpu_ms_per_audio_s"] = (1e3 * child / metrics["audio_s_total"]
+                                                     if child is not None and metrics["audio_s_total"] else None)
     metrics.update(step_kind_metrics(counters_before, counters_after))
     metrics["gpu_mem_used_mib_max"] = peak[0] or None
     return metrics, index + num
@@ -609,6 +683,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
     p.add_argument("--watermark", choices=["on", "off"], default=None,
                    help="start the server with the watermark on or off (default: the profile's, on)")
+    p.add_argument("--stream-format", choices=["audio", "sse"], default="audio",
+                   help="streamed requests as raw bytes of the format (audio) or SSE events (sse)")
+    p.add_argument("--word-timestamps", choices=["on", "off"], default="off",
+                   help="on: every request asks for word timestamps (needs --stream-format sse: a raw "
+                        "stream asking for them waits for the whole audio); off: the field is left out")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `serve` (repeatable)")
     p.add_argument("--server-log", default=None, help="server stdout/stderr file (default: a temp file)")
     p.add_argument("--server-log-level", default="WARNING")
@@ -626,6 +705,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--frames-spread must be in [0, 1)")
     if args.file_every < 0:
         p.error("--file-every must be >= 0")
+    if args.word_timestamps == "on" and args.stream_format != "sse":
+        p.error("--word-timestamps on needs --stream-format sse (a raw stream asking for timestamps "
+                "waits for the whole audio, so its TTFA would be the whole request)")
     args.response_format = args.response_formats[0]  # a level's own format replaces it (main)
     return args
 
@@ -645,6 +727,8 @@ def print_table(result: dict) -> None:
         ("engine_step_ms_mean", "step ms"), ("engine_rows_per_step", "rows/step"),
         ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"),
         ("watermark_busy_fraction", "mark busy"), ("watermark_busy_ms_per_audio_s", "mark ms/audio s"),
+        ("words_lag_ms_p50", "words lag p50 ms"), ("server_alignment_ms_mean", "align ms mean"),
+        ("alignment_failures", "align failures"), ("server_children_cpu_ms_per_audio_s", "aligner CPU ms/audio s"),
         ("gpu_mem_used_mib_max", "GPU MiB"),
         ("server_cpu_cores", "server cores"), ("server_cpu_ms_per_audio_s", "server CPU ms/audio s"),
     ]))
@@ -680,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                      "warmup": args.warmup, "num_requests": args.num_requests,
                      "concurrency": args.concurrency, "seed": args.seed, "url": args.url,
                      "watermark": args.watermark, "response_format": args.response_formats,
+                     "stream_format": args.stream_format, "word_timestamps": args.word_timestamps,
                      "server_pid": args.server_pid,
                      "no_stream_field": args.no_stream_field, "host_cores": os.cpu_count()},
         "server": {"command": server_cmd, "ready_s": None, "log": str(log_path) if log_path else None,

@@ -8,7 +8,8 @@
 #
 # Usage (from the repo root, on a machine with internet): bash benchmarks/fetch_gpu_wheels.sh [SET...]
 # SETs beyond the base (the server stack): av (the compressed formats' encoders, 36 MB; the
-# default when no SET is named), perth (the watermark's trained weights, 34 MB). A device call
+# default when no SET is named), perth (the watermark's trained weights, 34 MB), align (the
+# word timestamps' aligner, PocketSphinx with its en-US model: a timestamps run, --watermark off). A device call
 # carries at most 64 MiB, so av and perth travel in separate calls: a formats run starts its
 # server with --watermark off, a watermark run streams pcm (nothing imports av for it).
 # On the GPU machine, run_gpu_suite.sh installs them with
@@ -33,9 +34,10 @@ BINARY=(
 declare -A SET_WHEELS=(
   [av]="av==18.1.0"  # the mp3/aac/flac/opus encoders, bounded reference decoding; 36 MB
   [perth]="resemble-perth==1.0.1"  # the watermark's trained model (audio/perth.py reads its file); 34 MB
+  [align]="pocketsphinx==5.1.1"  # word timestamps' aligner (alignment/; its en-US model is inside the wheel)
 )
 for set in "${SETS[@]}"; do
-  [ -n "${SET_WHEELS[$set]:-}" ] || { echo "fetch_gpu_wheels: unknown set $set (av, perth)" >&2; exit 2; }
+  [ -n "${SET_WHEELS[$set]:-}" ] || { echo "fetch_gpu_wheels: unknown set $set (av, perth, align)" >&2; exit 2; }
 done
 # pure-python wheels
 PURE=(
@@ -49,6 +51,7 @@ PURE=(
   uvicorn==0.54.0
   python-multipart==0.0.34
   pycparser==3.12
+  num2words==0.5.14  # numbers as words for the aligner (its docopt is for its own CLI only)
 )
 
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64

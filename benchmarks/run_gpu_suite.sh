@@ -31,6 +31,12 @@
 #               level once per format on one server; server CPU cores from /proc
 #   lm_formats_best the same on the best profile (full_and_piecewise at 256 sequences, est. 3-4 min
 #               bf16x3 codec: benchmarks/configs/saturation_256_bf16x3.yaml)
+#   lm_timestamps issue 42: word timestamps' cost on the GPU, two bench_serving runs on   est. 4-6 min
+#               the default profile, SSE streams (a raw stream asking for timestamps waits), pcm,
+#               c = 1/64 (LM_TS_LEVELS): lm_timestamps_off then lm_timestamps_on; compare TTFA
+#               p50 (the ratio on/off), audio s/s, the words' lag and the aligner processes' CPU
+#               per audio second (default --alignment-workers: a quarter of the cores, at most 4);
+#               the mark off, so the wheels are the base set plus `align` (fetch_gpu_wheels.sh align)
 #   lm_frontend issue 46 item 4: the same default-profile server behind the data-parallel  est. 2 min
 #               front end (serve --devices 0: one replica), pcm, c = 64/256; bench_serving's
 #               server CPU is then the front end's own (the replica is its child, not counted)
@@ -234,6 +240,17 @@ stage_lm_formats_best() {
     --concurrency $LM_LEVELS --response-format pcm mp3 opus aac --no-stream-field \
     --server-arg=--max-queue --server-arg=256
 }
+LM_TS_LEVELS=${LM_TS_LEVELS:-"1 64"}
+stage_lm_timestamps() {
+  local rc=0 state
+  for state in off on; do
+    # shellcheck disable=SC2086  # LM_TS_LEVELS is a list
+    lm_serving "lm_timestamps_$state" 200 --deploy-config higgs_multimodal_qwen3_high_throughput \
+      --concurrency $LM_TS_LEVELS --response-format pcm --stream-format sse --word-timestamps "$state" \
+      --watermark off --server-arg=--max-queue --server-arg=256 || rc=1
+  done
+  return $rc
+}
 stage_lm_frontend() {
   local replicas=(--server-arg=--devices --server-arg=0)  # one replica on GPU 0
   [ "$DEVICE" = cpu ] && replicas=(--server-arg=--data-parallel-size --server-arg=1)
@@ -274,13 +291,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps)" >&2
        exit 2 ;;
   esac
 done

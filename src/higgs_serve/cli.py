@@ -95,9 +95,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from higgs_serve.engine.async_engine import SyncEngine
     from higgs_serve.engine.speech import SpeechRequest
     from higgs_serve.sampling_params import SamplingParams
-    from higgs_serve.synth_report import SynthMonitor, stream_check, synth_long_form, write_result
+    from higgs_serve.synth_report import SynthMonitor, WordsWriter, stream_check, synth_long_form, write_result
 
     preflight.check_texts(args.text)
+    if args.word_timestamps:
+        preflight.check_alignable(args.text)
     if args.segment_max_chars < 1 or args.max_audio_s <= 0:
         raise ConfigError("--segment-max-chars and --max-audio-s must be positive")
     long_text = next((i for i, text in enumerate(args.text) if len(text) > args.segment_max_chars), None)
@@ -116,7 +118,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     out_dir = preflight.check_output_dir(args.output_dir, "--output-dir")
     ids = [f"{i:04d}" for i in range(len(args.text))]
     for request_id in ids:  # a directory in the way fails now, not after the synthesis
-        for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()):
+        for suffix in (".wav", ".npz") + ((".stream.f32",) if args.stream else ()) + (
+                (".words.json",) if args.word_timestamps else ()):
             preflight.check_output_file(str(out_dir / f"{request_id}{suffix}"), "--output-dir")
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
     _log_graph_path(deploy)
@@ -132,19 +135,25 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         sample_rate = engine.loaded.spec.codec.sample_rate
         long_texts = [r for r in requests if len(r.text) > args.segment_max_chars]  # one recording each
         requests = [r for r in requests if len(r.text) <= args.segment_max_chars]
+        words = WordsWriter(out_dir, sample_rate) if args.word_timestamps else None
         long_form = synth_long_form(engine, long_texts, args.segment_max_chars, args.max_audio_s,
-                                    out_dir, progress=ProgressReporter(unit="seg"))
+                                    out_dir, words, progress=ProgressReporter(unit="seg"))
         monitor = SynthMonitor(out_dir, [r.request_id for r in requests], sample_rate, stream=args.stream,
                                progress=ProgressReporter(unit="req"))
         try:
             results = engine.generate_batch(requests, on_chunk=monitor.on_chunk)
         finally:
             monitor.close()
-        for res in results:
+        for res, request in zip(results, requests):
             paths = write_result(out_dir, res, sample_rate)
+            if words is not None:  # after the batch: alignment never delays its audio
+                paths.append(words.write(res.request_id, res.audio, [(request.text, 0, len(res.audio))]))
             note = stream_check(engine.core.codec, out_dir, res) if args.stream else ""
             print(monitor.line(res, paths, note), flush=True)
         print(monitor.summary(long_form), flush=True)
+        if words is not None and words.failed_pieces:
+            print(f"word timestamps: {words.failed_pieces} text(s) or segment(s) could not be aligned (audio too "
+                  "short for their words): their words have null times", flush=True)
     finally:
         engine.close()
     return 0
@@ -220,6 +229,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
+        alignment_workers=args.alignment_workers,
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
@@ -258,7 +268,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
               "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
-              "--load-format": args.load_format, "--dtype": args.dtype,
+              "--alignment-workers": args.alignment_workers, "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,
               "--watermark": args.watermark, "--c2pa-cert": args.c2pa_cert, "--c2pa-key": args.c2pa_key,

@@ -109,6 +109,9 @@ def add_synth_flags(p: argparse.ArgumentParser) -> None:
                    help="a longer --text is split into segments of at most this many characters and "
                         "spoken as one recording (NNNN.wav + NNNN.segments.json)")
     p.add_argument("--max-audio-s", type=float, default=7200.0, help="longest audio of one long-form --text (seconds)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="also write OUT/NNNN.words.json: [{word, start_ms, end_ms}] per word of the text, by "
+                        "forced alignment (English; docs/api.md#word-timestamps)")
 
 
 def add_encode_voice_flags(p: argparse.ArgumentParser) -> None:
@@ -162,6 +165,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encode-threads", type=int, default=ServerSettings.encode_threads,
                    help="threads that encode responses (mp3, opus, aac, flac and speed != 1 leave "
                         "the event loop for them); one a core lets encoding use the whole host")
+    p.add_argument("--alignment-workers", type=int, default=ServerSettings.alignment_workers,
+                   help="aligner processes for word_timestamps requests, started at the first such "
+                        "request; the default is a quarter of the cores, 1 to 4; 0 refuses word_timestamps")
     p.add_argument("--voice-alias", action="append", default=None, metavar="NAME=VOICE",
                    help="let requests name VOICE (a registered voice or 'default') as NAME, e.g. "
                         "alloy=default for OpenAI-only clients; repeatable, or @FILE of NAME=VOICE "

@@ -45,6 +45,11 @@ class EngineDeadError(HiggsServeError):
     """The engine loop has stopped; no request can be served."""
 
 
+class AlignmentError(HiggsServeError):
+    """Word timestamps could not be computed for some audio (alignment/): the audio is still
+    delivered; its timestamps are reported as missing."""
+
+
 class WatermarkUnavailableError(HiggsServeError):
     """The watermark is on but its model cannot be loaded (package missing, file absent or
     damaged): start-up refuses to go on with unmarked audio."""

@@ -29,6 +29,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 disable_created_metrics()
 PREFIX = "higgs_serve"
 
+_ALIGNMENT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TTFA_BUCKETS_S = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _STEP_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.5)
@@ -176,6 +177,15 @@ class ServerMetrics:
         self.ws_sessions = Gauge(
             f"{PREFIX}_ws_sessions", "Open WebSocket speech sessions (/v1/audio/speech/stream); "
             "each of their sentences also counts as a request.", registry=self.registry)
+        # word timestamps (server/word_timestamps.py): how long a finished sentence waits for
+        # its words (queue + the aligner process), and the sentences whose words are missing
+        self.alignment_seconds = Histogram(
+            f"{PREFIX}_alignment_seconds", "Time from a sentence's last audio to its word "
+            "timestamps (aligner queue and work).", buckets=_ALIGNMENT_BUCKETS_S,
+            registry=self.registry)
+        self.alignment_failures = Counter(
+            f"{PREFIX}_alignment_failures", "Sentences whose word timestamps could not be "
+            "computed (sent as missing; their audio is unaffected).", registry=self.registry)
         self.registry.register(_EngineStats(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))
@@ -184,6 +194,11 @@ class ServerMetrics:
         """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""
         self.step_seconds.observe(step_seconds)
         self.stage0_rows.inc(num_rows)
+
+    def observe_alignment(self, seconds: float, failed: bool) -> None:
+        self.alignment_seconds.observe(seconds)
+        if failed:
+            self.alignment_failures.inc()
 
     def count(self, outcome: str) -> None:
         if outcome not in OUTCOMES:

@@ -55,6 +55,19 @@ def check_texts(texts: list[str], flag: str = "--text") -> None:
             raise ConfigError(f"{flag} number {i + 1}: text must not be empty")
 
 
+def check_alignable(texts: list[str]) -> None:
+    """--word-timestamps: every text in a language the aligner reads (alignment/registry.py)."""
+    from higgs_serve.alignment import aligner_for, supported_languages
+    from higgs_serve.errors import InvalidRequestError
+
+    for i, text in enumerate(texts):
+        try:
+            aligner_for("auto", text)
+        except InvalidRequestError:
+            raise ConfigError(f"--word-timestamps: text {i:04d} is not in Latin script; word timestamps are "
+                              f"available for {', '.join(supported_languages())} only") from None
+
+
 def check_input_file(path: str, flag: str) -> Path:
     """An existing, readable regular file."""
     file = Path(path).expanduser()

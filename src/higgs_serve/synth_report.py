@@ -1,6 +1,6 @@
 """What `higgs-serve synth` tells the user: progress while a batch runs (requests done, audio
 seconds, real-time factor), one line per request with its own timing and the files written, and
-a summary. Also writes a request's WAV + NPZ.
+a summary. Also writes a request's WAV + NPZ, and with --word-timestamps its words.json.
 
 Chunks arrive on the engine's and codec's threads (`on_chunk`); everything here is fed from
 there under one lock.
@@ -30,6 +30,43 @@ def write_result(out_dir: Path, res, sample_rate: int) -> list[Path]:
         np.savez(f, rows=res.rows.astype(np.int64), frames=res.frames.astype(np.int64),
                  audio=res.audio.astype(np.float32))
     return [wav, npz]
+
+
+class WordsWriter:
+    """OUT/<id>.words.json: `[{word, start_ms, end_ms}]`, one entry per whitespace word of the
+    text (inline tags removed), on the file's timeline. Each piece (the whole text, or each
+    long-form segment) is aligned on its own audio; a piece the aligner cannot align (audio far
+    too short for its words) keeps its words with `start_ms`/`end_ms` null, and the run says so.
+    Runs in this process after the audio is made (docs/api.md#word-timestamps)."""
+
+    def __init__(self, out_dir: Path, sample_rate_hz: int):
+        self._out_dir = out_dir
+        self._rate = sample_rate_hz
+        self._aligner = None
+        self.failed_pieces = 0
+
+    def write(self, request_id: str, audio: np.ndarray, pieces: list[tuple[str, int, int]]) -> Path:
+        """pieces: (text, start_sample, end_sample) of `audio`, in order."""
+        import json
+
+        from higgs_serve.alignment import aligner_for, build_aligner, user_words
+        from higgs_serve.errors import AlignmentError
+
+        if self._aligner is None:
+            self._aligner = build_aligner(aligner_for("auto"))
+        entries = []
+        for text, start, end in pieces:
+            words = user_words(text)
+            try:
+                timings = self._aligner.align(audio[start:end], self._rate, words)
+            except AlignmentError:
+                self.failed_pieces += 1
+                entries += [{"word": word, "start_ms": None, "end_ms": None} for word in words]
+                continue
+            entries += [t.shifted(start / self._rate).to_json() for t in timings]
+        path = self._out_dir / f"{request_id}.words.json"
+        path.write_text(json.dumps(entries, ensure_ascii=False, indent=1))
+        return path
 
 
 class SynthMonitor:
@@ -119,9 +156,11 @@ def stream_check(codec, out_dir: Path, res) -> str:
 
 
 def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float, out_dir: Path,
+                    words: WordsWriter | None = None,
                     progress: ProgressReporter | None = None) -> LongFormTotals:
     """Texts past `segment_max_chars`: split and spoken as one recording each
-    (engine/long_form.py); writes OUT/<id>.wav and OUT/<id>.segments.json (segment timestamps).
+    (engine/long_form.py); writes OUT/<id>.wav and OUT/<id>.segments.json (segment timestamps),
+    and with `words` OUT/<id>.words.json (each segment aligned, on the recording's timeline).
     Progress is reported per segment; returns the totals the run's summary adds."""
     import functools
     import json
@@ -155,9 +194,13 @@ def synth_long_form(engine, requests, segment_max_chars: int, max_audio_s: float
         sf.write(wav, result.audio, sample_rate, subtype="PCM_16")
         timings = [done.timing(sample_rate) for done in result.segments]
         timings_path.write_text(json.dumps(timings, indent=1))
+        written = [wav, timings_path]
+        if words is not None:
+            written.append(words.write(request.request_id, result.audio, [
+                (done.segment.text, done.start_sample, done.end_sample) for done in result.segments]))
         print(f"{request.request_id}: long-form, {len(timings)} segments, {result.num_frames} frames, "
               f"{len(result.audio) / sample_rate:.2f} s audio, finish={result.finish_reason}, "
-              f"{time.perf_counter() - t0:.2f} s -> {wav}, {timings_path}", flush=True)
+              f"{time.perf_counter() - t0:.2f} s -> {', '.join(str(p) for p in written)}", flush=True)
         totals.requests += 1
         totals.audio_s += len(result.audio) / sample_rate
         totals.wall_s += time.perf_counter() - t0

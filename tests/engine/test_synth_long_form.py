@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 
 from higgs_serve import cli
+from higgs_serve.alignment import user_words
 from higgs_serve.text import group_segments
 
 TEXT = "First sentence is here. Second sentence is here. And a third one, to end with."
@@ -67,6 +68,52 @@ def test_serve_flags_reach_the_settings(tiny_model_dir, monkeypatch, port_8000_t
     settings = seen["settings"]
     assert (settings.segment_max_chars, settings.max_audio_s, settings.ws_idle_timeout_s,
             settings.max_input_chars) == (50, 12.5, 3.0, 999)
+
+
+def test_word_timestamps_beside_each_file(tiny_model_dir, tmp_path, capsys):
+    """--word-timestamps: OUT/NNNN.words.json, one entry per word of the text (tags removed), in
+    order, inside the audio; the long text's words on the recording's one timeline, each inside
+    its segment. With the tiny model's noise the times say nothing about speech, only the contract."""
+    tagged = "<|emotion:happy|>" + TEXT
+    argv = _args(tiny_model_dir, tmp_path, "--word-timestamps")
+    argv[argv.index(TEXT)] = tagged
+    argv[argv.index("--max-new-tokens") + 1] = "40"  # 1.6 s per segment: room for its words
+    assert cli.main(argv) == 0
+    assert "0001.words.json" in capsys.readouterr().out
+    for request_id, text in (("0000", "Short."), ("0001", tagged)):
+        audio, rate = sf.read(tmp_path / f"{request_id}.wav", dtype="float32")
+        words = json.loads((tmp_path / f"{request_id}.words.json").read_text())
+        assert [w["word"] for w in words] == TEXT.split() if request_id == "0001" else ["Short."]
+        ends = [0] + [w["end_ms"] for w in words]
+        for previous_end, word in zip(ends, words):
+            assert previous_end <= word["start_ms"] <= word["end_ms"] <= 1e3 * len(audio) / rate + 1
+    segments = json.loads((tmp_path / "0001.segments.json").read_text())
+    words = json.loads((tmp_path / "0001.words.json").read_text())
+    assert len(segments) == 3
+    for segment in segments:  # each segment's words, in turn, lie inside it
+        count = len(user_words(tagged[segment["char_start"]:segment["char_end"]]))
+        mine, words = words[:count], words[count:]
+        assert all(1e3 * segment["start_s"] - 1 <= w["start_ms"] <= w["end_ms"] <= 1e3 * segment["end_s"] + 1
+                   for w in mine)
+    assert words == []
+
+
+def test_word_timestamps_refuse_text_the_aligner_cannot_read(tiny_model_dir, tmp_path, capsys):
+    argv = _args(tiny_model_dir, tmp_path, "--word-timestamps", "--text", "你好，世界。")
+    assert cli.main(argv) == 2
+    assert "--word-timestamps: text 0002 is not in Latin script" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before the model loaded
+
+
+def test_word_timestamps_of_audio_too_short_are_null(tiny_model_dir, tmp_path, capsys):
+    """5 frames (0.2 s) per segment cannot hold a four-word sentence: its words keep their place
+    with null times, the run says so, and the audio is written as ever."""
+    assert cli.main(_args(tiny_model_dir, tmp_path, "--word-timestamps")) == 0
+    assert "could not be aligned" in capsys.readouterr().out
+    words = json.loads((tmp_path / "0001.words.json").read_text())
+    assert [w["word"] for w in words] == TEXT.split()
+    assert any(w["start_ms"] is None for w in words)
+    assert (tmp_path / "0001.wav").exists()
 
 
 def test_the_summary_counts_long_texts_and_their_progress_is_shown(tiny_model_dir, tmp_path, capsys,

@@ -73,6 +73,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
             await engine.shutdown()
             state.audio_workers.shutdown()
             state.encode_workers.shutdown()
+            if state.aligner_pool is not None:
+                await asyncio.to_thread(state.aligner_pool.shutdown)
 
     app = FastAPI(title="higgs-serve", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible text-to-speech server for Higgs-Audio V3.")

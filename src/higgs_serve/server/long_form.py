@@ -9,6 +9,11 @@
 - sse: `speech.audio.delta` as usual, a `speech.segment.done` event per segment as it finishes,
   and `speech.audio.done` with usage, finish_reason and every segment.
 
+With `word_timestamps` each segment's audio is aligned as it ends (server/word_timestamps.py),
+on the recording's one timeline: the file's `X-Word-Timestamps` header (a raw stream asking for
+them is answered as the file), or a `speech.words` event per segment on SSE, sent as soon as it
+is aligned and never waited for by the audio (at most one segment behind until the end).
+
 One admission slot covers the whole request (segments run one after another). The first
 segment's first audio is awaited before the response starts, as for any request.
 """
@@ -30,12 +35,13 @@ from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
 from higgs_serve.errors import HiggsServeError
 from higgs_serve.server import speech_run, sse
-from higgs_serve.server.audio_file import file_response
+from higgs_serve.server.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import error_object, to_api_error
 from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.speech_plan import SpeechPlan
 from higgs_serve.server.state import ServerState
+from higgs_serve.server.word_timestamps import WORDS_EVENT, SentenceWords, WordTimestampTap, header_of
 from higgs_serve.text import Segment, group_segments
 
 MAX_SEGMENTS_HEADER_BYTES = 16384
@@ -210,11 +216,12 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
 async def _file(run: LongFormRun, request: Request, state: ServerState,
                 headers: dict[str, str]) -> Response:
     plan = run.plan
+    tap = speech_run.word_tap(plan, state)
     try:
         # encoded (stretched, resampled) into one spooled file while it is spoken
-        file = await speech_run.unless_disconnected(speech_run.file_of(run.audio(), plan, state),
-                                                    request)
-        if file is speech_run.CLIENT_GONE:
+        answer = await speech_run.unless_disconnected(_file_and_words(run, state, tap), request)
+        file, words = (None, None) if answer is speech_run.CLIENT_GONE else answer
+        if file is None:
             await run.close()  # the client left: unfinished, counted as "abort"
             return Response(status_code=499)
         if run.finish_reason == "abort":  # cut by the shutdown's grace period
@@ -224,12 +231,42 @@ async def _file(run: LongFormRun, request: Request, state: ServerState,
     except BaseException:
         await run.close(outcome="error")
         raise
+    finally:
+        if tap is not None:
+            tap.close()
     await run.close()
     # speed != 1 shortens the recording by 1/speed: the timestamps scale alike (exact at speed 1)
     usage = speech_run.file_headers(plan, run.finish_reason, run.session.num_frames,
                                     time.perf_counter() - run.started_s)
     headers = {**headers, **usage, **_segments_header(run.timings(1.0 / plan.speed))}
+    if tap is not None:
+        headers.update(header_of(words))
     return file_response(file, formats.MEDIA_TYPES[plan.response_format], headers)
+
+
+async def _file_and_words(run: LongFormRun, state: ServerState, tap: WordTimestampTap | None
+                          ) -> tuple[AudioFile, list[SentenceWords] | None]:
+    """The recording's file and (with a tap) every segment's words, aligned while it is spoken."""
+    file = await speech_run.file_of(_audio_marking(run, tap), run.plan, state,
+                                    taps=() if tap is None else (tap.push,))
+    if tap is None:
+        return file, None
+    try:
+        return file, await tap.drain()
+    except BaseException:
+        file.discard()
+        raise
+
+
+async def _audio_marking(run: LongFormRun, tap: WordTimestampTap | None) -> AsyncIterator[np.ndarray]:
+    """The recording's audio; each segment's end marked on the tap. The file path pushes each
+    piece through the pipeline (and so the tap) before it asks for the next, so a segment's
+    audio is all in the tap when its end is marked."""
+    async for event in run.events():
+        if isinstance(event, SegmentAudio):
+            yield event.audio
+        elif tap is not None:
+            tap.end_sentence(event.segment.text)
 
 
 def _segments_header(timings: list[dict]) -> dict[str, str]:
@@ -265,7 +302,9 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
     plan = run.plan
     # timings: the engine's samples, scaled by the stretch (speed != 1) as the file's are
     rate = state.engine.sample_rate_hz * plan.speed
-    out = speech_run.audio_out(plan, state)  # the request's speed, rate and format
+    tap = speech_run.word_tap(plan, state)
+    # the request's speed, rate and format; the tap sees the engine's audio first
+    out = speech_run.audio_out(plan, state, taps=() if tap is None else (tap.push,))
     sent_audio = False
     try:
         async for event in run.events():
@@ -276,9 +315,15 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
                     sent_audio = True
             else:
                 yield sse.encode_event("speech.segment.done", event.timing(rate))
+                if tap is not None:  # queued now; sent when ready, never waited for here
+                    tap.end_sentence(event.segment.text)
+            for sentence in tap.ready() if tap is not None else ():
+                yield sse.encode_event(WORDS_EVENT, sentence.to_json())
         tail = await out.close()
         if tail:
             yield sse.audio_delta(tail)
+        for sentence in await tap.drain() if tap is not None else ():
+            yield sse.encode_event(WORDS_EVENT, sentence.to_json())
         session = run.session
         if run.finish_reason == "abort":  # aborted by the server (shutdown): counted "abort"
             await run.close()
@@ -297,4 +342,6 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         yield sse.audio_error(error_object(api_error.message, api_error.type, api_error.param,
                                            api_error.code), partial_audio=sent_audio)
     finally:
+        if tap is not None:
+            tap.close()
         await run.close()

@@ -51,7 +51,6 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "duration_seconds": "use max_new_tokens / min_new_tokens (25 frames per second)",
     "token_count": "use max_new_tokens / min_new_tokens (25 frames per second)",
     "duration_tokens": "use max_new_tokens / min_new_tokens (25 frames per second)",
-    "word_timestamps": "this endpoint returns audio only",
 }
 
 

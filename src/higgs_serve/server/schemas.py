@@ -146,6 +146,11 @@ class SpeechFields(PeerModel):
         default=None, description="A pre-encoded reference: [T, 8] codec codes 0-1023 (as "
         "`higgs-serve encode-voice` writes them), T <= 750 (30 s).")
     reference_text: str | None = Field(default=None, description="Transcript of reference_codes.")
+    word_timestamps: bool = Field(
+        default=False, description="Word timestamps [{word, start_ms, end_ms}] by forced "
+        "alignment (English): the X-Word-Timestamps header of a file (a raw stream asking for "
+        "them is sent whole, as a file), speech.words events on SSE, audio.chunk frames on the "
+        "WebSocket. Not on /v1/audio/speech/batch.")
     initial_codec_chunk_frames: int | None = Field(
         default=None, ge=0, description="Streaming only: frames in the first audio chunk "
         "(0 = the steady chunk size; at most the profile's codec_chunk_frames).")

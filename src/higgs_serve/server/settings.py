@@ -25,6 +25,12 @@ AUDIO_WORKERS = 4  # threads for decoding and encoding reference clips (server/a
 # Threads that encode responses (server/audio_out.py): PyAV releases the GIL, so one a core lets
 # encoding use the whole host (benchmarks/results/README.md, bench_encoders).
 DEFAULT_ENCODE_THREADS = max(4, os.cpu_count() or 1)
+# Word timestamps (server/word_timestamps.py): aligner worker processes, started at the first
+# request that asks for timestamps. PocketSphinx costs about 0.02 CPU-s per audio second
+# (benchmarks/results/alignment_accuracy.json), so one process keeps up with ~50 audio s/s; a GPU
+# host serving ~1,000 audio s/s with every request timed needs more: a quarter of the cores, at
+# most 4 by default (--alignment-workers raises it; 0 turns word timestamps off).
+DEFAULT_ALIGNMENT_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an alias name (--voice-alias)
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
@@ -68,6 +74,8 @@ class ServerSettings:
     # `voice` names that stand for another voice: (alias, target) pairs, target a registered voice
     # or "default" (--voice-alias alloy=default), so OpenAI-only clients can name a voice.
     voice_aliases: tuple[tuple[str, str], ...] = ()
+    # aligner worker processes for `word_timestamps` (0: the field is refused with a 400)
+    alignment_workers: int = DEFAULT_ALIGNMENT_WORKERS
 
     @property
     def max_json_body_bytes(self) -> int:
@@ -91,6 +99,8 @@ class ServerSettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"server setting {name} must be positive, got {value}")
+        if self.alignment_workers < 0:
+            raise ConfigError(f"server setting alignment_workers must be >= 0, got {self.alignment_workers}")
         if self.max_queue < 0:
             raise ConfigError(f"server setting max_queue must be >= 0, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():

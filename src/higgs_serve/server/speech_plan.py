@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
+from higgs_serve.alignment import aligner_for
 from higgs_serve.audio.formats import output_rate_hz
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
@@ -35,6 +36,10 @@ class SpeechPlan:
     input_tokens: int  # text tokens of `input` (usage)
     sample_rate_hz: int  # of the response (the engine's 24 kHz resampled when asked)
     language: str  # "auto" or the language name the request gave (X-Language)
+    # word_timestamps: the aligner that times the words (alignment/registry.py); None: not asked
+    aligner: str | None = None
+    # a raw stream asking for word timestamps is answered as a file: their header precedes the body
+    buffered: bool = False
 
 
 async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
@@ -51,6 +56,15 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
                                     state.engine.sample_rate_hz)  # the format's checks too
     mode = _mode(body)
     _check_initial_chunk(body, mode, state)
+    aligner = _check_word_timestamps(body, state)
+    buffered = aligner is not None and mode == "audio"
+    if buffered:
+        if body.initial_codec_chunk_frames is not None:
+            raise InvalidRequestError(
+                "initial_codec_chunk_frames sets the first streamed chunk, but a raw stream with "
+                "word_timestamps is sent whole (its X-Word-Timestamps header precedes the body): "
+                "drop one, or use stream_format 'sse'", param="initial_codec_chunk_frames")
+        mode = "file"
     reference = await resolve_reference(body, state)
     sampling = SamplingParams.from_defaults(
         state.engine.deploy.stage0.default_sampling_params,
@@ -61,7 +75,8 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
                             initial_chunk_frames=body.initial_codec_chunk_frames)
     return SpeechPlan(request=request, mode=mode, response_format=body.response_format,
                       speed=body.speed, input_tokens=_count_tokens(body.input, state),
-                      sample_rate_hz=sample_rate_hz, language=body.language or AUTO)
+                      sample_rate_hz=sample_rate_hz, language=body.language or AUTO,
+                      aligner=aligner, buffered=buffered)
 
 
 def _check_model(model: str | None, state: ServerState) -> None:
@@ -83,6 +98,21 @@ def _mode(body: SpeechRequestBody) -> Mode:
                 "false; drop one of them", param="stream_format")
         return "file"
     return body.stream_format or "audio"
+
+
+def _check_word_timestamps(body: SpeechRequestBody, state: ServerState) -> str | None:
+    """The aligner for a request asking for word timestamps (docs/api.md#word-timestamps), or
+    a 400 naming the field: the server runs no aligner processes, or the language has no
+    aligner (checked on the text itself with language 'auto')."""
+    if not body.word_timestamps:
+        return None
+    if state.aligner_pool is None:
+        raise InvalidRequestError(
+            "word_timestamps: this server was started with --alignment-workers 0 (no aligner); "
+            "leave word_timestamps out", param="word_timestamps")
+    aligner = aligner_for(body.language or AUTO, body.input)
+    state.aligner_pool.warm(aligner)
+    return aligner
 
 
 def _check_initial_chunk(body: SpeechRequestBody, mode: Mode, state: ServerState) -> None:

@@ -28,6 +28,7 @@ from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import SpeechRequestBody
 from higgs_serve.server.speech_plan import SpeechPlan, build_plan
 from higgs_serve.server.state import ServerState
+from higgs_serve.server.word_timestamps import WordTimestampTap
 
 CLIENT_GONE = object()  # what `unless_disconnected` returns when the client hung up
 T = TypeVar("T")
@@ -109,14 +110,23 @@ def audio_out(plan: SpeechPlan, state: ServerState, seekable: bool = False,
                     plan.speed, state.encode_workers, seekable=seekable, taps=taps)
 
 
+def word_tap(plan: SpeechPlan, state: ServerState) -> WordTimestampTap | None:
+    """The response's word-timestamps tap when the request asked for them (the plan names its
+    aligner); attach it with `audio_out(..., taps=(tap.push,))`."""
+    if plan.aligner is None:
+        return None
+    return WordTimestampTap(state.aligner_pool, plan.aligner, state.engine.sample_rate_hz,
+                            speed=plan.speed, on_aligned=state.metrics.observe_alignment)
+
+
 async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,
-                  state: ServerState) -> AudioFile:
+                  state: ServerState, taps: tuple[AudioTap, ...] = ()) -> AudioFile:
     """The whole-file path: every chunk of `audio` (24 kHz float) encoded into one AudioFile as
     it arrives, signed at the end when the server signs (the caller sends or reads it, then
     discards it)."""
     signing = (FileSigning(state.provenance, plan.response_format, state.encode_workers)
                if state.provenance is not None else None)
-    return await collect_file(audio, audio_out(plan, state, seekable=True), signing)
+    return await collect_file(audio, audio_out(plan, state, seekable=True, taps=taps), signing)
 
 
 def claim_headers(state: ServerState) -> dict[str, str]:
@@ -131,6 +141,10 @@ def audio_headers(plan: SpeechPlan) -> dict[str, str]:
     X-Bit-Depth only where the samples are on the wire (pcm, wav, flac: 16; G.711: 8)."""
     depth = formats.FORMATS[plan.response_format].bits_per_sample
     bits = {"X-Bit-Depth": str(depth)} if depth is not None else {}
+    # a raw stream asking for word timestamps was held back until the audio was complete
+    # (their header precedes the body): docs/api.md#word-timestamps
+    if plan.buffered:
+        bits["X-Audio-Buffered"] = "word_timestamps"
     return {
         "X-Request-Id": plan.request.request_id,
         "X-Sample-Rate": str(plan.sample_rate_hz),

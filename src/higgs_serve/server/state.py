@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 from fastapi import Request
 
+from higgs_serve.alignment.pool import AlignerPool
 from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import LazyDetector
 from higgs_serve.config.deploy import DeployConfig
@@ -88,6 +89,9 @@ class ServerState:
     provenance: Provenance | None = None
     # response encoding (server/audio_out.py), apart from reference work: --encode-threads
     encode_workers: AudioWorkers | None = None
+    # word timestamps' aligner processes (--alignment-workers; started at the first use);
+    # None: alignment_workers is 0 and word_timestamps is refused
+    aligner_pool: AlignerPool | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
@@ -99,6 +103,8 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.encode_workers is None:
             self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
+        if self.aligner_pool is None and self.settings.alignment_workers > 0:
+            self.aligner_pool = AlignerPool(self.settings.alignment_workers)
 
     def abort_in_flight(self) -> None:
         for generation in list(self.generations):

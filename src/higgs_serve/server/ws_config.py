@@ -14,6 +14,10 @@ The WebSocket-only fields are checked here:
                      input.done ends the session. A config nested under `session` (sglang-omni's
                      client) defaults to "sglang-omni".
     split_granularity  "sentence" only (the peers' name for what this server does)
+
+`word_timestamps` (a REST field, checked by build_plan: aligner processes, language) switches
+the audio to vllm-omni's JSON `audio.chunk` frames (ws_audio.TimestampedAudio), so it does not
+combine with `audio_transport`; sglang-omni's protocol has no timestamps.
 """
 
 from __future__ import annotations
@@ -64,8 +68,26 @@ async def parse_session_config(message: dict, state: ServerState) -> SessionConf
     if body.speed != 1.0:  # audio.done's timings count the engine's samples, unstretched
         raise InvalidRequestError("speed is not offered on the WebSocket: send 1.0 or leave it out",
                                   param="speed")
+    if body.word_timestamps:
+        _check_word_timestamps(options)
     plan = await build_plan(body, state)
     return SessionConfig(plan=plan, options=options)
+
+
+def _check_word_timestamps(options: SessionOptions) -> None:
+    if options.protocol == "sglang-omni":
+        raise InvalidRequestError(
+            "word_timestamps is not part of the sglang-omni protocol (it has no timestamps): "
+            "leave word_timestamps out, or use protocol vllm-omni", param="word_timestamps")
+    if "audio_transport" in options.model_fields_set:
+        raise InvalidRequestError(
+            "word_timestamps sends the audio in audio.chunk JSON frames (audio_b64) beside the "
+            "timestamps: leave audio_transport out", param="audio_transport")
+
+
+def transport_name(config: SessionConfig) -> str:
+    """The session's audio transport (server/ws_audio.py)."""
+    return "timestamped" if config.plan.aligner is not None else config.options.audio_transport
 
 
 def _validated(model: type[BaseModel], fields: dict):

@@ -13,6 +13,14 @@ utterance. `input.flush` speaks what is buffered and goes on. `session.close` (a
 sglang-omni, `input.done`) ends the session: what is buffered is spoken, then `session.done`,
 then close 1000.
 
+Word timestamps (`word_timestamps` in session.config): each sentence has its own tap
+(server/word_timestamps.py) fed its audio through its AudioOut; once the sentence's audio is
+sent, its alignment runs in an aligner process while the next sentence is already generating.
+The trailing `audio.chunk` with the sentence's timestamps and its `audio.done` go out when the
+words are ready, and always before the next sentence's `audio.start` or the utterance's
+`session.done` (vllm-omni's order), so audio never waits on the aligner except when the next
+sentence's first audio comes before the previous sentence's words.
+
 Errors in a message (bad JSON, unknown type, text before config, an oversize message, a refused
 sentence) are `error` events; the session goes on. A session ends exactly one way, within a
 bounded time whatever the client does (docs/api.md, "How a session ends"):
@@ -44,8 +52,9 @@ from higgs_serve.server.json_limits import JsonShapeError, JsonTooDeepError, che
 from higgs_serve.server.long_form import max_audio_samples
 from higgs_serve.server.schemas import unicode_text
 from higgs_serve.server.state import ServerState
+from higgs_serve.server.word_timestamps import WordTimestampTap, words_json
 from higgs_serve.server.ws_audio import TRANSPORTS, AudioTransport
-from higgs_serve.server.ws_config import SessionConfig, parse_session_config
+from higgs_serve.server.ws_config import SessionConfig, parse_session_config, transport_name
 from higgs_serve.text import IncrementalSegmenter, Segment
 
 logger = logging.getLogger(__name__)
@@ -131,6 +140,9 @@ class SpeechStreamSession:
         self.over = False  # the last session.done is going out: nothing more is answered
         self.utterance_index = 0  # of the utterance being spoken
         self.utterance: list[SegmentDone] = []  # its sentences spoken so far
+        # word timestamps: the last sentence's trailing frame and audio.done, sent by this task
+        # once its words are aligned (awaited before anything of the next sentence is sent)
+        self.finishing: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -143,6 +155,8 @@ class SpeechStreamSession:
             ending = self._ending_of(first)
         finally:  # also when the server cancels the session (shutdown)
             await asyncio.gather(_cancelled(reader), _cancelled(speaker))
+            if self.finishing is not None:
+                await _cancelled(self.finishing)
         other = reader if first is speaker else speaker
         if not other.cancelled() and other.exception() is not None:
             self._ending_of(other)  # failed as well before it was stopped: logged too
@@ -276,7 +290,8 @@ class SpeechStreamSession:
         self.config = config
         self.voice = LongFormSession(self.state.engine.generate, config.plan.request,
                                      max_audio_samples(self.state))
-        self.audio = TRANSPORTS[config.options.audio_transport](self._send_json, self._send_bytes)
+        self.audio = TRANSPORTS[transport_name(config)](self._send_json, self._send_bytes,
+                                                        config.plan.sample_rate_hz)
         if config.options.protocol == "sglang-omni":
             await self._send_json({
                 "type": "session.configured", "session_id": config.plan.request.request_id,
@@ -378,6 +393,7 @@ class SpeechStreamSession:
 
     async def _end_of(self, mark: _UtteranceEnd) -> bool:
         """session.done for the utterance just spoken (unless a flush); True: the last one."""
+        await self._finished_sentence()
         if mark.last:
             self.over = True  # session.done is the last event: later messages are not read
         if mark.done:
@@ -428,15 +444,22 @@ class SpeechStreamSession:
     async def _send_event(self, event, record: _SegmentRecord, ready_s: float) -> None:
         options, plan = self.config.options, self.config.plan
         if isinstance(event, SegmentStarted):
+            await self._finished_sentence()  # the previous sentence's words (generation runs)
             record.sentence_index = len(self.utterance)
             record.request_id = event.request_id
-            record.out = speech_run.audio_out(plan, self.state)  # each sentence its own file
-            await self._send_json({
+            record.tap = speech_run.word_tap(plan, self.state)
+            # each sentence its own file (and its own timeline for its words)
+            record.out = speech_run.audio_out(
+                plan, self.state, taps=() if record.tap is None else (record.tap.push,))
+            start = {
                 "type": "audio.start", "id": event.request_id,
                 "utterance_index": self.utterance_index, "sentence_index": record.sentence_index,
                 "sentence_text": event.segment.text, "char_start": event.segment.start,
                 "char_end": event.segment.end, "format": plan.response_format,
-                "sample_rate": plan.sample_rate_hz})
+                "sample_rate": plan.sample_rate_hz}
+            if record.tap is not None:
+                start["word_timestamps"] = True
+            await self._send_json(start)
         elif isinstance(event, SegmentAudio):
             record.first_audio(self.state, ready_s)
             record.pending.append(await record.out.push(event.audio))
@@ -446,15 +469,41 @@ class SpeechStreamSession:
         else:
             record.pending.append(await record.out.close())
             await self._send_audio(record)
-            await self.audio.end_sentence(self.utterance_index, record.sentence_index)
             record.done = event
             self.utterance.append(event)
-            await self._send_json({
-                "type": "audio.done", "id": record.request_id,
-                "utterance_index": self.utterance_index,
-                "sentence_index": record.sentence_index, "total_bytes": record.num_bytes,
-                "error": event.finish_reason == "abort",
-                **event.timing(self.state.engine.sample_rate_hz)})
+            if record.tap is None:
+                await self._finish_sentence(record, event, None)
+            else:  # sent once aligned; the speaker goes on to the next sentence meanwhile
+                record.tap.end_sentence(event.segment.text)
+                self.finishing = asyncio.create_task(self._aligned_finish(record, event))
+
+    async def _aligned_finish(self, record: _SegmentRecord, done: SegmentDone) -> None:
+        tap = record.tap
+        try:
+            tap.finish()
+            sentences = [sentence async for sentence in tap.results()]
+        finally:
+            tap.close()
+        await self._finish_sentence(record, done, words_json(sentences[0].words))
+
+    async def _finished_sentence(self) -> None:
+        """Wait until the last sentence's words and audio.done are out (a send that failed
+        ends the session here, as it would have in the speaker)."""
+        finishing, self.finishing = self.finishing, None
+        if finishing is not None:
+            await finishing
+
+    async def _finish_sentence(self, record: _SegmentRecord, event: SegmentDone,
+                               timestamps: list[dict] | None) -> None:
+        """The sentence's last frame (the transport's; timestamps with word_timestamps) and
+        its audio.done."""
+        await self.audio.end_sentence(self.utterance_index, record.sentence_index, timestamps)
+        await self._send_json({
+            "type": "audio.done", "id": record.request_id,
+            "utterance_index": self.utterance_index,
+            "sentence_index": record.sentence_index, "total_bytes": record.num_bytes,
+            "error": event.finish_reason == "abort",
+            **event.timing(self.state.engine.sample_rate_hz)})
 
     async def _send_audio(self, record: _SegmentRecord) -> None:
         if not record.pending:
@@ -463,7 +512,8 @@ class SpeechStreamSession:
         if not data:  # nothing yet (a codec's lookahead, an empty tail)
             return
         record.num_bytes += len(data)
-        await self.audio.send_chunk(data, self.utterance_index, record.sentence_index)
+        await self.audio.send_chunk(data, self.utterance_index, record.sentence_index,
+                                    record.num_samples / self.state.engine.sample_rate_hz)
 
     def _session_done(self) -> dict:
         """The utterance just finished: its sentences, frames and audio."""
@@ -507,6 +557,7 @@ class _SegmentRecord:
     def __init__(self):
         self.pending: list[bytes] = []
         self.out: AudioOut | None = None  # the sentence's pipeline, set by its SegmentStarted
+        self.tap: WordTimestampTap | None = None  # its words' tap, with word_timestamps
         self.sentence_index = 0  # within its utterance
         self.request_id = ""  # its engine request's id (sglang-omni's `id`)
         self.num_bytes = 0

@@ -24,12 +24,14 @@ from starlette.background import BackgroundTask
 from higgs_serve.audio import formats
 from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server import long_form, speech_run, sse
-from higgs_serve.server.audio_file import file_response
+from higgs_serve.server.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
 from higgs_serve.server.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
+from higgs_serve.server.word_timestamps import (WORDS_EVENT, SentenceWords, WordTimestampTap,
+                                                 header_of)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["audio"])
@@ -89,10 +91,11 @@ async def _file_response(generation: Generation, request: Request,
     """Encode the chunks into one file as they arrive (aborting if the client leaves), then
     answer it with its Content-Length (server/audio_file.py)."""
     plan = generation.plan
+    tap = speech_run.word_tap(plan, state)
     try:
-        file = await speech_run.unless_disconnected(
-            speech_run.file_of(_audio(generation), plan, state), request)
-        if file is speech_run.CLIENT_GONE:
+        answer = await speech_run.unless_disconnected(_file_and_words(generation, state, tap), request)
+        file, words = (None, None) if answer is speech_run.CLIENT_GONE else answer
+        if file is None:
             generation.close()  # finish_reason unset: counts as "abort", frees the slot
             return Response(status_code=499)  # nobody is listening any more
         if generation.finish_reason == "abort":  # cut by the shutdown's grace period
@@ -102,10 +105,31 @@ async def _file_response(generation: Generation, request: Request,
     except BaseException:
         generation.close(outcome="error")
         raise
+    finally:
+        if tap is not None:
+            tap.close()
     generation.close()
-    return file_response(file, formats.MEDIA_TYPES[plan.response_format],
-                         speech_run.file_headers(plan, generation.finish_reason,
-                                                 generation.num_frames, generation.engine_time_s))
+    headers = speech_run.file_headers(plan, generation.finish_reason, generation.num_frames,
+                                      generation.engine_time_s)
+    if tap is not None:
+        headers.update(header_of(words))
+    return file_response(file, formats.MEDIA_TYPES[plan.response_format], headers)
+
+
+async def _file_and_words(generation: Generation, state: ServerState, tap: WordTimestampTap | None
+                          ) -> tuple[AudioFile, list[SentenceWords] | None]:
+    """The file, and (with a tap) its words once aligned (the request is one sentence)."""
+    plan = generation.plan
+    file = await speech_run.file_of(_audio(generation), plan, state,
+                                    taps=() if tap is None else (tap.push,))
+    if tap is None:
+        return file, None
+    try:
+        tap.end_sentence(plan.request.text)
+        return file, await tap.drain()
+    except BaseException:
+        file.discard()
+        raise
 
 
 async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
@@ -113,9 +137,11 @@ async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
         yield chunk.audio
 
 
-async def _encoded(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
-    """The response format's bytes, chunk by chunk, as the pipeline releases them."""
-    out = speech_run.audio_out(generation.plan, state)
+async def _encoded(generation: Generation, state: ServerState,
+                   tap: WordTimestampTap | None = None) -> AsyncIterator[bytes]:
+    """The response format's bytes, chunk by chunk, as the pipeline releases them (the tap,
+    if any, sees each chunk's 24 kHz audio first)."""
+    out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,))
     async for chunk in generation.chunks():
         data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
         if data:
@@ -145,10 +171,15 @@ async def _sse_events(generation: Generation, state: ServerState) -> AsyncIterat
     speech.audio.done with usage (or .error)."""
     plan = generation.plan
     sent_audio = False
+    tap = speech_run.word_tap(plan, state)
     try:
-        async for data in _encoded(generation, state):
+        async for data in _encoded(generation, state, tap):
             yield sse.audio_delta(data)
             sent_audio = True
+        if tap is not None:  # the request is one sentence: its words after its audio
+            tap.end_sentence(plan.request.text)
+            for sentence in await tap.drain():
+                yield sse.encode_event(WORDS_EVENT, sentence.to_json())
         if generation.finish_reason == "abort":
             generation.close()
             yield sse.audio_error(error_object(
@@ -162,4 +193,6 @@ async def _sse_events(generation: Generation, state: ServerState) -> AsyncIterat
         yield sse.audio_error(error_object(api_error.message, api_error.type, api_error.param,
                                            api_error.code), partial_audio=sent_audio)
     finally:
+        if tap is not None:
+            tap.close()
         generation.close()

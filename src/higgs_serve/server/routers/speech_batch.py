@@ -59,6 +59,7 @@ async def create_speech_batch(body: SpeechBatchRequest, request: Request) -> Res
     state = server_state(request)
     check_engine(state)
     check_batch_input(body.items, state.settings)
+    _refuse_word_timestamps(body)
     batch = _Batch(state, body, arrived_s)
     try:
         items = await speech_run.unless_disconnected(batch.run(), request)
@@ -71,6 +72,17 @@ async def create_speech_batch(body: SpeechBatchRequest, request: Request) -> Res
     answer = BatchAnswer(f"speech-batch-{uuid.uuid4().hex}", items)
     # on a signing server, the claim header when an item's file carries no manifest
     return answer.response(None if answer.all_signed else speech_run.claim_headers(state))
+
+
+def _refuse_word_timestamps(body: SpeechBatchRequest) -> None:
+    """A batch answers JSON with base64 files and has no place for timestamps: asked for, in
+    the defaults or an item, it is a 400 rather than a field accepted and ignored."""
+    asked = body.word_timestamps or any(item.get("word_timestamps") is True for item in body.items)
+    if asked:
+        raise InvalidRequestError(
+            "word_timestamps are not offered on /v1/audio/speech/batch: send each text to "
+            "/v1/audio/speech (X-Word-Timestamps header, or speech.words events with "
+            "stream_format 'sse')", param="word_timestamps")
 
 
 class _Batch:

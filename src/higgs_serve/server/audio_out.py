@@ -45,8 +45,10 @@ class AudioOut:
         self._local = self._threads = None
         if spec.cpu_heavy and isinstance(workers, EncodePool):
             self._remote = workers.open(spec)
-            # a response that ends without close (client gone, error) frees its pipeline there
-            weakref.finalize(self, self._remote.release).atexit = False
+            # Backstop for an owner that never calls release(): the collector frees the
+            # pipeline. Only a backstop: a response that ends by an exception is often held by
+            # its traceback's reference cycle until a full collection, seconds or minutes later.
+            weakref.finalize(self, self._remote.release_later).atexit = False
         else:
             self._local = EncodePipeline(spec)
             self._threads = workers if spec.cpu_heavy else None
@@ -63,10 +65,21 @@ class AudioOut:
         """After close: header rewrites for a file (see audio/encoders)."""
         return self._remote.patches() if self._remote is not None else self._local.patches()
 
+    def release(self) -> None:
+        """The response is over, closed or not: an encoder process frees its pipeline (and
+        stops counting it for assignment) now. Idempotent; nothing to do for a pipeline in this
+        process. Every owner calls it in a `finally`."""
+        if self._remote is not None:
+            self._remote.release()
+
     async def _run(self, audio: np.ndarray, last: bool) -> bytes:
         if self._remote is not None:
             self._tap(audio, last)
-            return await self._remote.convert(audio, last)
+            try:
+                return await self._remote.convert(audio, last)
+            except BaseException:  # a chunk that failed or was cancelled ends the response
+                self._remote.release()
+                raise
         if self._threads is not None:
             return await self._threads.run(self.convert, audio, last)
         return self.convert(audio, last)

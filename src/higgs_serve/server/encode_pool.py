@@ -239,10 +239,13 @@ class EncoderStream:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of its calls
         self._loop_thread = 0
         self.closed = False
+        self.released = False  # ended without a close (release)
         self._patches: list[Patch] = []
 
     async def convert(self, audio: np.ndarray, last: bool) -> bytes:
         """audio: [n] float32 at the model's rate -> the bytes ready (all of them when last)."""
+        if self.released:  # an earlier chunk failed (or was cancelled): so does this one
+            raise EncoderFailedError("this response's encoding already failed")
         if self.closed:
             raise RuntimeError("EncoderStream used after close")
         if self._busy:
@@ -268,15 +271,33 @@ class EncoderStream:
         return list(self._patches)
 
     def release(self) -> None:
-        """The response is gone: forget its pipeline if it was never closed (callable from any
-        thread, e.g. by the garbage collector)."""
-        if self.closed or self._process is None:
-            return
-        self.closed = True
+        """The response is over without a close (failed, cancelled, its client gone): its
+        process forgets its pipeline and counts it no more, now. Idempotent; the response's
+        owner calls it when the response ends (server/audio_out.py: AudioOut.release)."""
         if threading.get_ident() == self._loop_thread:
-            self._drop()
-        elif not self._loop.is_closed():
+            if self._claim_release():
+                self._drop()
+        else:
+            self.release_later()
+
+    def release_later(self) -> None:
+        """release() from any thread at any moment: the garbage collector's finalizer of a
+        response nobody released. The drop runs as a callback of its own on the stream's loop,
+        never inside the code the collector interrupted (a write to the same socket, say)."""
+        if not self._claim_release() or self._loop.is_closed():
+            return
+        try:
             self._loop.call_soon_threadsafe(self._drop)
+        except RuntimeError:  # the loop closed meanwhile: the pool went with it
+            pass
+
+    def _claim_release(self) -> bool:
+        """True once for a stream that was assigned a process and not closed: the one caller
+        that may count it down (a close counts itself down in convert)."""
+        if self.closed or self._process is None:
+            return False
+        self.closed = self.released = True
+        return True
 
     def _drop(self) -> None:
         self._process.streams -= 1

@@ -220,6 +220,7 @@ def _segments_header(timings: list[dict]) -> dict[str, str]:
 
 
 async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
+    out = None
     try:
         out = speech_run.audio_out(run.plan, state)  # the request's speed, rate and format
         async for audio in run.audio():
@@ -237,6 +238,8 @@ async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         await run.close(outcome="error")
         raise
     finally:
+        if out is not None:
+            out.release()
         await run.close()
 
 
@@ -276,4 +279,5 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         yield sse.audio_error(error_object(api_error.message, api_error.type, api_error.param,
                                            api_error.code), partial_audio=sent_audio)
     finally:
+        out.release()
         await run.close()

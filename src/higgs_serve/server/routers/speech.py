@@ -116,10 +116,13 @@ async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
 async def _encoded(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:
     """The response format's bytes, chunk by chunk, as the pipeline releases them."""
     out = speech_run.audio_out(generation.plan, state)
-    async for chunk in generation.chunks():
-        data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
-        if data:
-            yield data
+    try:
+        async for chunk in generation.chunks():
+            data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
+            if data:
+                yield data
+    finally:
+        out.release()
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:

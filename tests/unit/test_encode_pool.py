@@ -315,3 +315,37 @@ def test_a_released_stream_is_counted_down_once_and_fails_its_later_chunks():
             await pool.shutdown()
 
     assert asyncio.run(run()) == (0, 0)
+
+
+def test_encode_processes_flag_reaches_the_settings_and_zero_keeps_the_threads(tiny_model_dir,
+                                                                                monkeypatch, capsys):
+    """--encode-processes N goes through the settings (validated once: a negative count is a
+    one-line error before anything loads); 0 encodes on the encode threads in the server."""
+    from higgs_serve import cli
+    from higgs_serve.server.audio_workers import AudioWorkers
+    from higgs_serve.server.settings import ServerSettings
+    from higgs_serve.server.state import ServerState
+
+    seen = []
+    monkeypatch.setattr("higgs_serve.server.app.run_server",
+                        lambda model, settings, *a, **k: seen.append(settings))
+    for count in ("0", "3"):
+        assert cli.main(["serve", str(tiny_model_dir), "--device", "cpu", "--port", "0",
+                         "--encode-processes", count]) == 0
+    assert [s.encode_processes for s in seen] == [0, 3]
+    assert cli.main(["serve", str(tiny_model_dir), "--device", "cpu", "--port", "0",
+                     "--encode-processes", "-1"]) != 0
+    err = capsys.readouterr().err
+    assert "encode_processes must be >= 0, got -1" in err and "Traceback" not in err
+    assert seen[1].encode_processes == 3 and ServerSettings().encode_processes >= 1
+    state = ServerState(engine=None, settings=seen[0], voices=None, metrics=None, gate=None,
+                        reference_encoder=None)
+    try:
+        assert state.encode_pool is None and isinstance(state.encoders, AudioWorkers)
+        out = AudioOut("mp3", RATE, RATE, 1.0, state.encoders)
+        audio = _chunks(_audio(0.3))
+        pieces = [asyncio.run(out.push(c)) for c in audio[:-1]] + [asyncio.run(out.close(audio[-1]))]
+        assert out._remote is None and pieces == _local(EncodeSpec("mp3", RATE, RATE), audio)[0]
+    finally:
+        state.encode_workers.shutdown()
+        state.audio_workers.shutdown()

@@ -24,11 +24,14 @@ from support.decoders import ffmpeg_decode
 FRAMES = 200  # 40 chunks of 5 frames, 40 ms apart: ~1.6 s a response
 TEXT = "x" * 100  # the fake engine speaks 2 frames a character, capped by max_new_tokens
 BODY = {"input": TEXT, "seed": 7, "max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
+# twice as long: a response that must outlast the others' first chunks on a loaded host
+LONG_BODY = {**BODY, "input": TEXT * 2, "max_new_tokens": 2 * FRAMES, "min_new_tokens": 2 * FRAMES}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=6), chunk_frames=5, step_delay_s=0.04)
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=6, max_tokens=2 * FRAMES), chunk_frames=5,
+                        step_delay_s=0.04)
     live = start_threaded_server(engine, fake_settings(tmp_path_factory.mktemp("enc"), max_queue=2,
                                                        encode_processes=2))
     # the first compressed response starts the processes (an app not built by run_server)
@@ -68,9 +71,10 @@ def test_a_dead_encoder_process_ends_only_its_own_responses(server):
             a_first = await anext(a_body)
             first, second = pool._processes
             assert a_first and first.streams == 1 and second.streams == 0
-            # B: an mp3 file: the less loaded process 1
+            # B: an mp3 file: the less loaded process 1 (long: still open when C starts, or C
+            # would go to its emptied process)
             b = asyncio.ensure_future(client.post("/v1/audio/speech", json={
-                **BODY, "response_format": "mp3", "stream": False}))
+                **LONG_BODY, "response_format": "mp3", "stream": False}))
             await _until(lambda: second.streams == 1)
             # C: opus over SSE: process 0 again (a tie goes to the first)
             c = await client.send(client.build_request("POST", "/v1/audio/speech", json={
@@ -99,7 +103,7 @@ def test_a_dead_encoder_process_ends_only_its_own_responses(server):
     assert events[-1]["error"]["code"] == "encoder_failed" and events[-1]["error"]["type"] == "server_error"
     assert b.status_code == 200 and int(b.headers["content-length"]) == len(b.content)
     decoded = ffmpeg_decode(b.content, "mp3", 24000)  # whole: the LAME/Info frame trims the delay
-    assert abs(decoded.size - FRAMES * 960) < 1152
+    assert abs(decoded.size - 2 * FRAMES * 960) < 1152
     assert d.status_code == 200
     pcm = np.frombuffer(d.content, "<i2")
     assert np.array_equal(pcm, np.round(np.clip(fake_audio(7, 0, FRAMES), -1, 1) * 32767).astype("<i2"))

@@ -38,6 +38,8 @@ Metrics (docs/model.md#metrics, the usual definitions):
 - server CPU: the server process's user + system CPU seconds over the level, from
   /proc/<pid>/stat (only when this tool started the server): cores busy (CPU s / wall s) and CPU
   ms per audio second; with the host's core count beside it, what encoding a format costs the host.
+  Beside it, the same with the server's encoder processes (its children running
+  higgs_serve.audio.encode_worker, --encode-processes) added, and their count.
 - Formats other than pcm: audio seconds are the frames asked for (every request gets exactly
   its N frames), and a player's stalls are timed at the stream's mean byte rate.
 
@@ -520,9 +522,9 @@ def process_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu_s(pid: int | None) -> float | None:
+def descendants_cpu_s(pid: int | None) -> float | None:
     """User + system CPU seconds of the live child processes of `pid`, recursively (the aligner
-    workers), from /proc/<pid>/task/*/children; None where /proc has no such process."""
+    workers and the encoder processes), from /proc/<pid>/task/*/children; None where /proc has no such process."""
     if pid is None or not Path(f"/proc/{pid}/task").is_dir():
         return None
     total, stack = 0.0, [pid]
@@ -539,13 +541,48 @@ def children_cpu_s(pid: int | None) -> float | None:
     return total
 
 
+ENCODER_PROCESS_MODULE = "higgs_serve.audio.encode_worker"  # the server's encoder processes
+
+
+def encoder_children(pid: int | None) -> list[int]:
+    """The server's encoder processes (--encode-processes): its direct children running
+    ENCODER_PROCESS_MODULE, found by scanning /proc (a front end's replicas are children too,
+    and their own encoder processes grandchildren: neither is counted)."""
+    if pid is None:
+        return []
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and ENCODER_PROCESS_MODULE in (stat.parent / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+    return sorted(found)
+
+
+def children_cpu_s(pids: list[int]) -> dict[int, float]:
+    return {pid: cpu for pid in pids if (cpu := process_cpu_s(pid)) is not None}
+
+
 def server_cpu_metrics(cpu_before: float | None, cpu_after: float | None, window_s: float,
-                       audio_s: float) -> dict:
+                       audio_s: float, children_before: dict[int, float] | None = None,
+                       children_after: dict[int, float] | None = None) -> dict:
+    """The server process's own CPU, and with its encoder processes' (children_*: pid -> CPU s;
+    a process present at both ends counts; one replaced mid-level is left out)."""
+    children_before, children_after = children_before or {}, children_after or {}
     if cpu_before is None or cpu_after is None or window_s <= 0:
-        return {"server_cpu_cores": None, "server_cpu_ms_per_audio_s": None}
+        return {"server_cpu_cores": None, "server_cpu_ms_per_audio_s": None,
+                "encoder_processes": None, "server_and_encoders_cpu_cores": None,
+                "server_and_encoders_cpu_ms_per_audio_s": None}
     cpu = cpu_after - cpu_before
+    kids = sum(children_after[pid] - children_before[pid]
+               for pid in children_after if pid in children_before)
     return {"server_cpu_cores": cpu / window_s,
-            "server_cpu_ms_per_audio_s": 1e3 * cpu / audio_s if audio_s else None}
+            "server_cpu_ms_per_audio_s": 1e3 * cpu / audio_s if audio_s else None,
+            "encoder_processes": len(children_after),
+            "server_and_encoders_cpu_cores": (cpu + kids) / window_s,
+            "server_and_encoders_cpu_ms_per_audio_s": 1e3 * (cpu + kids) / audio_s if audio_s else None}
 
 
 async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_index: int,
@@ -566,22 +603,29 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace, first_
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_gpu_memory(peak, stop, 1.0))
         counters_before = await engine_counters(client, url)
-        cpu_before, children_before = process_cpu_s(server_pid), children_cpu_s(server_pid)
+        children = encoder_children(server_pid)
+        cpu_before, children_before = process_cpu_s(server_pid), children_cpu_s(children)
+        descendants_before = descendants_cpu_s(server_pid)
         t0 = time.perf_counter()
         records = await closed_loop(url, list(range(index, index + num)), concurrency, args)
         window = max(r.end for r in records) - t0
-        cpu_after, children_after = process_cpu_s(server_pid), children_cpu_s(server_pid)
+        cpu_after = process_cpu_s(server_pid)
+        children_after = children_cpu_s(encoder_children(server_pid))
+        descendants_after = descendants_cpu_s(server_pid)
         counters_after = await engine_counters(client, url)
         stop.set()
         await poller
     metrics = level_metrics(concurrency, records, window)
-    metrics.update(server_cpu_metrics(cpu_before, cpu_after, window, metrics["audio_s_total"]))
+    metrics.update(server_cpu_metrics(cpu_before, cpu_after, window, metrics["audio_s_total"],
+                                      children_before, children_after))
     metrics.update(engine_step_metrics(counters_before, counters_after))
     metrics.update(server_ttfa_metrics(counters_before, counters_after))
     metrics.update(codec_metrics(counters_before, counters_after, window))
     metrics.update(watermark_metrics(counters_before, counters_after, window))
     metrics.update(alignment_metrics(counters_before, counters_after, records))
-    child = (children_after - children_before if None not in (children_before, children_after) else None)
+    # every child process's CPU (aligner workers and encoder processes alike)
+    child = (descendants_after - descendants_before
+             if None not in (descendants_before, descendants_after) else None)
     metrics["server_children_cpu_ms_per_audio_s"] = (1e3 * child / metrics["audio_s_total"]
                                                      if child is not None and metrics["audio_s_total"] else None)
     metrics.update(step_kind_metrics(counters_before, counters_after))
@@ -728,9 +772,10 @@ def print_table(result: dict) -> None:
         ("codec_windows_per_call", "codec windows/call"), ("codec_busy_fraction", "codec busy"),
         ("watermark_busy_fraction", "mark busy"), ("watermark_busy_ms_per_audio_s", "mark ms/audio s"),
         ("words_lag_ms_p50", "words lag p50 ms"), ("server_alignment_ms_mean", "align ms mean"),
-        ("alignment_failures", "align failures"), ("server_children_cpu_ms_per_audio_s", "aligner CPU ms/audio s"),
+        ("alignment_failures", "align failures"), ("server_children_cpu_ms_per_audio_s", "child procs CPU ms/audio s"),
         ("gpu_mem_used_mib_max", "GPU MiB"),
         ("server_cpu_cores", "server cores"), ("server_cpu_ms_per_audio_s", "server CPU ms/audio s"),
+        ("server_and_encoders_cpu_cores", "+ encoder procs cores"),
     ]))
 
 

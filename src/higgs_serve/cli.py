@@ -230,6 +230,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
         alignment_workers=args.alignment_workers,
+        **({} if args.encode_processes is None else {"encode_processes": args.encode_processes}),
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
@@ -244,7 +245,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
     from higgs_serve.cluster.mps import check_mps
     from higgs_serve.model.hf_config import load_model_spec
-    from higgs_serve.server.settings import ServerSettings
+    from higgs_serve.server.settings import ServerSettings, default_encode_processes
 
     if args.uds:
         raise HiggsServeError("--uds: the data-parallel front end listens on --host/--port (its "
@@ -268,7 +269,11 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
               "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
-              "--alignment-workers": args.alignment_workers, "--load-format": args.load_format, "--dtype": args.dtype,
+              "--alignment-workers": args.alignment_workers,
+              # the replicas share the host's cores (each its own encoder processes)
+              "--encode-processes": (default_encode_processes(len(devices))
+                                     if args.encode_processes is None else args.encode_processes),
+              "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,
               "--watermark": args.watermark, "--c2pa-cert": args.c2pa_cert, "--c2pa-key": args.c2pa_key,

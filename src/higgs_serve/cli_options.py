@@ -162,9 +162,17 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="the private key (PEM, unencrypted) of --c2pa-cert (default: none)")
     p.add_argument("--c2pa-tsa-url", default=None, metavar="URL",
                    help="an RFC 3161 timestamp authority that countersigns each manifest (default: none)")
+    p.add_argument("--encode-processes", type=int, default=None, metavar="N",
+                   help="encoder processes for mp3, opus, aac, flac and speed != 1: each response is "
+                        "encoded in one of them, away from the server's GIL (pcm, wav and G.711 stay in "
+                        "the server); 0 encodes on --encode-threads in the server process instead "
+                        "(default: one per host core less 2 for the server, at most 32: "
+                        f"{ServerSettings.encode_processes} here; with replicas, the cores left are "
+                        "shared among them)")
     p.add_argument("--encode-threads", type=int, default=ServerSettings.encode_threads,
-                   help="threads that encode responses (mp3, opus, aac, flac and speed != 1 leave "
-                        "the event loop for them); one a core lets encoding use the whole host")
+                   help="threads in the server process that sign C2PA files and, with "
+                        "--encode-processes 0, encode responses (PyAV releases the GIL for part of "
+                        "the work); one a core lets encoding use the whole host")
     p.add_argument("--alignment-workers", type=int, default=ServerSettings.alignment_workers,
                    help="aligner processes for word_timestamps requests, started at the first such "
                         "request; the default is a quarter of the cores, 1 to 4; 0 refuses word_timestamps")

@@ -53,3 +53,9 @@ class AlignmentError(HiggsServeError):
 class WatermarkUnavailableError(HiggsServeError):
     """The watermark is on but its model cannot be loaded (package missing, file absent or
     damaged): start-up refuses to go on with unmarked audio."""
+
+
+class EncoderFailedError(HiggsServeError):
+    """A response's encoder process stopped (or its codec failed) mid-response, or the encoder
+    processes could not be started: that response ends with an error (a 500 if nothing was
+    sent), the others go on; at start-up the server refuses to start."""

@@ -146,6 +146,27 @@ class _ReferenceCounters(Collector):
                 yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=value)
 
 
+# The encoder processes' state (server/encode_pool.py), read at scrape time: stats key ->
+# (metric name, help, counter?).
+ENCODER_STATS: dict[str, tuple[str, str, bool]] = {
+    "encoder_processes": ("encoder_processes", "Encoder processes running (--encode-processes).", False),
+    "encoder_streams": ("encoder_streams", "Responses whose encoding is assigned to an encoder process.", False),
+    "encoder_restarts": ("encoder_restarts", "Encoder processes replaced after they died (their "
+                         "responses ended with an error).", True),
+}
+
+
+class _EncoderStats(Collector):
+    def __init__(self, stats: Callable[[], Mapping[str, float]]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._stats()
+        for key, (name, help_text, counter) in ENCODER_STATS.items():
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            yield family(f"{PREFIX}_{name}", help_text, value=stats[key])
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], int], reference_encoder: object | None = None):
@@ -189,6 +210,10 @@ class ServerMetrics:
         self.registry.register(_EngineStats(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))
+
+    def watch_encoders(self, stats: Callable[[], Mapping[str, float]]) -> None:
+        """Export the encoder processes' stats (ENCODER_STATS) at scrape time."""
+        self.registry.register(_EncoderStats(stats))
 
     def observe_step(self, step_seconds: float, num_seqs: int, num_rows: int) -> None:
         """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""

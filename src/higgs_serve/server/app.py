@@ -47,12 +47,15 @@ logger = logging.getLogger(__name__)
 def build_app(engine: SpeechEngine, settings: ServerSettings, *,
               reference_encoder: ReferenceEncoder | None = None,
               on_engine_failure: Callable[[], None] | None = None,
-              provenance: Provenance | None = None) -> FastAPI:
-    """An app serving `engine`. The lifespan starts and shuts down the engine.
+              provenance: Provenance | None = None, start_encoders: bool = False) -> FastAPI:
+    """An app serving `engine`. The lifespan starts and shuts down the engine (and the encoder
+    processes).
 
     reference_encoder: enables voice cloning (voice=<registered> and ref_audio); None = 400.
     provenance: signs whole files (audio/provenance.py); None = unsigned.
     on_engine_failure: called if `engine.start()` raises (run_server stops uvicorn with it).
+    start_encoders: start the encoder processes with the engine, and count their start-up check
+    as part of its start (run_server); otherwise they start at the first compressed response.
     """
     gate = AdmissionGate(engine.deploy.stage0.max_num_seqs + settings.max_queue)
     metrics = ServerMetrics(engine_stats=engine.stats, in_flight=lambda: gate.in_flight,
@@ -61,16 +64,20 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                         voices=VoiceRegistry(settings.voices_dir, engine.sample_rate_hz),
                         metrics=metrics, gate=gate, reference_encoder=reference_encoder,
                         provenance=provenance)
+    if state.encode_pool is not None:
+        metrics.watch_encoders(state.encode_pool.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        starting = asyncio.create_task(_start_engine(state, on_engine_failure))
+        starting = asyncio.create_task(_start_engine(state, on_engine_failure, start_encoders))
         try:
             yield
         finally:
             if not starting.done():
                 starting.cancel()
             await engine.shutdown()
+            if state.encode_pool is not None:
+                await state.encode_pool.shutdown()
             state.audio_workers.shutdown()
             state.encode_workers.shutdown()
             if state.aligner_pool is not None:
@@ -96,14 +103,24 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     return app
 
 
-async def _start_engine(state: ServerState, on_failure: Callable[[], None] | None) -> None:
+async def _start_engine(state: ServerState, on_failure: Callable[[], None] | None,
+                        start_encoders: bool) -> None:
     try:
         # the Stage 0 step histogram is fed by the engine loop's per-step hook
-        await state.engine.start(EngineHooks(on_step=state.metrics.observe_step))
+        starts = [asyncio.ensure_future(state.engine.start(EngineHooks(on_step=state.metrics.observe_step)))]
+        if start_encoders and state.encode_pool is not None:  # while the engine warms up
+            starts.append(asyncio.ensure_future(state.encode_pool.start()))
+        try:
+            await asyncio.gather(*starts)
+        except BaseException:  # one failed (or the start was cancelled): stop the other
+            for start in starts:
+                start.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
+            raise
     except asyncio.CancelledError:
         raise
     except Exception as error:  # logged, shown by /health, re-raised by run_server
-        logger.exception("the engine failed to start")
+        logger.exception("the engine (or its encoder processes) failed to start")
         state.engine_start_error = error
         if on_failure is not None:
             on_failure()
@@ -151,7 +168,7 @@ def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,
         server.should_exit = True
 
     app = build_app(engine, settings, reference_encoder=reference_encoder, on_engine_failure=stop,
-                    provenance=provenance)
+                    provenance=provenance, start_encoders=True)
     server = draining_server(app, settings.host, settings.port, log_level="info")
     server.run(sockets=sockets)
     error = server_state_of(app).engine_start_error

@@ -117,7 +117,8 @@ class AudioFile:
             self.discard()
 
     def discard(self) -> None:
-        """Free the memory or the temporary file (idempotent)."""
+        """Free the memory or the temporary file, and an unfinished pipeline (idempotent)."""
+        self._out.release()
         self._file.close()
 
 

@@ -6,23 +6,28 @@ chunks in, the bytes of the response format out, as they are made.
 
 Every way audio leaves the server goes through one `AudioOut` per response (per sentence on the
 WebSocket): raw HTTP streams, SSE deltas, long-form, WebSocket sentences and whole files
-(server/audio_file.py), so a format is encoded one way everywhere. A stage that costs real CPU
-(a codec, the time stretch) runs on the encode pool's threads, one chunk at a time per response
-and never on the event loop; PyAV and NumPy release the GIL there, so responses encode on as
-many cores as the pool has threads (--encode-threads).
+(server/audio_file.py), so a format is encoded one way everywhere. The stages after the taps are
+audio/encode_pipeline.py's, run where their cost belongs:
+- pcm, wav and G.711 at speed 1 (a copy or a table lookup): right here, on the event loop;
+- a codec (mp3, aac, flac, opus) or the time stretch, given an `EncodePool`: in the response's
+  encoder process (server/encode_pool.py, --encode-processes), away from the server's GIL;
+- the same given `AudioWorkers` (--encode-processes 0): on the encode threads, one chunk at a
+  time per response (PyAV and NumPy release the GIL for part of the work).
+The taps always run in the server process: on the event loop, or on the encode thread with
+`AudioWorkers`; a tap must be cheap and thread-safe (it hands the audio on).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
 
-from higgs_serve.audio.encoders import Patch, open_encoder
-from higgs_serve.audio.formats import float_to_int16
-from higgs_serve.audio.output_rate import StreamResampler
-from higgs_serve.audio.time_stretch import TimeStretcher
+from higgs_serve.audio.encode_pipeline import EncodePipeline, EncodeSpec
+from higgs_serve.audio.encoders import Patch
 from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.encode_pool import EncodePool
 
 # A tap sees each chunk of the response's audio as the engine made it: [n] float32 at 24 kHz.
 AudioTap = Callable[[np.ndarray], None]
@@ -30,16 +35,23 @@ AudioTap = Callable[[np.ndarray], None]
 
 class AudioOut:
     def __init__(self, response_format: str, model_rate_hz: int, sample_rate_hz: int,
-                 speed: float, workers: AudioWorkers, seekable: bool = False,
+                 speed: float, workers: AudioWorkers | EncodePool, seekable: bool = False,
                  taps: tuple[AudioTap, ...] = ()):
         """seekable: the bytes are collected into a file that `patches` will be applied to."""
-        self._stretcher = TimeStretcher(speed) if speed != 1.0 else None
-        self._resampler = StreamResampler(model_rate_hz, sample_rate_hz)
-        self._encoder = open_encoder(response_format, sample_rate_hz, seekable)
-        self._workers = workers
-        self._off_loop = self._encoder.cpu_heavy or self._stretcher is not None
+        spec = EncodeSpec(response_format, model_rate_hz, sample_rate_hz, speed, seekable)
         self.taps = list(taps)
         self.closed = False
+        self._remote = None
+        self._local = self._threads = None
+        if spec.cpu_heavy and isinstance(workers, EncodePool):
+            self._remote = workers.open(spec)
+            # Backstop for an owner that never calls release(): the collector frees the
+            # pipeline. Only a backstop: a response that ends by an exception is often held by
+            # its traceback's reference cycle until a full collection, seconds or minutes later.
+            weakref.finalize(self, self._remote.release_later).atexit = False
+        else:
+            self._local = EncodePipeline(spec)
+            self._threads = workers if spec.cpu_heavy else None
 
     async def push(self, audio: np.ndarray) -> bytes:
         """audio: [n] float32 at the model's rate -> the bytes ready so far (maybe none)."""
@@ -51,24 +63,37 @@ class AudioOut:
 
     def patches(self) -> list[Patch]:
         """After close: header rewrites for a file (see audio/encoders)."""
-        return self._encoder.patches()
+        return self._remote.patches() if self._remote is not None else self._local.patches()
+
+    def release(self) -> None:
+        """The response is over, closed or not: an encoder process frees its pipeline (and
+        stops counting it for assignment) now. Idempotent; nothing to do for a pipeline in this
+        process. Every owner calls it in a `finally`."""
+        if self._remote is not None:
+            self._remote.release()
 
     async def _run(self, audio: np.ndarray, last: bool) -> bytes:
-        if self._off_loop:
-            return await self._workers.run(self.convert, audio, last)
+        if self._remote is not None:
+            self._tap(audio, last)
+            try:
+                return await self._remote.convert(audio, last)
+            except BaseException:  # a chunk that failed or was cancelled ends the response
+                self._remote.release()
+                raise
+        if self._threads is not None:
+            return await self._threads.run(self.convert, audio, last)
         return self.convert(audio, last)
 
     def convert(self, audio: np.ndarray, last: bool) -> bytes:
-        """The pipeline, synchronously (in whichever thread calls it)."""
+        """The pipeline in this process, synchronously (in whichever thread calls it)."""
+        if self._local is None:
+            raise RuntimeError("this AudioOut encodes in an encoder process: use push/close")
+        self._tap(audio, last)
+        return self._local.convert(audio, last)
+
+    def _tap(self, audio: np.ndarray, last: bool) -> None:
         if self.closed:
             raise RuntimeError("AudioOut used after close")
         self.closed = last
         for tap in self.taps:
             tap(audio)
-        signal = audio
-        if self._stretcher is not None:
-            signal = self._stretcher.push(signal)
-            if last:
-                signal = np.concatenate([signal, self._stretcher.close()])
-        data = self._encoder.push(float_to_int16(self._resampler.push(signal, last=last)))
-        return data + self._encoder.close() if last else data

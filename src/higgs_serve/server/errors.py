@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from higgs_serve.errors import (
     ConflictError,
+    EncoderFailedError,
     EngineDeadError,
     EngineOverloadedError,
     InputTooLongError,
@@ -69,6 +70,10 @@ def to_api_error(error: Exception) -> ApiError:
     if isinstance(error, EngineDeadError):
         return ApiError(503, "the engine has stopped; the server must be restarted",
                         type="server_error", code="engine_dead")
+    if isinstance(error, EncoderFailedError):  # the details are in the server's log
+        logger.warning("response encoding failed: %s", error)
+        return ApiError(500, "encoding the audio failed on the server; retry the request",
+                        type="server_error", code="encoder_failed")
     if isinstance(error, WatermarkUnavailableError):
         return ApiError(503, f"watermark detection is not available on this server: {error}",
                         type="server_error", code="watermark_unavailable")
@@ -156,6 +161,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineOverloadedError)
     @app.exception_handler(EngineDeadError)
     @app.exception_handler(WatermarkUnavailableError)
+    @app.exception_handler(EncoderFailedError)
     async def _engine(request: Request, error: Exception) -> JSONResponse:
         return error_response(to_api_error(error))
 

@@ -278,6 +278,7 @@ def _segments_header(timings: list[dict]) -> dict[str, str]:
 
 
 async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
+    out = None
     try:
         out = speech_run.audio_out(run.plan, state)  # the request's speed, rate and format
         async for audio in run.audio():
@@ -295,6 +296,8 @@ async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
         await run.close(outcome="error")
         raise
     finally:
+        if out is not None:
+            out.release()
         await run.close()
 
 
@@ -344,4 +347,5 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
     finally:
         if tap is not None:
             tap.close()
+        out.release()
         await run.close()

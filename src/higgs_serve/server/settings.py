@@ -31,6 +31,31 @@ DEFAULT_ENCODE_THREADS = max(4, os.cpu_count() or 1)
 # host serving ~1,000 audio s/s with every request timed needs more: a quarter of the cores, at
 # most 4 by default (--alignment-workers raises it; 0 turns word timestamps off).
 DEFAULT_ALIGNMENT_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
+# Encoder processes (server/encode_pool.py): the codecs and the time stretch in processes of
+# their own, off the server's GIL. One per core the host gives this server, less
+# SERVER_RESERVED_CORES for the server's own threads (event loop, engine loop, codec stage), at
+# most MAX_DEFAULT_ENCODE_PROCESSES (at the measured cost of the costliest format, 32 cores encode
+# more audio per second than one GPU makes: benchmarks/results/README.md, bench_encode_gil).
+SERVER_RESERVED_CORES = 2
+MAX_DEFAULT_ENCODE_PROCESSES = 32
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_encode_processes(servers: int = 1) -> int:
+    """Encoder processes per server when `servers` servers (data-parallel replicas) share the
+    host: what is left of its cores after each server's own, shared out; at least one each."""
+    spare = host_cores() - SERVER_RESERVED_CORES * servers
+    return max(1, min(MAX_DEFAULT_ENCODE_PROCESSES, spare // servers))
+
+
+DEFAULT_ENCODE_PROCESSES = default_encode_processes()
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an alias name (--voice-alias)
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "higgs-serve" / "voices"
 
@@ -71,6 +96,8 @@ class ServerSettings:
     c2pa_key: Path | None = None
     c2pa_tsa_url: str | None = None
     encode_threads: int = DEFAULT_ENCODE_THREADS
+    # 0: encode in this process, on the encode threads (small deployments, tests)
+    encode_processes: int = DEFAULT_ENCODE_PROCESSES
     # `voice` names that stand for another voice: (alias, target) pairs, target a registered voice
     # or "default" (--voice-alias alloy=default), so OpenAI-only clients can name a voice.
     voice_aliases: tuple[tuple[str, str], ...] = ()
@@ -99,10 +126,10 @@ class ServerSettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"server setting {name} must be positive, got {value}")
-        if self.alignment_workers < 0:
-            raise ConfigError(f"server setting alignment_workers must be >= 0, got {self.alignment_workers}")
-        if self.max_queue < 0:
-            raise ConfigError(f"server setting max_queue must be >= 0, got {self.max_queue}")
+        for name, value in {"max_queue": self.max_queue, "encode_processes": self.encode_processes,
+                            "alignment_workers": self.alignment_workers}.items():
+            if value < 0:
+                raise ConfigError(f"server setting {name} must be >= 0, got {value}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("server setting api_key must not be empty (an empty key would accept "
                               "an empty bearer token); leave --api-key out to serve without one")

@@ -107,7 +107,7 @@ def audio_out(plan: SpeechPlan, state: ServerState, seekable: bool = False,
               taps: tuple[AudioTap, ...] = ()) -> AudioOut:
     """The response's pipeline: the plan's speed, rate and format (seekable: for a file)."""
     return AudioOut(plan.response_format, state.engine.sample_rate_hz, plan.sample_rate_hz,
-                    plan.speed, state.encode_workers, seekable=seekable, taps=taps)
+                    plan.speed, state.encoders, seekable=seekable, taps=taps)
 
 
 def word_tap(plan: SpeechPlan, state: ServerState) -> WordTimestampTap | None:

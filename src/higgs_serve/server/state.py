@@ -21,6 +21,7 @@ from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.encode_pool import EncodePool
 from higgs_serve.server.settings import AUDIO_WORKERS, ServerSettings
 from higgs_serve.voices.registry import VoiceRegistry
 
@@ -88,10 +89,13 @@ class ServerState:
     # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
     provenance: Provenance | None = None
     # response encoding (server/audio_out.py), apart from reference work: --encode-threads
+    # (codecs with --encode-processes 0; C2PA signing)
     encode_workers: AudioWorkers | None = None
     # word timestamps' aligner processes (--alignment-workers; started at the first use);
     # None: alignment_workers is 0 and word_timestamps is refused
     aligner_pool: AlignerPool | None = None
+    # the codecs and the time stretch in encoder processes (--encode-processes; None with 0)
+    encode_pool: EncodePool | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
@@ -105,6 +109,13 @@ class ServerState:
             self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
         if self.aligner_pool is None and self.settings.alignment_workers > 0:
             self.aligner_pool = AlignerPool(self.settings.alignment_workers)
+        if self.encode_pool is None and self.settings.encode_processes > 0:
+            self.encode_pool = EncodePool(self.settings.encode_processes)
+
+    @property
+    def encoders(self) -> EncodePool | AudioWorkers:
+        """Where responses' codecs run (server/audio_out.py)."""
+        return self.encode_pool if self.encode_pool is not None else self.encode_workers
 
     def abort_in_flight(self) -> None:
         for generation in list(self.generations):

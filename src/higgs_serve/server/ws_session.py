@@ -438,6 +438,8 @@ class SpeechStreamSession:
             raise
         finally:
             await speech.aclose()  # aborts the engine request if the sentence is unfinished
+            if record.out is not None:  # an unfinished sentence's encoder pipeline
+                record.out.release()
             state.gate.release()
             record.account(state)
 

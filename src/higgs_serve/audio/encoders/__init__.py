@@ -28,12 +28,17 @@ from higgs_serve.audio.encoders.muxed import MuxedEncoder
 from higgs_serve.audio.encoders.ogg_opus import OggOpusEncoder
 from higgs_serve.audio.encoders.pcm import G711Encoder, PcmEncoder, WavEncoder
 
-__all__ = ["Patch", "StreamEncoder", "open_encoder", "encode_whole", "apply_patches"]
+__all__ = ["Patch", "StreamEncoder", "open_encoder", "encode_whole", "apply_patches",
+           "CPU_HEAVY_FORMATS"]
 
 # Bit rates of the compressed formats (mono speech): near transparent for a 24 kHz voice.
 MP3_BIT_RATE = 64_000
 AAC_BIT_RATE = 64_000
 OPUS_BIT_RATE = 32_000
+# The formats whose encoder is a codec (`StreamEncoder.cpu_heavy`): the server encodes them away
+# from its event loop (in encoder processes: server/encode_pool.py); pcm, wav and G.711 cost a
+# copy or a table lookup and stay in the server.
+CPU_HEAVY_FORMATS = frozenset({"mp3", "aac", "flac", "opus"})
 
 
 def open_encoder(response_format: str, sample_rate_hz: int, seekable: bool = False) -> StreamEncoder:

@@ -142,10 +142,13 @@ async def _encoded(generation: Generation, state: ServerState,
     """The response format's bytes, chunk by chunk, as the pipeline releases them (the tap,
     if any, sees each chunk's 24 kHz audio first)."""
     out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,))
-    async for chunk in generation.chunks():
-        data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
-        if data:
-            yield data
+    try:
+        async for chunk in generation.chunks():
+            data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))
+            if data:
+                yield data
+    finally:
+        out.release()
 
 
 async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterator[bytes]:

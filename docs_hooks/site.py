@@ -47,8 +47,8 @@ def _draw_plots() -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         serving = plot.plot_serving([str(RESULTS / f) for f in SERVING_SWEEP], out, group_by="profile",
-                                    name="serving.svg")
-        step = plot.plot_step(str(RESULTS / STEP_RUN), out, gpu=True, name="step.svg")
+                                    file_name="serving.svg")
+        step = plot.plot_step(str(RESULTS / STEP_RUN), out, gpu=True, file_name="step.svg")
         return {"plots/serving.svg": serving.read_bytes(), "plots/step.svg": step.read_bytes()}
 
 

@@ -28,7 +28,8 @@ MARKS = {
     "needs-weights": True,   # the real checkpoint (hub download or a local copy)
     "needs-cluster": True,   # a Ray cluster or several machines
     "needs-tool": True,      # a program or device the CI machine lacks (an audio device, c2patool, a certificate)
-    "synopsis": False,       # a usage line with [optional] parts: neither run nor parsed
+    "covered": True,         # run elsewhere in the suite as it is written: the reason names the test
+    "synopsis": False,       # a usage line with [--optional] parts: not run; parsed without them
     "excerpt": False,        # python shown for reading (a contract, pseudo-code), not a program
 }
 
@@ -89,4 +90,9 @@ def higgs_serve_commands(body: str) -> list[str]:
 
 
 def argv_words(command: str) -> list[str]:
-    return shlex.split(command, comments=True)
+    """A command line's words, its `[--flag ...]` optional parts (a usage line's) left out."""
+    while True:
+        shorter = re.sub(r"\[--[^\[\]]*\]", "", command)
+        if shorter == command:
+            return shlex.split(command, comments=True)
+        command = shorter

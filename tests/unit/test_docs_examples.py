@@ -11,6 +11,7 @@ request at 50 frames, so the tiny model's noise stays short. Marked blocks still
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
@@ -93,17 +94,22 @@ def test_every_block_is_a_known_kind_and_every_mark_says_why():
             problems.append(f"{block.where}: a mark on a {block.lang or 'literal'} block")
         if not block.is_command and block.body.lstrip().startswith(("higgs-serve ", "curl ", "pip ", "python")):
             problems.append(f"{block.where}: a command in a literal block (fence it as bash)")
+        if block.mark == "covered" and not re.search(r"tests/\S+\.py", block.why or ""):
+            problems.append(f"{block.where}: `covered` names the test that runs it")
+        elif block.mark == "covered" and not (REPO / re.search(r"tests/\S+\.py", block.why).group(0)).is_file():
+            problems.append(f"{block.where}: {block.why}: no such test file")
         if block.mark == "serves" and any(argv_words(c)[1] != "serve" for c in higgs_serve_commands(block.body)):
             problems.append(f"{block.where}: a `serves` block holds only `higgs-serve serve` lines")
     assert not problems, "\n".join(problems)
 
 
 def test_every_documented_higgs_serve_line_parses():
-    """Run or not, every `higgs-serve ...` line of a bash block is accepted by the real parser."""
+    """Run or not, every `higgs-serve ...` line of a bash block is accepted by the real parser (a usage
+    line without its `[--optional ...]` parts)."""
     parser = cli.build_parser()
     failures = []
     for block in _all_blocks():
-        if block.lang != "bash" or block.mark in ("synopsis", "installs"):
+        if block.lang != "bash" or block.mark == "installs":
             continue
         for command in higgs_serve_commands(block.body):
             try:
@@ -151,7 +157,9 @@ def served(tmp_path_factory, tiny_model_dir):
 def _page_dir(tmp_path: Path, served: dict, page: Path) -> Path:
     work = tmp_path / "work"
     shutil.copytree(served["files"], work)
-    if "make-tiny-model ./tiny-model" not in page.read_text():  # a page that makes its own model
+    makes_its_model = any("make-tiny-model ./tiny-model" in b.body for b in blocks(page)
+                          if b.mark is None and not _is_first_screen(b))
+    if not makes_its_model:
         (work / "tiny-model").symlink_to(served["model"], target_is_directory=True)
     return work
 

@@ -55,7 +55,9 @@ def _group_by(rows: list[dict], key: str) -> dict:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # the format follows the suffix (the docs site draws .svg); no date in the file, so a redraw
+    # of the same JSON writes the same bytes
+    fig.savefig(path, dpi=120, metadata={"Date": None} if path.suffix == ".svg" else None)
     plt.close(fig)
     return path
 
@@ -98,7 +100,7 @@ def _plot_series(ax, points: dict[int, list[dict]], metric: str, label: str) -> 
     ax.errorbar(c, y, yerr=[low, high] if any(low) or any(high) else None, marker="o", capsize=4, label=label)
 
 
-def plot_serving(files: list[str], out: Path, group_by: str = "file") -> Path:
+def plot_serving(files: list[str], out: Path, group_by: str = "file", file_name: str = "serving.png") -> Path:
     series = serving_series(files, group_by)
     runs = [_load(_serving_spec(f)[0], "bench_serving") for f in files]
     fig, (ax_ttfa, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -118,11 +120,11 @@ def plot_serving(files: list[str], out: Path, group_by: str = "file") -> Path:
     ax_tput.set_title("Audio throughput")
     frames = {run["settings"]["frames"] for run in runs}
     fig.suptitle(f"higgs-serve streaming, {'/'.join(map(str, sorted(frames)))} frames per request")
-    return _save(fig, out / "serving.png")
+    return _save(fig, out / file_name)
 
 
 def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[str] | None = None,
-              gpu: bool = False) -> Path:
+              gpu: bool = False, file_name: str = "step.png") -> Path:
     """Step time against batch per (path, step kind, variant); `paths` / `kinds` keep only those;
     `gpu` adds each line's GPU-only time where the file has it."""
     data = _load(file, "bench_step")
@@ -162,7 +164,7 @@ def plot_step(file: str, out: Path, paths: list[str] | None = None, kinds: list[
         ax.legend(fontsize=8)
     name = data["device"].get("cuda_name") or data["device"].get("torch_device")
     fig.suptitle(f"Stage 0 step, {name}, copy bandwidth {data['copy_bandwidth_gbps']:.0f} GB/s")
-    return _save(fig, out / "step.png")
+    return _save(fig, out / file_name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,8 +232,8 @@ def test_out_of_memory_is_one_line_with_what_to_lower(capsys, tmp_path):
 
 # ------------------------------------------------------------------------------ the README quotes these
 def _troubleshooting_lines() -> list[str]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Troubleshooting", 1)[1]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = page.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
     return [line.strip().removesuffix("`.").strip("`") for line in section.splitlines() if line.strip().startswith("higgs-serve: error: ")
             or line.strip().startswith("`higgs-serve: error: model directory")]
 

@@ -232,7 +232,8 @@ LM_LEVELS=${LM_LEVELS:-"1 64 256"}
 stage_lm_formats_ht() {
   # shellcheck disable=SC2086  # LM_LEVELS is a list
   lm_serving lm_formats_ht 290 --deploy-config higgs_multimodal_qwen3_high_throughput --concurrency $LM_LEVELS \
-    --response-format pcm mp3 opus aac --no-stream-field --server-arg=--max-queue --server-arg=256
+    --response-format pcm mp3 opus aac --no-stream-field --server-arg=--max-queue --server-arg=256 \
+    --watermark off  # as the first run (before the mark existed); carry the av wheel set, not perth
 }
 stage_lm_formats_best() {
   # shellcheck disable=SC2086

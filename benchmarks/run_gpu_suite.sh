@@ -239,7 +239,7 @@ stage_lm_formats_best() {
   # shellcheck disable=SC2086
   lm_serving lm_formats_best 290 --deploy-config benchmarks/configs/saturation_256_bf16x3.yaml \
     --concurrency $LM_LEVELS --response-format pcm mp3 opus aac --no-stream-field \
-    --server-arg=--max-queue --server-arg=256
+    --server-arg=--max-queue --server-arg=256 --watermark off  # as lm_formats_ht
 }
 LM_TS_LEVELS=${LM_TS_LEVELS:-"1 64"}
 stage_lm_timestamps() {

@@ -12,8 +12,6 @@ import json
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +24,9 @@ import soundfile as sf
 
 from higgs_serve import cli
 from higgs_serve.cli_options import STAGE_OVERRIDES_EXAMPLE
+from support.server_process import free_port, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _argv(command: str) -> list[str]:
@@ -94,31 +87,17 @@ def test_help_examples_run_as_written(workdir):
 
 def _run_serve_example(example: str, workdir: Path) -> None:
     assert "--port 8000" in example
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(_argv(example.replace("--port 8000", f"--port {port}")), cwd=workdir,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "not ready after 120 s"
-            time.sleep(0.2)
+        wait_ready(proc, url)
         _clone_as_the_docs_say(url, workdir)
         _readme_curl_examples(port, workdir)
         _readme_openai_example(port, workdir)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop(proc)
 
 
 def _clone_as_the_docs_say(url: str, workdir: Path) -> None:

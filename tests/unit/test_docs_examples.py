@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import av
@@ -28,6 +25,7 @@ import soundfile as sf
 
 from higgs_serve import cli
 from support.doc_blocks import LITERAL_LANGS, MARKS, REPO, Block, argv_words, blocks, doc_files, higgs_serve_commands
+from support.server_process import free_port, stop, wait_ready
 
 PAGES = doc_files()
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".aac"}
@@ -37,38 +35,9 @@ BASH_PRELUDE = "set -eo pipefail\ncurl() { command curl --fail-with-body \"$@\";
 SHORT_REQUESTS = '{"0": {"default_sampling_params": {"max_tokens": 50}}}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _higgs_serve() -> list[str]:
     script = shutil.which("higgs-serve")
     return [script] if script else [sys.executable, "-m", "higgs_serve.cli"]
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert proc.poll() is None, f"server exited: {proc.stderr.read() if proc.stderr else ''}"
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"{url} not ready after {timeout_s} s"
-        time.sleep(0.2)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _all_blocks() -> list[Block]:
@@ -133,7 +102,7 @@ def served(tmp_path_factory, tiny_model_dir):
     for name in ("me.wav", "narrator.wav"):
         sf.write(files / name, clip, 24000)
         sf.write(media / name, clip, 24000)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         _higgs_serve() + ["--log-level", "WARNING", "serve", str(tiny_model_dir), "--port", str(port),
@@ -141,7 +110,7 @@ def served(tmp_path_factory, tiny_model_dir):
                           "--stage-overrides", SHORT_REQUESTS],
         cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_ready(proc, url)
+        wait_ready(proc, url)
         for name, body in [("speech.mp3", {"response_format": "mp3", "stream": False}),
                            ("speech.ulaw", {"response_format": "ulaw"}), ("raw.pcm", {"response_format": "pcm"}),
                            ("out/0000.wav", {"stream": False})]:
@@ -151,7 +120,7 @@ def served(tmp_path_factory, tiny_model_dir):
             (files / name).write_bytes(response.content)
         yield {"url": url, "port": port, "media": media, "files": files, "model": tiny_model_dir}
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _page_dir(tmp_path: Path, served: dict, page: Path) -> Path:
@@ -204,7 +173,7 @@ def _serve_block(block: Block, work: Path) -> None:
     """A `serves` block: each `higgs-serve serve` line on a free port must become ready; then stopped."""
     for command in higgs_serve_commands(block.body):
         words = argv_words(command)
-        port = _free_port()
+        port = free_port()
         if "--port" in words:
             words[words.index("--port") + 1] = str(port)
         else:
@@ -212,9 +181,9 @@ def _serve_block(block: Block, work: Path) -> None:
         proc = subprocess.Popen(_higgs_serve() + words[1:], cwd=work, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
-            _wait_ready(proc, f"http://127.0.0.1:{port}", timeout_s=180)
+            wait_ready(proc, f"http://127.0.0.1:{port}", timeout_s=180)
         finally:
-            _stop(proc)
+            stop(proc)
 
 
 def _forget_voices(url: str) -> None:

@@ -123,7 +123,7 @@ stage_tests() {
 
 stage_step() {
   # shellcheck disable=SC2086  # STEP_ARGS is a list of options
-  run step 540 python3 benchmarks/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+  run step 540 python3 benchmarks/step/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
     --out "$OUT/step.json" $STEP_ARGS
 }
 
@@ -133,7 +133,7 @@ serving_profile() {
   local budget_min
   budget_min=$(awk "BEGIN {print ($limit - 75) / 60}")  # no new level in the last 75 s of the limit
   # shellcheck disable=SC2086  # CONCURRENCY is a list of numbers
-  run "$label" "$limit" python3 benchmarks/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+  run "$label" "$limit" python3 benchmarks/serving/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
     --device "$DEVICE" --deploy-config "$profile" --label "$label" --concurrency $CONCURRENCY --frames "$FRAMES" --warmup 2 \
     --max-minutes "$budget_min" --server-log "/tmp/server_$label.log" --out "$OUT/$label.json"
   local rc=$?
@@ -146,10 +146,10 @@ stage_tapes() {
   # full decode graph in one process, and host time per launch (op wrappers against tape entries)
   run tapes_tests 240 python3 -m pytest -q tests/gpu/test_launch_tapes.py tests/gpu/test_graph_paths.py \
     tests/gpu/test_skinny_gemm.py tests/gpu/test_launcher_gpu.py -p no:cacheprovider
-  run tapes_step 300 python3 benchmarks/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+  run tapes_step 300 python3 benchmarks/step/bench_step.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
     --paths mlp_graphs full_graph --tapes on off --batch 1 16 32 64 --context 128 --iters 30 --mixed-tokens 64 \
     --out "$OUT/step_tapes.json"
-  run tapes_launch 120 sh -c "python3 benchmarks/bench_launch.py > '$OUT/launch_overhead.txt'"
+  run tapes_launch 120 sh -c "python3 benchmarks/step/bench_launch.py > '$OUT/launch_overhead.txt'"
 }
 
 stage_serving_ll() { serving_profile serving_ll higgs_multimodal_qwen3_low_latency 255; }
@@ -168,11 +168,11 @@ stage_codec_eager() {
     codecs="real stubbed"
     [ "$profile" = low_latency ] && codecs="real real-high-priority stubbed"
     # shellcheck disable=SC2086  # codecs is a list
-    run "codec_eager_$profile" 200 python3 benchmarks/profile_engine.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+    run "codec_eager_$profile" 200 python3 benchmarks/step/profile_engine.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
       --device "$DEVICE" --deploy-config "higgs_multimodal_qwen3_$profile" --batch 4 16 --frames "$FRAMES" --gpu-trace \
       --codec $codecs --out "$OUT/codec_eager_$profile.json"
   done
-  run codec_eager_low_latency_gil 120 python3 benchmarks/profile_engine.py --model "$MODEL" \
+  run codec_eager_low_latency_gil 120 python3 benchmarks/step/profile_engine.py --model "$MODEL" \
     --load-format "$LOAD_FORMAT" --device "$DEVICE" --deploy-config higgs_multimodal_qwen3_low_latency --batch 4 16 \
     --frames "$FRAMES" --codec real --switch-interval-ms 0.5 --out "$OUT/codec_eager_low_latency_gil0p5ms.json"
 }
@@ -185,7 +185,7 @@ stage_scaleout_mps() {
   for n in 2 3; do
     devices=0,0 config=benchmarks/configs/saturation_256_bf16x3_shared_gpu.yaml
     [ "$n" = 3 ] && devices=0,0,0 config=benchmarks/configs/saturation_256_bf16x3_thirds.yaml
-    run "scaleout_mps$n" 280 python3 benchmarks/bench_scaleout.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+    run "scaleout_mps$n" 280 python3 benchmarks/cluster/bench_scaleout.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
       --devices "$devices" --mps \
       --deploy-config "$config" --concurrency 128 256 --num-requests 512 --frames "$FRAMES" --parts scaling \
       --ready-timeout 200 --out "$OUT/scaleout_mps$n.json"
@@ -193,7 +193,7 @@ stage_scaleout_mps() {
 }
 
 stage_longform() {
-  run seam 240 python3 benchmarks/bench_seam.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
+  run seam 240 python3 benchmarks/codec/bench_seam.py --model "$MODEL" --load-format "$LOAD_FORMAT" --device "$DEVICE" \
     --segments 20 --frames 100 --out "$OUT/seam.json"
   local port pid i rc
   port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
@@ -205,7 +205,7 @@ stage_longform() {
       2>/dev/null && break
     sleep 1
   done
-  run ws_stream 300 python3 benchmarks/bench_ws_stream.py --url "ws://127.0.0.1:$port" --sessions 6 \
+  run ws_stream 300 python3 benchmarks/serving/bench_ws_stream.py --url "ws://127.0.0.1:$port" --sessions 6 \
     --concurrency 1 4 16 --frames 75 --out "$OUT/ws_stream.json"
   rc=$?
   kill -INT "$pid"
@@ -220,7 +220,7 @@ lm_serving() {
   shift 2
   local budget_min
   budget_min=$(awk "BEGIN {print ($limit - 60) / 60}")  # no new level in the last minute
-  run "$label" "$limit" python3 benchmarks/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+  run "$label" "$limit" python3 benchmarks/serving/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
     --device "$DEVICE" --label "$label" --frames "$FRAMES" --warmup 2 --max-minutes "$budget_min" \
     --server-log "/tmp/server_$label.log" --out "$OUT/$label.json" "$@"
   local rc=$?
@@ -268,13 +268,13 @@ stage_lm_watermark() {
   lm_serving lm_watermark_on 200 "${common[@]}" --concurrency $LM_LEVELS --watermark on
   # shellcheck disable=SC2086
   lm_serving lm_watermark_off 200 "${common[@]}" --concurrency $LM_LEVELS --watermark off
-  run lm_watermark_cost 100 python3 benchmarks/bench_watermark.py --device "$DEVICE" --sections cost \
+  run lm_watermark_cost 100 python3 benchmarks/last_mile/bench_watermark.py --device "$DEVICE" --sections cost \
     --repeats 20 --out "$OUT/lm_watermark_cost.json"
 }
 
 stage_codec_snr() {
   # the JSON is rewritten after every seed: a run cut by the limit keeps the seeds it finished
-  run codec_snr 170 python3 benchmarks/bench_codec_snr.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
+  run codec_snr 170 python3 benchmarks/codec/bench_codec_snr.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
     --device "$DEVICE" --out "$OUT/codec_snr.json"
 }
 

@@ -146,7 +146,7 @@ class _ReferenceCounters(Collector):
                 yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=value)
 
 
-# The encoder processes' state (server/encode_pool.py), read at scrape time: stats key ->
+# The encoder processes' state (server/last_mile/encode_pool.py), read at scrape time: stats key ->
 # (metric name, help, counter?).
 ENCODER_STATS: dict[str, tuple[str, str, bool]] = {
     "encoder_processes": ("encoder_processes", "Encoder processes running (--encode-processes).", False),
@@ -198,7 +198,7 @@ class ServerMetrics:
         self.ws_sessions = Gauge(
             f"{PREFIX}_ws_sessions", "Open WebSocket speech sessions (/v1/audio/speech/stream); "
             "each of their sentences also counts as a request.", registry=self.registry)
-        # word timestamps (server/word_timestamps.py): how long a finished sentence waits for
+        # word timestamps (server/last_mile/word_timestamps.py): how long a finished sentence waits for
         # its words (queue + the aligner process), and the sentences whose words are missing
         self.alignment_seconds = Histogram(
             f"{PREFIX}_alignment_seconds", "Time from a sentence's last audio to its word "

@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 from support.cluster_e2e import FIXED, FRAMES, PCM_BYTES, SEGMENT_MAX_CHARS, tone_clip
 
 from higgs_serve.cluster.routing import routing_key
-from higgs_serve.server.json_limits import MAX_DEPTH, MAX_MEMBERS
+from higgs_serve.server.limits.json_limits import MAX_DEPTH, MAX_MEMBERS
 
 SAMPLES = FRAMES * 960
 # three sentences, together longer than SEGMENT_MAX_CHARS (not than the default 300)
@@ -86,7 +86,7 @@ def test_a_first_frame_too_costly_to_parse_is_answered_as_the_single_server_answ
         cluster, first, code, words):
     """Issue 40: the front end parsed a session's first frame with plain json.loads, on the loop
     that relays every session and request. Its shape is now measured first
-    (server/json_limits.py); the frame is passed on, and the replica answers it as the single
+    (server/limits/json_limits.py); the frame is passed on, and the replica answers it as the single
     server does: the error event, the session still open for a valid config."""
     url, _, log = cluster
     messages = _session(url, ["Hello there."], seed=3, first=first)

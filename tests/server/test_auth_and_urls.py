@@ -17,7 +17,7 @@ from hostile import tone_wav
 from live_server import fake_settings, free_port, start_threaded_server
 
 from higgs_serve.errors import ConfigError
-from higgs_serve.server import ref_audio
+from higgs_serve.server.plan import ref_audio
 
 
 # ----------------------------------------------------------------------------- auth

@@ -1,4 +1,4 @@
-"""What a batch may hold in all (issue 40 item 8; server/batch_limits.py), against the fake
+"""What a batch may hold in all (issue 40 item 8; server/limits/batch_limits.py), against the fake
 engine: its input before any work, its audio as played while it is spoken (413
 `batch_too_large`, every item stopped, every file freed, no traceback), and an item within them
 answered with the file /speech gives the same body with stream false, spilled to disk on the

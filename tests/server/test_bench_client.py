@@ -1,4 +1,4 @@
-"""The serving benchmark's closed loop (benchmarks/bench_serving.py) against a live server over
+"""The serving benchmark's closed loop (benchmarks/serving/bench_serving.py) against a live server over
 the fake engine: every request is sent once, by c clients with a connection each, and every
 stream's audio arrives whole."""
 

@@ -1,4 +1,4 @@
-"""The short pass of benchmarks/bench_fuzz_surfaces.py (issue 40): a real server on the tiny
+"""The short pass of benchmarks/limits/bench_fuzz_surfaces.py (issue 40): a real server on the tiny
 model, a few hostile requests measured from outside, schemathesis over every POST/DELETE
 operation, and seeded random WebSocket sessions of hostile frames. The full pass and its figures:
 benchmarks/results/fuzz_surfaces_cpu.json."""

@@ -248,7 +248,7 @@ def test_speed_scales_the_file_timestamps(http):
 
 
 def test_segment_header_is_bounded():
-    from higgs_serve.server.long_form import MAX_SEGMENTS_HEADER_BYTES, _segments_header
+    from higgs_serve.server.run.long_form import MAX_SEGMENTS_HEADER_BYTES, _segments_header
     timing = {"char_start": 12345, "char_end": 12645, "start_s": 1234.56789, "end_s": 1250.0}
     few, many = _segments_header([timing] * 10), _segments_header([timing] * 2000)
     assert json.loads(few["X-Segments"])[0] == [12345, 12645, 1234.56789, 1250.0]

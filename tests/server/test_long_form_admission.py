@@ -13,7 +13,7 @@ import pytest
 from fake_engine import FakeEngine, fake_deploy
 from live_server import fake_settings, start_threaded_server
 
-from higgs_serve.server import long_form
+from higgs_serve.server.run import long_form
 
 SENTENCE = "A sentence of words. "
 

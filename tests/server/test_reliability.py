@@ -193,7 +193,8 @@ def test_the_limits_section_matches_the_code():
     from pathlib import Path
 
     from higgs_serve.audio import decode
-    from higgs_serve.server import ref_audio, settings
+    from higgs_serve.server import settings
+    from higgs_serve.server.plan import ref_audio
     from higgs_serve.server.app import SHUTDOWN_ABORT_WINDOW_S
     from higgs_serve.server.settings import AUDIO_WORKERS, MULTIPART_OVERHEAD_BYTES, ServerSettings
     from higgs_serve.voices.registry import (
@@ -238,9 +239,11 @@ def test_the_limits_section_covers_the_websocket_batch_and_long_form_limits():
     its numbers are the code's."""
     from pathlib import Path
 
-    from higgs_serve.server import json_limits, long_form, ws_session
-    from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES
-    from higgs_serve.server.batch_answer import BASE64_BLOCK_BYTES
+    from higgs_serve.server.limits import json_limits
+    from higgs_serve.server.run import long_form
+    from higgs_serve.server.websocket import session as ws_session
+    from higgs_serve.server.last_mile.audio_file import SPOOL_MEMORY_BYTES
+    from higgs_serve.server.last_mile.batch_answer import BASE64_BLOCK_BYTES
     from higgs_serve.server.schemas import MAX_BATCH_ITEMS
     from higgs_serve.server.settings import ServerSettings
     from higgs_serve.voices.codes_file import MAX_REFERENCE_FRAMES

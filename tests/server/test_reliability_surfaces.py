@@ -27,7 +27,7 @@ from live_engine import start_live_engine_server
 from live_server import fake_settings, metric, small_buffer_listener, start_threaded_server
 from server_log import faults, server_log
 
-from higgs_serve.server.json_limits import MAX_CONTAINERS, MAX_DEPTH
+from higgs_serve.server.limits.json_limits import MAX_CONTAINERS, MAX_DEPTH
 from higgs_serve.server.settings import ServerSettings
 
 
@@ -80,7 +80,7 @@ def test_requests_naming_a_fifo_get_a_400_at_once(fake):
 ])
 def test_json_bodies_too_costly_to_parse_are_refused_before_parsing(fake, body, status, code):
     """A body within the byte limit can still cost seconds to parse on the event loop (15 MB of
-    `[[],[],...]`: 1.2 s); its shape is measured first (server/json_limits.py)."""
+    `[[],[],...]`: 1.2 s); its shape is measured first (server/limits/json_limits.py)."""
     for path in ("/v1/audio/speech", "/v1/audio/speech/batch"):
         answer = httpx.post(f"{fake.url}{path}", content=body,
                             headers={"Content-Type": "application/json"}, timeout=30)
@@ -313,12 +313,12 @@ def test_a_lone_surrogate_is_refused_on_every_surface(fake, live):
 
 def test_a_long_form_request_logs_its_progress(fake, caplog):
     """Item 11: a long-form request logged nothing while it ran (hours, at 100,000 characters)."""
-    caplog.set_level("INFO", logger="higgs_serve.server.long_form")
+    caplog.set_level("INFO", logger="higgs_serve.server.run.long_form")
     text = " ".join(f"Sentence {i} of a long input is here." for i in range(40))
     answer = httpx.post(f"{fake.url}/v1/audio/speech", timeout=60,
                         json={"input": text, "response_format": "pcm", "max_new_tokens": 3})
     assert answer.status_code == 200 and int(answer.headers["x-segment-count"]) >= 4
-    lines = [r.getMessage() for r in caplog.records if r.name == "higgs_serve.server.long_form"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "higgs_serve.server.run.long_form"]
     count = answer.headers["x-segment-count"]
     assert lines[0].endswith(f": {count} segments, {len(text)} characters")
     assert f"segment {count}/{count} done" in lines[-1]

@@ -17,11 +17,11 @@ from fake_engine import FakeEngine, fake_deploy
 from live_server import fake_settings, start_threaded_server
 
 from higgs_serve.engine.core import EngineHooks
-from higgs_serve.server import long_form
+from higgs_serve.server.run import long_form
 from higgs_serve.server.app import build_app
 from higgs_serve.server.routers import speech_batch
 from higgs_serve.server.schemas import SpeechBatchRequest, SpeechRequestBody
-from higgs_serve.server.speech_run import admit_plan
+from higgs_serve.server.run.speech_run import admit_plan
 
 SENTENCES = "One sentence here. Another one there. A third one follows."
 

@@ -5,7 +5,7 @@ checkpoint) behind real uvicorn: the official `openai` client for REST, httpx fo
 The tiny model's audio is noise, so the aligner's times say nothing about speech: these tests
 assert the contract (one entry per whitespace word of the input, tags removed, in order, inside
 the audio, on the response's one timeline across segments); accuracy is
-benchmarks/bench_alignment.py's.
+benchmarks/last_mile/bench_alignment.py's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The espeak-ng sentence with known word edges (tests/support/data, made by
-`benchmarks/bench_alignment.py --fixture`): real speech for aligner tests without espeak-ng."""
+`benchmarks/last_mile/bench_alignment.py --fixture`): real speech for aligner tests without espeak-ng."""
 
 from __future__ import annotations
 

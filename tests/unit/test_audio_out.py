@@ -1,4 +1,4 @@
-"""server/audio_out.py and server/audio_file.py: the per-response pipeline and the whole-file
+"""server/last_mile/audio_out.py and server/last_mile/audio_file.py: the per-response pipeline and the whole-file
 path (spooled: memory up to 1 MiB, then a temporary file)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from higgs_serve.audio.encoders import encode_whole
 from higgs_serve.audio.formats import float_to_int16
 from higgs_serve.audio.output_rate import resample
 from higgs_serve.audio.time_stretch import time_stretch
-from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES, collect_file
-from higgs_serve.server.audio_out import AudioOut
-from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.last_mile.audio_file import SPOOL_MEMORY_BYTES, collect_file
+from higgs_serve.server.last_mile.audio_out import AudioOut
+from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 
 RATE = 24000
 
@@ -84,7 +84,7 @@ def test_a_long_file_spills_to_disk_and_reads_back_whole(workers):
 
 
 def test_a_failed_collection_discards_its_file(workers, monkeypatch):
-    from higgs_serve.server.audio_file import AudioFile
+    from higgs_serve.server.last_mile.audio_file import AudioFile
 
     discarded = []
     original = AudioFile.discard

@@ -1,4 +1,4 @@
-"""server/batch_answer.py: the batch's JSON, sent as it is read from the items' files, is
+"""server/last_mile/batch_answer.py: the batch's JSON, sent as it is read from the items' files, is
 byte for byte the envelope pydantic writes with each item's audio in it, its Content-Length
 is right, no piece holds more than one block of audio, and every file is freed after."""
 
@@ -10,10 +10,10 @@ import base64
 import numpy as np
 import pytest
 
-from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES, collect_file
-from higgs_serve.server.audio_out import AudioOut
-from higgs_serve.server.audio_workers import AudioWorkers
-from higgs_serve.server.batch_answer import BASE64_BLOCK_BYTES, BatchAnswer, BatchItem
+from higgs_serve.server.last_mile.audio_file import SPOOL_MEMORY_BYTES, collect_file
+from higgs_serve.server.last_mile.audio_out import AudioOut
+from higgs_serve.server.last_mile.audio_workers import AudioWorkers
+from higgs_serve.server.last_mile.batch_answer import BASE64_BLOCK_BYTES, BatchAnswer, BatchItem
 from higgs_serve.server.schemas import BatchItemResult, SpeechBatchResponse, Usage
 
 RATE = 24000

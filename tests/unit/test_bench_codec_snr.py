@@ -1,4 +1,4 @@
-"""benchmarks/bench_codec_snr.py on the tiny model on CPU: the JSON's shape, float32 far above the
+"""benchmarks/codec/bench_codec_snr.py on the tiny model on CPU: the JSON's shape, float32 far above the
 90 dB line against float64, bf16x3 above it, bfloat16 far below it, and TF32 said to be absent."""
 
 from __future__ import annotations

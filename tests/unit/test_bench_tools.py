@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.bench_modules import BENCH_DIR, load_bench
+from support.bench_modules import bench_path, load_bench
 
 bench_serving = load_bench("bench_serving")
 bench_step = load_bench("bench_step")
@@ -282,7 +282,7 @@ def serving_json(tiny_model_dir: Path, tmp_path_factory) -> Path:
         pytest.skip(f"the HTTP server cannot run here: {missing}")
     out = tmp_path_factory.mktemp("bench") / "serving.json"
     overrides = json.dumps({"0": {"num_gpu_blocks": 64, "max_model_len": 512}})  # small KV: fast start
-    cmd = [sys.executable, str(BENCH_DIR / "bench_serving.py"), "--model", str(tiny_model_dir), "--device", "cpu",
+    cmd = [sys.executable, str(bench_path("bench_serving")), "--model", str(tiny_model_dir), "--device", "cpu",
            "--concurrency", "1", "--num-requests", "2", "--warmup", "0", "--frames", "20", "--label", "tiny",
            "--server-arg=--stage-overrides", f"--server-arg={overrides}", "--ready-timeout", "120",
            "--server-log", str(out.parent / "server.log"), "--out", str(out)]  # the log stays out of /tmp

@@ -1,4 +1,4 @@
-"""server/encode_pool.py and audio/encode_worker.py: responses encoded in encoder processes.
+"""server/last_mile/encode_pool.py and audio/encode_worker.py: responses encoded in encoder processes.
 
 Each test starts its own small pool (1-2 processes, ~0.3 s each) inside its own event loop."""
 
@@ -20,9 +20,9 @@ from higgs_serve.audio.encode_pipeline import EncodePipeline, EncodeSpec
 from higgs_serve.audio.encode_worker import Streams
 from higgs_serve.audio.encoders import CPU_HEAVY_FORMATS, apply_patches, open_encoder
 from higgs_serve.errors import EncoderFailedError
-from higgs_serve.server import encode_pool
-from higgs_serve.server.audio_out import AudioOut
-from higgs_serve.server.encode_pool import EncodePool
+from higgs_serve.server.last_mile import encode_pool
+from higgs_serve.server.last_mile.audio_out import AudioOut
+from higgs_serve.server.last_mile.encode_pool import EncodePool
 
 RATE = 24000
 CHUNK = 960 * 3
@@ -201,7 +201,7 @@ def test_a_sigkilled_server_leaves_no_encoder_process(tmp_path):
     """The server process dies without a shutdown: its encoder processes end on their own
     (the socket's EOF, and PR_SET_PDEATHSIG)."""
     script = ("import asyncio, sys, time\n"
-              "from higgs_serve.server.encode_pool import EncodePool\n"
+              "from higgs_serve.server.last_mile.encode_pool import EncodePool\n"
               "async def main():\n"
               "    pool = EncodePool(2)\n"
               "    await pool.start()\n"
@@ -322,7 +322,7 @@ def test_encode_processes_flag_reaches_the_settings_and_zero_keeps_the_threads(t
     """--encode-processes N goes through the settings (validated once: a negative count is a
     one-line error before anything loads); 0 encodes on the encode threads in the server."""
     from higgs_serve import cli
-    from higgs_serve.server.audio_workers import AudioWorkers
+    from higgs_serve.server.last_mile.audio_workers import AudioWorkers
     from higgs_serve.server.settings import ServerSettings
     from higgs_serve.server.state import ServerState
 

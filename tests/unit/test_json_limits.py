@@ -1,4 +1,4 @@
-"""server/json_limits.py: what parsing a JSON text would build is counted before it is parsed."""
+"""server/limits/json_limits.py: what parsing a JSON text would build is counted before it is parsed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from higgs_serve.server.json_limits import (
+from higgs_serve.server.limits.json_limits import (
     MAX_CONTAINERS,
     MAX_DEPTH,
     MAX_MEMBERS,

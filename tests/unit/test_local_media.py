@@ -1,4 +1,4 @@
-"""server/local_media.py: which `ref_audio` values are local files, and the directory rule."""
+"""server/plan/local_media.py: which `ref_audio` values are local files, and the directory rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.server.local_media import is_local_reference, read_local_reference
+from higgs_serve.server.plan.local_media import is_local_reference, read_local_reference
 
 
 @pytest.mark.parametrize("value, local", [

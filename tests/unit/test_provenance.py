@@ -1,4 +1,4 @@
-"""Signed provenance (audio/provenance.py, server/audio_file.py): wav, mp3 and flac files carry a
+"""Signed provenance (audio/provenance.py, server/last_mile/audio_file.py): wav, mp3 and flac files carry a
 C2PA manifest that c2pa's own reader validates and trusts (given the test root) and that says a
 trained model made the audio; the audio itself is unchanged; the server's whole-file path signs
 the finished file (header patches applied) from its spooled file, in memory or on disk; formats
@@ -25,9 +25,9 @@ from higgs_serve.audio.provenance import (
     Provenance,
     SigningIdentity,
 )
-from higgs_serve.server.audio_file import SPOOL_MEMORY_BYTES, FileSigning, collect_file
-from higgs_serve.server.audio_out import AudioOut
-from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.last_mile.audio_file import SPOOL_MEMORY_BYTES, FileSigning, collect_file
+from higgs_serve.server.last_mile.audio_out import AudioOut
+from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.errors import ConfigError
 from higgs_serve.preflight import load_provenance
 from higgs_serve.server.settings import ServerSettings
@@ -77,7 +77,7 @@ def test_a_changed_file_no_longer_validates(provenance, chain):
 
 
 def _file(audio: np.ndarray, response_format: str, signing: FileSigning | None, workers: AudioWorkers):
-    """The server's whole-file path (server/audio_file.py): chunks in, (file bytes, signed,
+    """The server's whole-file path (server/last_mile/audio_file.py): chunks in, (file bytes, signed,
     claim headers, spilled to disk before signing) out."""
     async def chunks():
         for i in range(0, audio.size, 24_000):

@@ -1,4 +1,4 @@
-"""server/word_timestamps.py, alone: sentences aligned in a worker process, delivered in order
+"""server/last_mile/word_timestamps.py, alone: sentences aligned in a worker process, delivered in order
 on the response's timeline, failures reported as missing words, and the event loop never held
 up by alignment (real speech with known word edges: tests/support/data)."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from higgs_serve.alignment.pool import AlignerPool
 from higgs_serve.errors import AlignmentError
-from higgs_serve.server.word_timestamps import WordTimestampTap
+from higgs_serve.server.last_mile.word_timestamps import WordTimestampTap
 from support.aligned_speech import aligned_speech
 
 ALIGNER = "pocketsphinx-en"
@@ -190,7 +190,7 @@ def test_header_keeps_every_word_and_follows_vllm_omnis_size_rule():
     """X-Word-Timestamps: compact ASCII JSON, a failed sentence's words with null times; past
     4096 bytes X-Word-Timestamps-Omitted says how big it was."""
     from higgs_serve.alignment import WordTiming
-    from higgs_serve.server.word_timestamps import MAX_HEADER_BYTES, SentenceWords, header_of
+    from higgs_serve.server.last_mile.word_timestamps import MAX_HEADER_BYTES, SentenceWords, header_of
 
     aligned = SentenceWords(0, "Café au lait", 0.0, 1.0, [
         WordTiming("Café", 0.0, 0.3), WordTiming("au", 0.3, 0.4), WordTiming("lait", 0.4, 0.9)])

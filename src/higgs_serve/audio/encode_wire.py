@@ -1,5 +1,5 @@
 """The messages between the server and its encoder processes (audio/encode_worker.py,
-server/encode_pool.py), over one Unix stream socket per process.
+server/last_mile/encode_pool.py), over one Unix stream socket per process.
 
 A call is a fixed header and a payload; audio travels as raw little-endian float32 samples and
 encoded audio as raw bytes, so a chunk costs the server one header and one socket write, no

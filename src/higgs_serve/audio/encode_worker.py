@@ -3,7 +3,7 @@
 
     python -m higgs_serve.audio.encode_worker --fd FD --parent-pid PID
 
-The server (server/encode_pool.py) starts a few of these, each on one end of a Unix socket pair
+The server (server/last_mile/encode_pool.py) starts a few of these, each on one end of a Unix socket pair
 (FD). A process holds the `EncodePipeline` of every response assigned to it (sticky: a
 response's codec state lives here from its first chunk to its last) and answers each call in
 the order it came (audio/encode_wire.py). One thread: the process is one core's worth of

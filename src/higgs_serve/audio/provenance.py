@@ -5,7 +5,7 @@ The operator's signing identity (`--c2pa-cert`, `--c2pa-key`) is read once at st
 checked by signing a short file, and kept as a `Provenance`. Then:
 - `sign_file(source, dest, response_format)`: a finished file in a format C2PA embeds into
   (wav, mp3, flac), read from one file object and written with the manifest inside to another
-  (the server's spooled temporary files, server/audio_file.py: no bytes copy in Python). The
+  (the server's spooled temporary files, server/last_mile/audio_file.py: no bytes copy in Python). The
   manifest holds one `c2pa.created` action whose digitalSourceType is the IPTC term for trained
   algorithmic media and the generator's name and version, signed over the file's bytes (a hard
   binding: any later change to the audio invalidates it). Other formats (pcm, opus, aac, G.711)

@@ -26,7 +26,7 @@ from higgs_serve.cluster import metrics_merge, ws_relay
 from higgs_serve.cluster.replicas import POLL_TIMEOUT_S, Replica
 from higgs_serve.cluster.voice_sync import FanOutRegistry
 from higgs_serve.metrics import CONTENT_TYPE
-from higgs_serve.server.audio_workers import AudioWorkers
+from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.routers import watermark as watermark_router

@@ -8,7 +8,7 @@
   (cluster/ws_relay.py); its lifespan runs the replicas and their supervisor (cluster/replicas.py).
 
 Both run on one event loop and share one `Router`, so routing state is exact (no copies to keep
-in step). Either side can be measured alone (benchmarks/bench_relay.py drives the data plane over
+in step). Either side can be measured alone (benchmarks/cluster/bench_relay.py drives the data plane over
 fake replicas) and replaced alone: the relay only needs the router, the replicas' sockets,
 `mark_down` and the control plane's socket.
 """

@@ -153,7 +153,7 @@ async def _read_chunked(reader: asyncio.StreamReader, limit_bytes: int) -> bytes
 
 
 def too_large(limit_bytes: int) -> HttpError:
-    # the single server's words and code (server/body_limit.py)
+    # the single server's words and code (server/limits/body_limit.py)
     return HttpError(413, f"request body exceeds the limit of {limit_bytes} bytes",
                      code="body_too_large")
 

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from higgs_serve.audio.provenance import CLAIM_HEADER
 from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.routing import routing_key
-from higgs_serve.server.json_limits import JsonShapeError, check_json_shape
+from higgs_serve.server.limits.json_limits import JsonShapeError, check_json_shape
 
 logger = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/stream"
@@ -43,7 +43,7 @@ def session_key(first_frame: str | bytes) -> str | None:
     level or one level down (e.g. {"type": "session.config", "session": {"voice": ...}}).
 
     The frame's shape is measured before it is parsed, as the single server measures every
-    message (server/json_limits.py): a frame too costly to parse would hold the front end's event
+    message (server/limits/json_limits.py): a frame too costly to parse would hold the front end's event
     loop for every session and request it relays. Such a frame, or one that is not JSON, has no
     key; it is passed on, and the replica answers it as the single server does (`invalid_json` or
     `message_too_large`, the session still open for a valid config)."""
@@ -62,7 +62,7 @@ def session_key(first_frame: str | bytes) -> str | None:
 
 
 def error_event(message: str, code: str, type: str = "invalid_request_error") -> str:
-    """The single server's `error` event (server/ws_session.py)."""
+    """The single server's `error` event (server/websocket/session.py)."""
     error = {"message": message, "type": type, "param": None, "code": code}
     return json.dumps({"type": "error", "message": message, "code": code, "error": error})
 

@@ -1,0 +1,1 @@
+"""The engine: requests in, audio chunks out. The scheduler and KV manager (ints only), the loop (`core`), input and output processing, the watermark stage, long-form sequencing, the async front end and the builder that wires them (the one module here that imports torch)."""

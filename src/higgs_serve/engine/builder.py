@@ -118,7 +118,7 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     del talker_tensors
     if codec_device.type == "cuda":
         # cuDNN's TF32 convolutions move the float32 codec output by ~2e-3 of peak (measured on
-        # the H200, benchmarks/bench_codec.py); the codec's float32 contract (docs/model.md#codec-geometry) wants
+        # the H200, benchmarks/codec/bench_codec.py); the codec's float32 contract (docs/model.md#codec-geometry) wants
         # real float32 unless the profile asks for tf32. The talker has no convolutions.
         torch.backends.cudnn.allow_tf32 = codec_precision == "tf32"
     codec = CodecDecoder(spec.codec).to(device=codec_device, dtype=codec_dtype)

@@ -23,6 +23,7 @@ from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.output_processor import ChunkSink, OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
+from higgs_serve.engine.stats import engine_stats
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
 
 if TYPE_CHECKING:  # the device-side parts, for their types only: the loop imports no tensor library
@@ -126,32 +127,9 @@ class EngineCore:
         self._wake.set()
 
     def stats(self) -> dict[str, float]:
-        codec = self.codec.counters
+        """A snapshot of the loop's and the stages' counters (engine/stats.py names them)."""
         with self._lock:
-            return {
-                "num_running": self.scheduler.num_running,
-                "num_waiting": self.scheduler.num_waiting,
-                "num_active": len(self.outputs),
-                "free_kv_blocks": self.scheduler.kv.num_free_blocks,
-                "total_kv_blocks": self.scheduler.kv.num_blocks,
-                "codec_calls": codec.calls,
-                "codec_windows": codec.windows,
-                "codec_graph_calls": codec.graph_calls,
-                "codec_busy_seconds": codec.busy_s,
-                "prefix_cache_queries": self.scheduler.kv.prefix_cache_queries,
-                "prefix_cache_hits": self.scheduler.kv.prefix_cache_hits,
-                # labelled counters (metrics.LABELLED_COUNTERS): "<family>:<label value>"
-                **{f"stage0_steps:{mode.value.lower()}": n for mode, n in self.runner.step_modes.items()},
-                **{f"eager_steps:{outcome}": n for outcome, n in self.runner.eager_steps.items()},
-                **self._mark_stats(),
-            }
-
-    def _mark_stats(self) -> dict[str, float]:
-        if self.marks is None:
-            return {}
-        c = self.marks.counters
-        return {"watermark_calls": c.calls, "watermark_chunks": c.chunks, "watermark_audio_seconds": c.audio_s,
-                "watermark_busy_seconds": c.busy_s}
+            return engine_stats(self.scheduler, self.outputs, self.runner, self.codec, self.marks)
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:

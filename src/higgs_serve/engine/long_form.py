@@ -19,7 +19,7 @@ the audio that follows anyway. Instead the head of each later segment gets an of
 difference between the previous segment's last sample and its own first sample, faded out with
 a raised cosine over SEAM_RAMP_SAMPLES (10 ms). The join is then continuous, the ramp is causal
 (nothing of segment k is held back, so streams lose no latency), and no sample is added or
-removed, so segment timestamps are exact sums of sample counts. benchmarks/bench_seam.py and
+removed, so segment timestamps are exact sums of sample counts. benchmarks/codec/bench_seam.py and
 tests/server/test_long_form.py measure the step at the joins.
 
 Total length: generation stops when the recording reaches `max_audio_samples`; the request then

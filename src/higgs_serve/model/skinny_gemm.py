@@ -38,7 +38,7 @@ programs per SM) found launch shapes that beat cuBLAS at 32 and 64 rows for o, g
 SwiGLU epilogue) and down; qkv stays on cuBLAS there (benchmarks/results/README.md).
 
 `SkinnyConfig` is a launch shape; `config_for` picks one per (M, N, K) from a table measured with
-benchmarks/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
+benchmarks/step/bench_gemm.py, or returns None when the kernel's divisibility rules are not met (the
 caller then uses cuBLAS). Rows of x never interact, and the config depends on M only through its
 bucket, so a row's result does not depend on the other rows of its bucket.
 """
@@ -89,7 +89,7 @@ def row_block(m: int) -> int:
     return max(16, next_pow2(m))
 
 
-# Measured on one H200 (benchmarks/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
+# Measured on one H200 (benchmarks/step/bench_gemm.py, results in benchmarks/results/gemm_h200.json):
 # per (N, K) of the 4B talker, per row bucket (largest M the entry serves), the fastest config.
 # Buckets above 16 rows from a wider sweep (benchmarks/results/sweep_gemm_rows64_h200.json; us at
 # 32 / 64 rows): the 16-row shapes at 1 row; gate_up's entry also serves its SwiGLU epilogue

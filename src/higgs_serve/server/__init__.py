@@ -1,0 +1,1 @@
+"""The HTTP and WebSocket layer, along the data path: a request in (`limits`, `schemas`) → its plan (`plan`) → the engine, in flight (`run`) → audio out (`last_mile`) → the wire; the routes (`routers`, `websocket`) sit on top and `app` builds the server."""

@@ -28,12 +28,12 @@ from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.errors import ApiError, install_error_handlers
-from higgs_serve.server.body_limit import BodyLimitMiddleware
+from higgs_serve.server.limits.body_limit import BodyLimitMiddleware
 from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
 from higgs_serve.server.schemas import ERROR_RESPONSES
-from higgs_serve.server.send_timeout import SendTimeoutMiddleware
+from higgs_serve.server.limits.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
 from higgs_serve.server.state import AdmissionGate, ReferenceEncoder, ServerState, SpeechEngine
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, VoiceRegistry

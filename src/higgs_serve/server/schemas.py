@@ -4,7 +4,7 @@ Requests are strict (`"1"` is not an int) and closed (`extra="forbid"`): a field
 not know is a 400 that names it, never silently dropped; `null` for an optional field is the
 same as leaving it out (`PeerModel`). Checks that need the running server
 (served model name, input length limit, registered voices, profile limits) live in
-server/speech_plan.py.
+server/plan/speech_plan.py.
 """
 
 from __future__ import annotations

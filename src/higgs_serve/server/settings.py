@@ -9,29 +9,29 @@ from pathlib import Path
 
 from higgs_serve.errors import ConfigError
 
-# Long inputs are split into segments and spoken as one recording (server/long_form.py).
+# Long inputs are split into segments and spoken as one recording (server/run/long_form.py).
 DEFAULT_MAX_INPUT_CHARS = 100_000
 DEFAULT_SEGMENT_MAX_CHARS = 300  # about 20 s of speech: a sentence group per engine request
 DEFAULT_MAX_AUDIO_S = 7200.0  # a long-form response or WebSocket session stops here
 DEFAULT_WS_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
-# Request bodies, counted while they arrive (server/body_limit.py): JSON room for a base64
+# Request bodies, counted while they arrive (server/limits/body_limit.py): JSON room for a base64
 # ref_audio of max_ref_audio_bytes (4/3 of it) plus input and ref_text; uploads get the file
 # limit (voices/registry.py MAX_UPLOAD_BYTES) plus the multipart envelope.
 JSON_BODY_OVERHEAD_BYTES = 1024 * 1024
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
-AUDIO_WORKERS = 4  # threads for decoding and encoding reference clips (server/audio_workers.py)
-# Threads that encode responses (server/audio_out.py): PyAV releases the GIL, so one a core lets
+AUDIO_WORKERS = 4  # threads for decoding and encoding reference clips (server/last_mile/audio_workers.py)
+# Threads that encode responses (server/last_mile/audio_out.py): PyAV releases the GIL, so one a core lets
 # encoding use the whole host (benchmarks/results/README.md, bench_encoders).
 DEFAULT_ENCODE_THREADS = max(4, os.cpu_count() or 1)
-# Word timestamps (server/word_timestamps.py): aligner worker processes, started at the first
+# Word timestamps (server/last_mile/word_timestamps.py): aligner worker processes, started at the first
 # request that asks for timestamps. PocketSphinx costs about 0.02 CPU-s per audio second
 # (benchmarks/results/alignment_accuracy.json), so one process keeps up with ~50 audio s/s; a GPU
 # host serving ~1,000 audio s/s with every request timed needs more: a quarter of the cores, at
 # most 4 by default (--alignment-workers raises it; 0 turns word timestamps off).
 DEFAULT_ALIGNMENT_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
-# Encoder processes (server/encode_pool.py): the codecs and the time stretch in processes of
+# Encoder processes (server/last_mile/encode_pool.py): the codecs and the time stretch in processes of
 # their own, off the server's GIL. One per core the host gives this server, less
 # SERVER_RESERVED_CORES for the server's own threads (event loop, engine loop, codec stage), at
 # most MAX_DEFAULT_ENCODE_PROCESSES (at the measured cost of the costliest format, 32 cores encode
@@ -87,7 +87,7 @@ class ServerSettings:
     # Seconds uvicorn lets in-flight requests finish on shutdown before they are aborted.
     graceful_shutdown_s: int = 30
     # A response write that waits longer (the client stopped reading) ends the response, which
-    # aborts its engine request and frees its admission slot (server/send_timeout.py).
+    # aborts its engine request and frees its admission slot (server/limits/send_timeout.py).
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     # Signed provenance (audio/provenance.py): the operator's PEM certificate chain and private
     # key; with both, wav/mp3/flac files carry a C2PA manifest. An optional RFC 3161 timestamp

@@ -20,8 +20,8 @@ from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
-from higgs_serve.server.audio_workers import AudioWorkers
-from higgs_serve.server.encode_pool import EncodePool
+from higgs_serve.server.last_mile.audio_workers import AudioWorkers
+from higgs_serve.server.last_mile.encode_pool import EncodePool
 from higgs_serve.server.settings import AUDIO_WORKERS, ServerSettings
 from higgs_serve.voices.registry import VoiceRegistry
 
@@ -88,7 +88,7 @@ class ServerState:
     detector: LazyDetector = field(default_factory=LazyDetector)
     # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
     provenance: Provenance | None = None
-    # response encoding (server/audio_out.py), apart from reference work: --encode-threads
+    # response encoding (server/last_mile/audio_out.py), apart from reference work: --encode-threads
     # (codecs with --encode-processes 0; C2PA signing)
     encode_workers: AudioWorkers | None = None
     # word timestamps' aligner processes (--alignment-workers; started at the first use);
@@ -99,8 +99,8 @@ class ServerState:
     created_at: int = field(default_factory=lambda: int(time.time()))
     engine_started: bool = False  # start() returned: from now on `alive` False means dead
     engine_start_error: BaseException | None = None
-    # admitted requests not yet closed (Generation, server/generation.py; LongFormRun,
-    # server/long_form.py): aborted when the shutdown's grace period ends, so each ends its
+    # admitted requests not yet closed (Generation, server/run/generation.py; LongFormRun,
+    # server/run/long_form.py): aborted when the shutdown's grace period ends, so each ends its
     # own response (503 or a stream error event)
     generations: set = field(default_factory=set)
 
@@ -114,7 +114,7 @@ class ServerState:
 
     @property
     def encoders(self) -> EncodePool | AudioWorkers:
-        """Where responses' codecs run (server/audio_out.py)."""
+        """Where responses' codecs run (server/last_mile/audio_out.py)."""
         return self.encode_pool if self.encode_pool is not None else self.encode_workers
 
     def abort_in_flight(self) -> None:

@@ -36,7 +36,7 @@ MP3_BIT_RATE = 64_000
 AAC_BIT_RATE = 64_000
 OPUS_BIT_RATE = 32_000
 # The formats whose encoder is a codec (`StreamEncoder.cpu_heavy`): the server encodes them away
-# from its event loop (in encoder processes: server/encode_pool.py); pcm, wav and G.711 cost a
+# from its event loop (in encoder processes: server/last_mile/encode_pool.py); pcm, wav and G.711 cost a
 # copy or a table lookup and stay in the server.
 CPU_HEAVY_FORMATS = frozenset({"mp3", "aac", "flac", "opus"})
 

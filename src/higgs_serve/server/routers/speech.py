@@ -23,14 +23,16 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.errors import EngineDeadError, HiggsServeError
-from higgs_serve.server import long_form, speech_run, sse
-from higgs_serve.server.audio_file import AudioFile, file_response
+from higgs_serve.server.run import long_form
+from higgs_serve.server.run import speech_run
+from higgs_serve.server.last_mile import sse
+from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
-from higgs_serve.server.generation import Generation
+from higgs_serve.server.run.generation import Generation
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
-from higgs_serve.server.send_timeout import ClosingStreamingResponse
+from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
-from higgs_serve.server.word_timestamps import (WORDS_EVENT, SentenceWords, WordTimestampTap,
+from higgs_serve.server.last_mile.word_timestamps import (WORDS_EVENT, SentenceWords, WordTimestampTap,
                                                  header_of)
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     except BaseException:
         state.gate.release()
         raise
-    if len(segments) > 1:  # split and spoken as one recording (server/long_form.py)
+    if len(segments) > 1:  # split and spoken as one recording (server/run/long_form.py)
         return await long_form.create_long_form(plan, segments, request, state, arrived_s)
     generation = Generation(state, plan, arrived_s)
     if not await speech_run.start(generation, state,
@@ -89,7 +91,7 @@ def check_engine(state: ServerState) -> None:
 async def _file_response(generation: Generation, request: Request,
                          state: ServerState) -> Response:
     """Encode the chunks into one file as they arrive (aborting if the client leaves), then
-    answer it with its Content-Length (server/audio_file.py)."""
+    answer it with its Content-Length (server/last_mile/audio_file.py)."""
     plan = generation.plan
     tap = speech_run.word_tap(plan, state)
     try:

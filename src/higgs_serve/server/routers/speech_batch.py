@@ -2,7 +2,7 @@
 
 The envelope's speech fields are defaults; an item's own fields (non-null) override them. The
 envelope is validated as a whole (a malformed batch is a 400), then what the batch holds in all
-(server/batch_limits.py: its input before any work, its audio while it is spoken; 413). Each
+(server/limits/batch_limits.py: its input before any work, its audio while it is spoken; 413). Each
 item is then validated, admitted, planned and generated on its own, concurrently, through the
 same engine and admission gate as single requests, at most `max_num_seqs` of one batch at a
 time, into the file `/speech` makes for the same body with `stream: false` (an item longer than
@@ -10,7 +10,7 @@ one segment long-form: one recording, one slot; the file spooled to disk past 1 
 goes wrong with one item (bad field, bad reference, queue full, engine error) becomes that
 item's error result; the batch itself answers 200 with `results` in item order and
 `total`/`succeeded`/`failed`, its JSON sent as it is read from the files
-(server/batch_answer.py). A client that disconnects abandons the batch: every item in flight
+(server/last_mile/batch_answer.py). A client that disconnects abandons the batch: every item in flight
 is aborted and every file discarded.
 """
 
@@ -29,12 +29,13 @@ from pydantic import ValidationError
 
 from higgs_serve.audio import formats
 from higgs_serve.errors import InvalidRequestError
-from higgs_serve.server import long_form, speech_run
-from higgs_serve.server.audio_file import AudioFile
-from higgs_serve.server.batch_answer import BatchAnswer, BatchItem
-from higgs_serve.server.batch_limits import AudioBudget, BatchTooLarge, check_batch_input
+from higgs_serve.server.run import long_form
+from higgs_serve.server.run import speech_run
+from higgs_serve.server.last_mile.audio_file import AudioFile
+from higgs_serve.server.last_mile.batch_answer import BatchAnswer, BatchItem
+from higgs_serve.server.limits.batch_limits import AudioBudget, BatchTooLarge, check_batch_input
 from higgs_serve.server.errors import ApiError, describe_validation_errors, to_api_error
-from higgs_serve.server.generation import Generation
+from higgs_serve.server.run.generation import Generation
 from higgs_serve.server.routers.speech import check_engine
 from higgs_serve.server.schemas import (
     ERROR_RESPONSES,
@@ -44,7 +45,7 @@ from higgs_serve.server.schemas import (
     SpeechRequestBody,
     Usage,
 )
-from higgs_serve.server.speech_plan import SpeechPlan
+from higgs_serve.server.plan.speech_plan import SpeechPlan
 from higgs_serve.server.state import ServerState, server_state
 from higgs_serve.text import Segment
 
@@ -157,7 +158,7 @@ class _Batch:
 
     async def _generate_long_form(self, index: int, plan: SpeechPlan,
                                   segments: list[Segment]) -> BatchItem:
-        """A long item: its admitted plan's segment chain (server/long_form.py), one slot for
+        """A long item: its admitted plan's segment chain (server/run/long_form.py), one slot for
         all of it, encoded into its file as /speech's long-form file response is."""
         run = long_form.LongFormRun(self.state, plan, segments, self.arrived_s)
         with speech_run.counted_failures(self.state):  # labelled as a single request's start
@@ -209,7 +210,7 @@ def _item_body(item: dict[str, Any], defaults: dict[str, Any]) -> SpeechRequestB
 
 def _success(index: int, plan: SpeechPlan, file: AudioFile, finish_reason: str | None,
              num_frames: int) -> BatchItem:
-    """The item's result, its audio_data left empty for its file (server/batch_answer.py)."""
+    """The item's result, its audio_data left empty for its file (server/last_mile/batch_answer.py)."""
     usage = Usage(input_tokens=plan.input_tokens, output_tokens=num_frames,
                   total_tokens=plan.input_tokens + num_frames)
     return BatchItem(BatchItemResult(index=index, status="success", audio_data="",

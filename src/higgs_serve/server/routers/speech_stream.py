@@ -10,7 +10,7 @@ The protocol (vllm-omni's "Streaming Text Input", with sglang-omni's variant beh
 
 Auth: with --api-key, `Authorization: Bearer <key>` or the `api_key` query parameter; a wrong or
 missing key gets an `error` event and close code 1008. A server still warming up (or whose engine
-died) answers `error` and close code 1013. How a session ends: server/ws_session.py.
+died) answers `error` and close code 1013. How a session ends: server/websocket/session.py.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import secrets
 
 from fastapi import APIRouter, WebSocket
 
-from higgs_serve.server import speech_run
+from higgs_serve.server.run import speech_run
 from higgs_serve.server.state import ServerState
-from higgs_serve.server.ws_session import (
+from higgs_serve.server.websocket.session import (
     CLOSE_POLICY,
     CLOSE_TRY_AGAIN,
     Ending,

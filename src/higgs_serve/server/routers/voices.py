@@ -17,7 +17,7 @@ from higgs_serve.server.schemas import (
     VoiceList,
     VoiceObject,
 )
-from higgs_serve.server.clone_reference import check_ref_text_length
+from higgs_serve.server.plan.clone_reference import check_ref_text_length
 from higgs_serve.server.state import server_state
 from higgs_serve.voices.registry import MAX_UPLOAD_BYTES, Voice, check_voice_name
 

@@ -65,7 +65,7 @@ MAX_DECODE_SPLITS = 32
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
 PREFILL_MIN_BLOCK_M = 32  # the prefill kernel's query tile: 32 rows in float32, 64 in 16-bit dtypes
-DECODE_NUM_STAGES = 3  # Triton's default for Hopper; benchmarks/bench_attention.py --sweep varies these
+DECODE_NUM_STAGES = 3  # Triton's default for Hopper; benchmarks/step/bench_attention.py --sweep varies these
 
 
 if triton is not None:

@@ -4,9 +4,8 @@ a centred STFT of its own samples, its frame mask against its own loudest frame,
 convolutions with 'same' zero padding (`ConvStack.forward`), torch.istft. The padded batch must
 give each window exactly this (tests/unit/test_watermark_batch.py, tests/gpu/test_watermark_gpu.py).
 
-Its convolutions are `ConvStack.forward`'s: on the CPU the GEMM form up to `perth.GEMM_MAX_FRAMES`
-frames and torch's convolution above, as then. A test that sets GEMM_MAX_FRAMES past every
-window's frames runs them in the one form the padded batch uses, and compares bit for bit."""
+Its convolutions are `ConvStack.forward`'s without a validity mask: on the CPU the GEMM form up to
+`perth.GEMM_MAX_FRAMES` frames and torch's convolution above, as then."""
 
 from __future__ import annotations
 

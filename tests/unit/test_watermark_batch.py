@@ -1,15 +1,18 @@
-"""The mark in one padded batch (audio/perth_rows.py, perth_runner.py, perth.py `mark_change`)
-on the CPU: every window gets bit for bit the change the per-length path gives it
-(support/perth_reference.py, the code before the padded batch) whatever else shares its call,
-and a stream marked through the engine's mark stage beside other streams is the stream marked
-alone. Why padding with real audio would not do: the last test."""
+"""The mark in one call (audio/perth_rows.py, perth_runner.py, perth.py `mark_change`) on the CPU:
+every window gets bit for bit the change the per-length path gave it before
+(support/perth_reference.py) whatever else shares its call; a stream marked through the engine's
+mark stage beside other streams is the stream marked alone; and the padded batch the GPU runs
+(rows of different lengths in one bucket) gives each window its own mark, to the rounding of
+wider kernels. Why padding with earlier audio or silence would not do: the last test."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from higgs_serve.audio import perth
+from higgs_serve.audio.perth import mark_change
+from higgs_serve.audio.perth_rows import HOP, fill_rows, row_samples, window_frames
 from higgs_serve.audio.watermark import MarkStream, load_watermarker
 from higgs_serve.engine.async_engine import CollectingSink
 from higgs_serve.engine.mark_stage import MarkStage
@@ -26,10 +29,14 @@ def wm():
     return load_watermarker("perth", "cpu")
 
 
-@pytest.fixture
-def one_form(monkeypatch):
-    """The per-length path's convolutions in the one form the padded batch uses on the CPU."""
-    monkeypatch.setattr(perth, "GEMM_MAX_FRAMES", 1 << 30)
+@pytest.fixture(scope="module")
+def windows(wm):
+    return mixed_windows(wm)
+
+
+@pytest.fixture(scope="module")
+def reference(wm, windows):
+    return per_length_alone(wm, windows)
 
 
 def stream_windows(audio: np.ndarray, schedule, context_samples: int) -> tuple[list, list]:
@@ -52,38 +59,43 @@ def mixed_windows(wm) -> list[np.ndarray]:
     return windows + [odd[:300], odd[:769], odd[:5000], odd[:12345], np.zeros(4800, np.float32)]
 
 
-def test_each_window_gets_bit_for_bit_its_per_length_change(wm, one_form):
-    windows = mixed_windows(wm)
+def per_length_alone(wm, windows) -> list[np.ndarray]:
+    """The per-length path as the CPU engine ran it: one window a call (its batches of equal
+    lengths rounded differently with their size: why the CPU stage took one at a time)."""
+    return [per_length_residuals(wm, [w])[0] for w in windows]
+
+
+def test_each_window_gets_bit_for_bit_its_per_length_change(wm, windows, reference):
     together = wm.residuals(windows)  # one call: 32 windows of 16 lengths
-    assert wm.runner.eager_calls >= 1
-    for window, got, want in zip(windows, together, per_length_residuals(wm, windows), strict=True):
+    for window, got, want in zip(windows, together, reference, strict=True):
         assert got.shape == window.shape and got.dtype == np.float32
         np.testing.assert_array_equal(got, want, err_msg=f"window of {window.size} samples")
     assert max(np.abs(c).max() for c in together) > 0.01  # marked, not trivially equal
 
 
-def test_a_windows_change_does_not_depend_on_its_batch(wm):
-    windows = mixed_windows(wm)
-    alone = [wm.residuals([w])[0] for w in windows]
+def test_a_windows_change_does_not_depend_on_its_call(wm, windows, reference):
     rng = np.random.default_rng(0)
-    for _ in range(2):  # other companions, other positions
-        order = rng.permutation(len(windows))[:20]
+    for size in (12, 5):  # other companions, other positions
+        order = rng.permutation(len(windows))[:size]
         for i, got in zip(order, wm.residuals([windows[i] for i in order])):
-            np.testing.assert_array_equal(got, alone[i])
-    wm.runner.ladder = (16, 64, 256)  # a longer bucket than any window needs: more padding
-    try:
-        for i, got in enumerate(wm.residuals(windows)):
-            np.testing.assert_array_equal(got, alone[i])
-    finally:
-        wm.runner.ladder = ()
+            np.testing.assert_array_equal(got, reference[i])
 
 
-def test_the_mark_is_todays_to_float_rounding(wm):
-    """Against the per-length path's own convolution forms (torch's for windows over 16 frames):
-    the padded batch's one GEMM form rounds differently, by less than a millionth of the mark."""
-    windows = mixed_windows(wm)
-    for got, want in zip(wm.residuals(windows), per_length_residuals(wm, windows)):
-        assert np.abs(got - want).max() <= 2e-6 * max(np.abs(want).max(), 1e-3)
+@pytest.mark.parametrize("bucket", [128, 256])
+def test_the_padded_batch_gives_each_window_its_own_mark(wm, windows, reference, bucket):
+    """What the GPU runs: every window in one padded batch of `bucket` frames. Equal to the
+    per-length change to float rounding (wider matrices take other kernels); a padding that
+    leaked into a window would move its mark by 0.7 % or more (the next test)."""
+    rows = np.empty((len(windows) + 2, row_samples(bucket)), np.float32)  # two spare rows, as a graph's
+    valid = np.empty((len(windows) + 2, bucket), np.float32)
+    spans = fill_rows(windows, rows, valid)
+    assert max(window_frames(w.size) for w in windows) < bucket
+    with torch.inference_mode():
+        change = mark_change(wm.net, torch.hann_window(1536, periodic=True), torch.from_numpy(rows),
+                             torch.from_numpy(valid)).numpy()
+    assert change.shape == (len(windows) + 2, HOP * bucket)
+    for i, ((start, end), want) in enumerate(zip(spans, reference)):
+        assert np.abs(change[i, start:end] - want).max() <= 1e-5 * max(np.abs(want).max(), 1e-3), i
 
 
 def test_a_stream_marked_beside_others_is_the_stream_marked_alone(wm):
@@ -109,9 +121,9 @@ def test_a_stream_marked_beside_others_is_the_stream_marked_alone(wm):
         np.testing.assert_array_equal(np.concatenate([c.audio for c in sinks[s].chunks]), np.concatenate(alone))
 
 
-def test_padding_a_streams_first_windows_with_silence_would_change_their_mark(wm, one_form):
-    """Why rows are not simply padded with silence where a stream has no earlier audio: its
-    first chunks (0 to 160 ms of context) lie within the network's reach of the window's start
+def test_padding_a_streams_first_windows_with_silence_would_change_their_mark(wm):
+    """Why rows are not simply padded with silence (or audio) before the window: a stream's
+    first chunks (0 to 80 ms of context) lie within the network's reach of the window's start
     (the STFT's reflected edge, the convolutions' zero padding, the inverse STFT's
     normalisation: perth_rows.py's note), so what precedes the window changes their mark."""
     chunks, windows = stream_windows(speechlike(3.0, 3), (1, 1, 2), wm.context_samples)

@@ -90,11 +90,6 @@ def find_checkpoint() -> Path:
 # CPU convolution has a fixed cost of ~0.5 ms a layer); from ~25 frames on the two are even, and
 # the taps' copy grows with the window (measured on this project's 2-core CPU machine, one thread).
 GEMM_MAX_FRAMES = 16
-# MKL multiplies matrices of fewer columns (frames) than this with another kernel, which rounds
-# differently (~1e-6 of the mark): the GEMM form pads its taps to at least this many columns, so
-# a frame's result never depends on how many frames share the call (measured on this project's
-# CPU machine: every count from 12 to 300 columns gives the same bits per column).
-GEMM_MIN_COLUMNS = 12
 
 
 class ConvStack(nn.Module):
@@ -109,48 +104,30 @@ class ConvStack(nn.Module):
             nn.Conv1d(widths[i], widths[i + 1], k, padding=k // 2) for i, k in enumerate(kernels))
         self._taps: list[torch.Tensor] | None = None  # [out, k * in] per conv, built at first use
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, 128, T] -> [B, out, T]. With `valid` [B, T] (a padded batch, perth_rows.py; 1: a
+        frame of the row's window) the input of every 7-wide convolution is zero outside the
+        window, as 'same' padding makes it when the window runs alone, so the window's frames get
+        what they get alone."""
         as_gemm = x.device.type == "cpu" and x.shape[-1] <= GEMM_MAX_FRAMES
         for i, conv in enumerate(self.convs):
-            x = self._gemm(i, conv, x) if as_gemm else conv(x)
-            if i < len(self.convs) - 1:
-                x = F.leaky_relu(x, 0.01)
-        return x
-
-    def masked(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """forward over a padded batch (perth_rows.py): x [B, 128, T], valid [B, T] (1: a frame
-        of the row's window). The input of every 7-wide convolution is zero outside the window,
-        as 'same' padding makes it when the window runs alone; the window's frames then get
-        exactly what they get alone.
-
-        On the CPU always the GEMM form: torch picks its CPU convolution by batch, frames,
-        channels and threads (a native one below ~80 frames at batch 1, oneDNN above or at
-        batch 2+), and they round differently (~1e-6 of the mark), so a window's mark would
-        depend on what it was batched with. The GEMM form rounds the same for every batch and
-        every length (`_gemm`)."""
-        as_gemm = x.device.type == "cpu"
-        keep = valid[:, None]
-        for i, conv in enumerate(self.convs):
-            if conv.kernel_size[0] > 1:
-                x = x * keep
+            if valid is not None and conv.kernel_size[0] > 1:
+                x = x * valid[:, None]
             x = self._gemm(i, conv, x) if as_gemm else conv(x)
             if i < len(self.convs) - 1:
                 x = F.leaky_relu(x, 0.01)
         return x
 
     def _gemm(self, i: int, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-        """conv(x) as bias + W @ taps: x [B, C, T] -> [B, O, T], over at least GEMM_MIN_COLUMNS
-        frames (zeros after the last frame: columns computed and dropped)."""
+        """conv(x) as bias + W @ taps: x [B, C, T] -> [B, O, T]."""
         if self._taps is None:  # weights [O, C, K] -> [O, K * C], tap-major like the unfolded input
             self._taps = [c.weight.detach().permute(0, 2, 1).reshape(c.out_channels, -1).contiguous()
                           for c in self.convs]
-        k, frames = conv.kernel_size[0], x.shape[2]
-        extra = max(GEMM_MIN_COLUMNS - frames, 0)
-        taps = F.pad(x, (k // 2, k // 2 + extra)).unfold(2, k, 1)  # [B, C, T + extra, K]
-        taps = taps.permute(0, 2, 3, 1).reshape(x.shape[0], frames + extra, -1)  # [B, T + extra, K * C]
-        out = torch.baddbmm(conv.bias[None, :, None], self._taps[i].expand(x.shape[0], -1, -1),
-                            taps.transpose(1, 2))
-        return out[..., :frames] if extra else out
+        k = conv.kernel_size[0]
+        taps = F.pad(x, (k // 2, k // 2)).unfold(2, k, 1)  # [B, C, T, K]
+        taps = taps.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1)  # [B, T, K * C]
+        return torch.baddbmm(conv.bias[None, :, None], self._taps[i].expand(x.shape[0], -1, -1),
+                             taps.transpose(1, 2))
 
 
 class PerthNet(nn.Module):
@@ -179,7 +156,7 @@ class PerthNet(nn.Module):
     def embed_gain(self, feats: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[B, F, T] features, [B, T] mask, [B, T] valid frames -> [B, 128, T] magnitude gain
         of the low bins (1 outside the mask)."""
-        residual = self.embedder.masked(feats[:, :MARK_BINS], valid) * mask[:, None]
+        residual = self.embedder(feats[:, :MARK_BINS], valid) * mask[:, None]
         return torch.pow(10.0, residual * (DB_SPAN / 20.0))
 
     def detect(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ as absent (audio/perth.py `mark_change`): they neither set the mask's threshold 
 convolutions nor count in the inverse STFT's normalisation.
 
 A row of T_b frames is HOP·(T_b − 1) + N_FFT samples; its change comes back as HOP·T_b samples,
-the window's own change at `span` within it.
+the window's own change at `span` within it. (On the CPU every window is its own batch of its
+own length, perth_runner.py says why: no padding there, the same layout.)
 """
 
 from __future__ import annotations

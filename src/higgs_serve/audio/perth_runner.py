@@ -1,5 +1,13 @@
-"""One call marks any list of windows: a padded batch (perth_rows.py), eager on the CPU, and on
-CUDA one graph per (bucket length, batch size) captured at start-up (docs/architecture.md#the-watermark-stage).
+"""One call marks any list of windows: on CUDA one padded batch (perth_rows.py) replayed as one
+graph per (bucket length, batch size) captured at start-up; on the CPU each window alone,
+eagerly (docs/architecture.md#the-watermark-stage).
+
+Why alone on the CPU: MKL multiplies matrices with kernels and thread splits chosen by their
+width and the thread count (fewer than 12 columns, or 17 to 27 at four threads and more, round
+differently), and torch picks its CPU convolution by batch, frames, channels and threads, so a
+window computed inside a wider padded batch would get a mark that differs in its last bits with
+its companions. Computed at its own length it gets bit for bit the per-length mark it always
+had, whatever else is in the call, at any thread count; and batching buys the CPU little.
 
 Why graphs: on a GPU the mark is ~30 small kernels whose launches cost more than their work
 (a call cost a fixed ~1.7 ms on an H100 whatever its size, benchmarks/results/README.md), so
@@ -73,9 +81,9 @@ class MarkRunner:
 
     # ------------------------------------------------------------------ calls
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Each window [n_i] float32 -> its change [n_i] float32: one batch per call (or one
-        per `max(batch_sizes)` windows when more come)."""
-        step = max(self.batch_sizes, default=0) or max(len(windows), 1)
+        """Each window [n_i] float32 -> its change [n_i] float32: on CUDA one batch per call
+        (or one per `max(batch_sizes)` windows when more come); on the CPU one per window."""
+        step = 1 if self.stream is None else max(self.batch_sizes, default=0) or max(len(windows), 1)
         out: list[np.ndarray] = []
         for start in range(0, len(windows), step):
             out += self._batch(windows[start: start + step])

@@ -293,8 +293,8 @@ def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bo
     watermark = load_watermarker("perth", str(device))
     logger.info("watermark on: every generated signal is marked (%s, on %s)", watermark.name, device)
     # one call marks at most as many windows as the codec decodes at once. On CPU one window a
-    # call: a window's mark does not depend on its batch there either (audio/perth.py), but a
-    # CPU call's time grows with its windows, and a first chunk would wait for all of them
+    # call: the CPU marks a call's windows one after another anyway (audio/perth_runner.py), so
+    # a first chunk would only wait for the others
     batch = deploy.stage1.max_batch_windows if device.type == "cuda" else 1
     if cuda_graphs and device.type == "cuda":
         watermark.prepare(batch, max_chunk_samples)

@@ -22,8 +22,8 @@ What the network does, in our words:
   feature-domain residual; times the mask, it is added to the low-bin features, i.e. each low
   bin's magnitude is multiplied by `10 ** (195 * residual / 20)`, phase kept. Every other bin is
   untouched, so the change to the signal is exactly the inverse STFT of the changed low bins.
-  Windows of any lengths are marked together in one padded batch, each exactly as alone
-  (perth_rows.py says how; perth_runner.py runs it, with CUDA graphs on a GPU).
+  On a GPU windows of any lengths are marked together in one padded batch, each exactly as
+  alone (perth_rows.py says how; perth_runner.py runs it, as CUDA graphs); on the CPU one by one.
 - Detection: three such stacks read the low-bin features at 1.25x, 1x and 0.75x the frame rate
   (linear interpolation in time); each outputs per-frame (attention, score) pairs, averaged over
   masked frames; the three scores are combined with softmax(attention) weights and clipped to
@@ -231,8 +231,8 @@ def _renamed(state: dict[str, torch.Tensor], net: PerthNet) -> dict[str, torch.T
 class PerthWatermarker:
     """PerTh on a 24 kHz STFT, on one torch device (audio/watermark.py's `Watermarker`).
     Thread-safe: calls are serialised by a lock (the engine's mark stage embeds, detection
-    requests score). Windows are marked in padded batches (`MarkRunner`: eager, or CUDA graphs
-    once `prepare` captured them)."""
+    requests score). Windows are marked by `MarkRunner`: on a GPU in padded batches, as CUDA
+    graphs once `prepare` captured them; on the CPU one at a time."""
 
     name = "perth"
     sample_rate_hz = SAMPLE_RATE_HZ
@@ -270,7 +270,7 @@ class PerthWatermarker:
 
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each window [n_i] float32 -> [n_i] float32, the change marking it, whatever else is
-        in the call: windows of any lengths run together in one padded batch (perth_rows.py)."""
+        in the call (on a GPU windows of any lengths run in one padded batch: perth_rows.py)."""
         with self._lock:
             return self.runner.residuals(windows)
 

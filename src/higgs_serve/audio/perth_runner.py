@@ -3,8 +3,8 @@ graph per (bucket length, batch size) captured at start-up; on the CPU each wind
 eagerly (docs/architecture.md#the-watermark-stage).
 
 Why alone on the CPU: MKL multiplies matrices with kernels and thread splits chosen by their
-width and the thread count (fewer than 12 columns, or 17 to 27 at four threads and more, round
-differently), and torch picks its CPU convolution by batch, frames, channels and threads, so a
+width and the thread count (on this project's CPU machine fewer than 12 columns, or 17 to 27 at
+four threads and more, round differently), and torch picks its CPU convolution by batch, frames, channels and threads, so a
 window computed inside a wider padded batch would get a mark that differs in its last bits with
 its companions. Computed at its own length it gets bit for bit the per-length mark it always
 had, whatever else is in the call, at any thread count; and batching buys the CPU little.
@@ -59,6 +59,8 @@ ChangeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class MarkRunner:
+    """Runs `change` (perth.mark_change) over windows laid out by perth_rows (the module note)."""
+
     def __init__(self, change: ChangeFn, device: torch.device, stream: torch.cuda.Stream | None):
         self.change = change
         self.device = device

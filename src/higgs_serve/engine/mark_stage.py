@@ -8,8 +8,8 @@ request's sink, in order. So the engine loop never waits for the mark, the codec
 a copy, and the server and `synth` get the same marked audio from the same chunks.
 
 Batches: each pass of the stage's loop marks every stream's pending window in one call (the
-watermark pads windows of any lengths into one batch, each marked exactly as alone:
-audio/perth_rows.py; on a GPU one CUDA graph replay). As in the codec
+watermark takes windows of any lengths, each marked exactly as alone; on a GPU one padded batch,
+one CUDA graph replay: audio/perth_rows.py, perth_runner.py). As in the codec
 (codec/codec_runner.py `next_batch`), only each request's oldest queued chunk is eligible; when
 more than `max_batch_windows` are, the key function `order` picks which go first (smallest key
 first). Today's order, `shortest_window_first`: a request's first chunk (its shortest window,
@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,8 +63,7 @@ class PendingMark:
     window: np.ndarray | None = None  # the chunk's window; None for an empty chunk
     error: BaseException | None = None
     stream_id: int = 0  # which wrapped sink (request) it belongs to
-    seq: int = 0  # arrival order across all requests
-    enqueued_s: float = field(default_factory=time.monotonic)
+    seq: int = 0  # arrival order across all requests (set by `MarkStage.enqueue`)
 
 
 # A sort key of a pending window: the smallest keys are marked first when more are eligible than

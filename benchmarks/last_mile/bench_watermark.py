@@ -20,11 +20,21 @@ Sections (`--sections`, all by default):
   whole stream on the streaming schedule, and per audio second for batches of B 1 s chunks
   (B = 1, 16, 64: the engine's mark stage batches across requests). On CUDA (`--device cuda`)
   the wall times are device-synchronised.
+- batched: what one pass of the engine's mark stage costs: B streams (`--batch-sizes`, 1 to 256)
+  each with one pending window drawn from a 10 s stream's windows on the streaming schedule
+  (the ramp's 5- to 85-frame windows and the steady 123-frame ones, as a closed loop of 10 s
+  streams holds them), timed three ways on the same windows: `graphs` one call replaying a CUDA
+  graph (the watermark prepared for up to max(B) windows, as the builder does; CUDA only),
+  `eager_one_call` the same padded batch without graphs, and `eager_per_length` one call per
+  distinct window length (the stage's batches before issue 54, unpadded; the same code path, so
+  it approximates the old calls' cost). `--smoke` runs it small.
 
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections quality --out benchmarks/results/watermark_quality_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections cost --threads 1 --out benchmarks/results/watermark_cost_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
+  python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections batched --repeats 20 --out watermark_batched_h100.json
+  python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections batched --smoke   # a quick check anywhere
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import REPO_ROOT, mean, now_iso, percentile, provenance, write_json  # noqa: E402
 from speech_clips import SAMPLE_RATE_HZ, make_clips  # noqa: E402
 
+from higgs_serve.audio.perth_rows import window_frames  # noqa: E402
 from higgs_serve.audio.watermark import THRESHOLD, MarkStream, detect, embed, load_watermarker  # noqa: E402
 from higgs_serve.codec.chunker import StreamChunker, WindowParams, file_window_params  # noqa: E402
 
@@ -310,10 +321,64 @@ def cost(wm, device: str, repeats: int) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- batched
+def window_mix(speech: np.ndarray, streams: int, context_samples: int, seed: int) -> list[np.ndarray]:
+    """One pending window for each of `streams` streams, each at a random chunk of a 10 s
+    stream on the streaming schedule (its window: the chunk with up to `context_samples` before)."""
+    schedule = chunk_schedule(250, STREAM_PARAMS)  # 10 s: 1, 1, 2, 4, 8, 16, then 25-frame chunks
+    starts = np.cumsum([0, *schedule[:-1]]) * FRAME_SAMPLES
+    rng = np.random.default_rng(seed)
+    windows = []
+    for _ in range(streams):
+        k = int(rng.integers(len(schedule)))
+        offset = int(rng.integers(speech.size - 250 * FRAME_SAMPLES))  # where in the speech the stream is
+        end = offset + starts[k] + schedule[k] * FRAME_SAMPLES
+        windows.append(speech[max(offset + starts[k] - context_samples, offset): end])
+    return windows
+
+
+def batched(device: str, batch_sizes: list[int], repeats: int) -> dict:
+    """One mark-stage pass of B streams' windows, three ways (module note)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    eager = load_watermarker("perth", device)
+    graphs = load_watermarker("perth", device) if device.startswith("cuda") else None
+    capture = graphs.prepare(max(batch_sizes), 25 * FRAME_SAMPLES) if graphs is not None else None
+    speech, source = twenty_seconds_of_speech()
+    rows = []
+    for batch in batch_sizes:
+        windows = window_mix(speech, batch, eager.context_samples, seed=batch)
+        by_length: dict[int, list[np.ndarray]] = {}
+        for w in windows:
+            by_length.setdefault(w.size, []).append(w)
+        calls = {"eager_one_call": lambda w=windows: eager.residuals(w),
+                 "eager_per_length": lambda g=list(by_length.values()): [eager.residuals(x) for x in g]}
+        if graphs is not None:
+            calls["graphs"] = lambda w=windows: graphs.residuals(w)
+        timed = _round_robin(calls, repeats, sync)
+        audio_s = sum(w.size for w in windows) / SAMPLE_RATE_HZ
+        rows.append({"streams": batch, "distinct_lengths": len(by_length), "window_audio_s": audio_s,
+                     "window_frames": sorted(window_frames(w.size) for w in windows),
+                     **{f"{name}_wall_ms": wall_s * 1e3 for name, (_, wall_s) in timed.items()},
+                     **{f"{name}_cpu_ms": cpu_s * 1e3 for name, (cpu_s, _) in timed.items()}})
+        print(f"B={batch:3d} lengths={len(by_length):2d} " + " ".join(
+            f"{name} {wall_s * 1e3:.2f} ms" for name, (_, wall_s) in timed.items()), flush=True)
+    result = {"device": device, "torch_threads": torch.get_num_threads(), "speech": source, "batches": rows,
+              "graph_capture": capture}
+    if graphs is not None:  # every graphs call must have replayed a graph (none fell back to eager)
+        result["graph_calls"], result["graph_eager_calls"] = graphs.runner.graph_calls, graphs.runner.eager_calls
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="torch device of the watermark (cpu, cuda, cuda:N)")
-    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold"], default=["quality", "cost"])
+    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold", "batched"],
+                   default=["quality", "cost"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                   help="streams per mark-stage pass (batched)")
+    p.add_argument("--smoke", action="store_true", help="batched: 1 and 3 streams, 2 repeats (a quick check)")
     p.add_argument("--clips", type=int, default=150, help="speech clips for the quality section")
     p.add_argument("--calibration-clips", type=int, default=100, help="speech clips for the threshold section")
     p.add_argument("--repeats", type=int, default=50, help="timed calls per chunk size (cost)")
@@ -331,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {**provenance("bench_watermark", started), "loadavg_start": os.getloadavg(), "watermark": wm.name}
     if "cost" in args.sections:
         result["cost"] = cost(wm, args.device, args.repeats)
+    if "batched" in args.sections:
+        sizes, repeats = ([1, 3], 2) if args.smoke else (args.batch_sizes, args.repeats)
+        result["batched"] = batched(args.device, sizes, repeats)
     if "threshold" in args.sections:
         result["threshold"] = threshold_table(wm, args.calibration_clips)
     if "quality" in args.sections:
@@ -339,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     result["finished_at"] = now_iso()
     if args.out:
         write_json(args.out, result)
-    summary = {k: result[k] for k in ("cost",) if k in result}
+    summary = {k: result[k] for k in ("cost", "batched") if k in result}
     if "threshold" in result:
         summary["threshold"] = {k: v for k, v in result["threshold"].items() if k != "candidates"}
         summary["threshold"]["candidates"] = [

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from higgs_serve.codec.chunker import WindowShape
-from higgs_serve.codec.codec_graphs import graph_batch_sizes, padded_batch
+from higgs_serve.graph_batches import graph_batch_sizes, padded_batch
 from higgs_serve.codec.codec_runner import CodecJob, CodecRunner, batch_shape, next_batch
 
 

@@ -33,6 +33,7 @@ LAYERS = {
     "sampling_params": 1,  # a request's knobs: validated with config's checks
     "config": 0, "errors": 0, "audio": 0, "text": 0, "metrics": 0,
     "alignment": 0,  # word timestamps: aligners and their text normalisation (uses audio, text)
+    "graph_batches": 0,  # the batch sizes captured as CUDA graphs (codec and watermark)
     "progress": 0,  # the on_progress callback type and its terminal/log reporter: loaders take callbacks
 }
 

@@ -1,8 +1,10 @@
 """The watermark stage (engine/mark_stage.py) on its own: every chunk marked in its request's
-order, shortest windows first across requests, ends and errors passed on in order, a failed
-call failing only its batch. The watermark here is a stand-in whose residual says which window
-it was computed from; the real one is tested in tests/unit/test_watermark.py and, behind the
-engine, in tests/engine/test_watermark_engine.py."""
+order, every stream's pending window in one call whatever its length, the call's windows chosen
+by a pluggable key (shortest first by default), ends and errors passed on in order, and a
+failing window or sink failing only its own request. The watermark here is a stand-in whose
+residual says which window it was computed from; the real one is tested in
+tests/unit/test_watermark.py, test_watermark_batch.py and, behind the engine, in
+tests/engine/test_watermark_engine.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import threading
 import numpy as np
 
 from higgs_serve.engine.async_engine import CollectingSink
-from higgs_serve.engine.mark_stage import MarkStage, _Item, next_batch
+from higgs_serve.engine.mark_stage import MarkStage, PendingMark, next_batch
 from higgs_serve.engine.speech import AudioChunk
 
 CONTEXT = 4
@@ -37,6 +39,8 @@ class Recording:
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("boom")
+        if any(np.isnan(w).any() for w in windows):  # a window this watermark cannot mark
+            raise ValueError("not finite")
         return [np.full(w.size, w.mean(), np.float32) for w in windows]
 
     def score(self, audio):
@@ -69,36 +73,117 @@ def test_each_chunk_gets_its_own_windows_change_in_order():
     assert stage.counters.audio_s == 6 / 24_000
 
 
-def test_the_shortest_windows_go_first_one_per_request():
+def pending(stream_id, window_size, seq, sink=None):
+    return PendingMark(sink, chunk([0.0] * window_size), np.zeros(window_size, np.float32),
+                       stream_id=stream_id, seq=seq)
+
+
+def test_every_streams_oldest_window_goes_in_one_call_shortest_first():
+    items = [pending(1, 12, 0), pending(1, 5, 1),  # stream 1's second waits behind its first
+             pending(2, 6, 2), pending(3, 6, 3), pending(4, 300, 4)]
+    assert next_batch(items, 8) == [items[2], items[3], items[0], items[4]]  # every length, one call
+    assert next_batch(items, 1) == [items[2]]  # past the cap: the smallest key first
+    assert next_batch(items, 2) == [items[2], items[3]]  # equal windows: the oldest first
+    end = PendingMark(None, chunk([], final=True), None, stream_id=2, seq=5)
+    failed = PendingMark(None, None, error=ValueError("x"), stream_id=5, seq=6)
+    assert next_batch([items[0], end, failed], 1) == [end, failed, items[0]]  # never held behind audio
+
+
+def test_the_order_is_a_key_function_a_deadline_can_replace():
+    items = [pending(1, 5, 0), pending(2, 50, 1), pending(3, 500, 2)]
+    deadline_s = {1: 9.0, 2: 1.0, 3: 4.0}  # stream -> when its listener runs dry
+    by_deadline = lambda item: (deadline_s[item.stream_id], item.seq)  # noqa: E731
+    assert next_batch(items, 2, by_deadline) == [items[1], items[2]]
+    wm = Recording()
+    stage = MarkStage(wm, max_batch_windows=1, order=by_deadline)
     sinks = [CollectingSink(None, str(i)) for i in range(3)]
-    items = [_Item(sinks[0], chunk([0] * 8), np.zeros(12), stream_id=1),
-             _Item(sinks[0], chunk([0]), np.zeros(5), stream_id=1),  # behind its request's first
-             _Item(sinks[1], chunk([0] * 2), np.zeros(6), stream_id=2),
-             _Item(sinks[2], chunk([0] * 2), np.zeros(6), stream_id=3)]
-    assert next_batch(items, 8) == items[2:]
-    assert next_batch(items, 1) == [items[2]]
-    end = _Item(sinks[1], chunk([], final=True), None, stream_id=2)
-    assert next_batch([items[0], end], 8) == [end]  # ends are never held behind audio
+    inputs = [stage.wrap(sink) for sink in sinks]  # stream ids 1, 2, 3
+    for wrapped, size in zip(inputs, (5, 50, 500)):
+        wrapped.put(chunk([0.1] * size, final=True))
+    stage.start()
+    assert all(sink.done.wait(10) for sink in sinks)
+    stage.stop()
+    assert wm.calls == [[50], [500], [5]]
 
 
 def test_a_first_chunk_overtakes_queued_long_chunks_of_other_requests():
+    for max_batch, calls in ((1, [[100], [2], [104], [104], [104]]), (8, [[100], [2, 104], [104], [104]])):
+        wm = Recording()
+        stage = MarkStage(wm, max_batch_windows=max_batch)
+        busy, fresh = CollectingSink(None, "busy"), CollectingSink(None, "fresh")
+        busy_in, fresh_in = stage.wrap(busy), stage.wrap(fresh)
+        wm.gate.clear()
+        stage.start()
+        busy_in.put(chunk([0.1] * 100))  # taken at once; held in the watermark by the gate
+        assert wm.entered.wait(10)
+        for _ in range(3):
+            busy_in.put(chunk([0.1] * 100))
+        fresh_in.put(chunk([0.2] * 2, final=True))
+        wm.gate.set()
+        assert fresh.done.wait(10)
+        busy_in.put(chunk([], final=True))
+        assert busy.done.wait(10)
+        stage.stop()
+        assert wm.calls == calls  # capped: the first chunk alone first; else in the next call
+
+
+def test_windows_of_every_length_share_one_call():
     wm = Recording()
     stage = MarkStage(wm, max_batch_windows=8)
-    busy, fresh = CollectingSink(None, "busy"), CollectingSink(None, "fresh")
-    busy_in, fresh_in = stage.wrap(busy), stage.wrap(fresh)
+    sinks = [CollectingSink(None, str(i)) for i in range(4)]
     wm.gate.clear()
     stage.start()
-    busy_in.put(chunk([0.1] * 100))  # taken at once; held in the watermark by the gate
-    assert wm.entered.wait(10)
-    for _ in range(3):
-        busy_in.put(chunk([0.1] * 100))
-    fresh_in.put(chunk([0.2] * 2, final=True))
+    first = stage.wrap(sinks[0])
+    first.put(chunk([0.5] * 7))
+    assert wm.entered.wait(10)  # held: the others queue meanwhile
+    for sink, size in zip(sinks[1:], (3, 40, 1000)):
+        stage.wrap(sink).put(chunk([0.5] * size, final=True))
+    first.put(chunk([], final=True))
     wm.gate.set()
-    assert fresh.done.wait(10)
-    busy_in.put(chunk([], final=True))
-    assert busy.done.wait(10)
+    assert all(sink.done.wait(10) for sink in sinks)
     stage.stop()
-    assert wm.calls == [[100], [2], [104], [104], [104]]
+    assert wm.calls == [[7], [3, 40, 1000]]
+    assert stage.counters.calls == 2 and stage.counters.chunks == 4
+
+
+def test_a_window_that_cannot_be_marked_fails_its_own_request_only():
+    wm = Recording()
+    stage = MarkStage(wm, max_batch_windows=8)
+    sinks = [CollectingSink(None, str(i)) for i in range(3)]
+    inputs = [stage.wrap(sink) for sink in sinks]
+    for i, wrapped in enumerate(inputs):
+        wrapped.put(chunk([np.nan if i == 1 else 0.25] * 4))
+        wrapped.put(chunk([0.25] * 4, final=True))
+    stage.start()
+    assert all(sink.done.wait(10) for sink in sinks)
+    stage.stop()
+    assert wm.calls[:4] == [[4, 4, 4], [4], [4], [4]]  # the failed call, then one window at a time
+    assert isinstance(sinks[1].error, ValueError) and not sinks[1].chunks
+    for good in (sinks[0], sinks[2]):
+        assert good.error is None and len(good.chunks) == 2 and good.chunks[-1].is_final
+        np.testing.assert_allclose(good.chunks[0].audio, 0.5)
+
+
+class Raising(CollectingSink):
+    """A sink whose `put` raises (a request whose consumer broke)."""
+
+    def put(self, chunk):
+        raise RuntimeError("consumer gone")
+
+
+def test_a_sink_that_raises_fails_its_own_request_only():
+    wm = Recording()
+    stage = MarkStage(wm, max_batch_windows=8)
+    broken, ok = Raising(None, "broken"), CollectingSink(None, "ok")
+    broken_in, ok_in = stage.wrap(broken), stage.wrap(ok)
+    broken_in.put(chunk([0.1] * 4))
+    ok_in.put(chunk([0.1] * 4))
+    ok_in.put(chunk([], final=True))
+    stage.start()
+    assert ok.done.wait(10) and broken.done.wait(10)
+    stage.stop()
+    assert isinstance(broken.error, RuntimeError) and str(broken.error) == "consumer gone"
+    assert ok.error is None and len(ok.chunks) == 2 and stage.dead_error is None
 
 
 def test_a_failed_call_fails_its_requests_only_and_errors_keep_their_place():

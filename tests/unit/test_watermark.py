@@ -99,8 +99,8 @@ def test_a_batch_of_windows_marks_each_as_alone(wm):
     windows = [speechlike(1.2, 5), speechlike(0.5, 6), rng.standard_normal(12000).astype(np.float32) * 0.1,
                speechlike(0.5, 7)]
     together = wm.residuals(windows)
-    for window, residual in zip(windows, together):
-        np.testing.assert_allclose(residual, wm.residuals([window])[0], rtol=0, atol=1e-5)
+    for window, residual in zip(windows, together):  # bit for bit: each window alone on the CPU (perth_runner.py)
+        np.testing.assert_array_equal(residual, wm.residuals([window])[0])
 
 
 def test_an_empty_chunk_stays_empty_and_silence_stays_silent(wm):

@@ -22,6 +22,8 @@ What the network does, in our words:
   feature-domain residual; times the mask, it is added to the low-bin features, i.e. each low
   bin's magnitude is multiplied by `10 ** (195 * residual / 20)`, phase kept. Every other bin is
   untouched, so the change to the signal is exactly the inverse STFT of the changed low bins.
+  On a GPU windows of any lengths are marked together in one padded batch, each exactly as
+  alone (perth_rows.py says how; perth_runner.py runs it, as CUDA graphs); on the CPU one by one.
 - Detection: three such stacks read the low-bin features at 1.25x, 1x and 0.75x the frame rate
   (linear interpolation in time); each outputs per-frame (attention, score) pairs, averaged over
   masked frames; the three scores are combined with softmax(attention) weights and clipped to
@@ -31,6 +33,7 @@ What the network does, in our words:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import threading
 from collections.abc import Sequence
@@ -41,13 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from higgs_serve.audio.perth_rows import EDGE, HOP, N_FFT, row_samples
+from higgs_serve.audio.perth_runner import MarkRunner
 from higgs_serve.errors import WatermarkUnavailableError
 
 # Where the wheel keeps the trained model, relative to the installed `perth` package.
 CHECKPOINT_RELPATH = ("perth_net", "pretrained", "implicit", "perth_net_250000.pth.tar")
 SAMPLE_RATE_HZ = 24_000
-N_FFT = 1536  # 64 ms, the trained 2048 points at 32 kHz
-HOP = 240  # 10 ms, the trained 320 samples at 32 kHz
+# N_FFT 1536 (64 ms, the trained 2048 points at 32 kHz) and HOP 240 (10 ms, the trained 320
+# samples): the STFT grid, written once in perth_rows.py (which lays windows into padded rows)
 MARK_BINS = 128  # 0 to 2 kHz at 15.625 Hz per bin
 HIDDEN = 256
 KERNEL = 7  # the five middle convolutions of each stack; the first and last are 1 wide
@@ -99,9 +104,15 @@ class ConvStack(nn.Module):
             nn.Conv1d(widths[i], widths[i + 1], k, padding=k // 2) for i, k in enumerate(kernels))
         self._taps: list[torch.Tensor] | None = None  # [out, k * in] per conv, built at first use
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, 128, T] -> [B, out, T]. With `valid` [B, T] (a padded batch, perth_rows.py; 1: a
+        frame of the row's window) the input of every 7-wide convolution is zero outside the
+        window, as 'same' padding makes it when the window runs alone, so the window's frames get
+        what they get alone."""
         as_gemm = x.device.type == "cpu" and x.shape[-1] <= GEMM_MAX_FRAMES
         for i, conv in enumerate(self.convs):
+            if valid is not None and conv.kernel_size[0] > 1:
+                x = x * valid[:, None]
             x = self._gemm(i, conv, x) if as_gemm else conv(x)
             if i < len(self.convs) - 1:
                 x = F.leaky_relu(x, 0.01)
@@ -142,9 +153,10 @@ class PerthNet(nn.Module):
         db = 20.0 * torch.log10((spec.abs() * TRAINED_RATE_SCALE).clamp_min(FLOOR))
         return (db - FLOOR_DB) / DB_SPAN
 
-    def embed_gain(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """[B, F, T] features, [B, T] mask -> [B, 128, T] magnitude gain of the low bins."""
-        residual = self.embedder(feats[:, :MARK_BINS]) * mask[:, None]
+    def embed_gain(self, feats: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """[B, F, T] features, [B, T] mask, [B, T] valid frames -> [B, 128, T] magnitude gain
+        of the low bins (1 outside the mask)."""
+        residual = self.embedder(feats[:, :MARK_BINS], valid) * mask[:, None]
         return torch.pow(10.0, residual * (DB_SPAN / 20.0))
 
     def detect(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -164,10 +176,36 @@ class PerthNet(nn.Module):
         return (torch.stack(scores, 1) * weights).sum(1).clamp(0.0, 1.0)
 
 
-def frame_mask(feats: torch.Tensor) -> torch.Tensor:
-    """[B, F, T] features -> [B, T] float mask of frames loud enough to carry the mark."""
+def frame_mask(feats: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, F, T] features -> [B, T] float mask of frames loud enough to carry the mark; with
+    `valid` [B, T] (a padded batch) of the valid frames only, against the loudest valid frame
+    (features are >= 0, so a zeroed frame never sets the threshold)."""
     energy = feats.sum(1)
-    return (energy > energy.amax(-1, keepdim=True) * MASK_FRACTION).float()
+    if valid is None:
+        return (energy > energy.amax(-1, keepdim=True) * MASK_FRACTION).float()
+    top = (energy * valid).amax(-1, keepdim=True)
+    return (energy > top * MASK_FRACTION).float() * valid
+
+
+def mark_change(net: PerthNet, hann: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The change that marks each row's window, as it is marked alone (perth_rows.py's note).
+    rows [B, HOP·(T−1) + N_FFT] float32 and valid [B, T] float32 as `perth_rows.fill_rows` lays
+    them out -> [B, HOP·T] float32, each window's change at its span. Graph-safe: no host sync,
+    shapes fixed by the inputs."""
+    batch, frames = valid.shape
+    spec = torch.stft(rows, N_FFT, HOP, window=hann, center=False, return_complex=True)  # [B, F, T]
+    feats = net.features(spec)
+    gain = net.embed_gain(feats, frame_mask(feats, valid), valid)  # [B, 128, T]
+    low = (spec[:, :MARK_BINS] * (gain - 1.0)).transpose(1, 2)  # [B, T, 128]: the other bins do not change
+    # the inverse STFT (irfft zero-fills the bins above 128), overlap-added and divided by the
+    # window's own frames' squared-window sum, as torch.istft does for the window alone
+    pieces = torch.fft.irfft(low, N_FFT, dim=-1) * hann  # [B, T, N_FFT]
+    signal = torch.ops.aten.unfold_backward(pieces, [batch, row_samples(frames)], 1, N_FFT, HOP)
+    weights = hann.pow(2) * valid[..., None]  # [B, T, N_FFT]; 0 for the padding's frames
+    envelope = torch.ops.aten.unfold_backward(weights, [batch, row_samples(frames)], 1, N_FFT, HOP)
+    span = slice(EDGE, EDGE + HOP * frames)
+    # a window's samples are all under its own frames; the clamp only keeps padding finite
+    return signal[:, span] / envelope[:, span].clamp_min(1e-11)
 
 
 def _renamed(state: dict[str, torch.Tensor], net: PerthNet) -> dict[str, torch.Tensor]:
@@ -193,7 +231,8 @@ def _renamed(state: dict[str, torch.Tensor], net: PerthNet) -> dict[str, torch.T
 class PerthWatermarker:
     """PerTh on a 24 kHz STFT, on one torch device (audio/watermark.py's `Watermarker`).
     Thread-safe: calls are serialised by a lock (the engine's mark stage embeds, detection
-    requests score)."""
+    requests score). Windows are marked by `MarkRunner`: on a GPU in padded batches, as CUDA
+    graphs once `prepare` captured them; on the CPU one at a time."""
 
     name = "perth"
     sample_rate_hz = SAMPLE_RATE_HZ
@@ -209,6 +248,7 @@ class PerthWatermarker:
         # on a GPU, its own stream, as the codec's: the mark never queues behind Stage 0's or the
         # codec's kernels, nor they behind it (its host copies wait for this stream only)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.runner = MarkRunner(functools.partial(mark_change, self.net, self._window), device, self._stream)
 
     def _on_stream(self):
         return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
@@ -222,33 +262,17 @@ class PerthWatermarker:
         return torch.stft(audio, N_FFT, HOP, window=self._window, center=True, pad_mode="reflect",
                           return_complex=True)
 
-    def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Each window [n_i] float32 -> [n_i] float32, the change marking it.
-        Windows of one length run as one batch; other lengths in their own (padding a window
-        would change its last frames: the stacks' biases make padded frames nonzero inside)."""
-        out: list[np.ndarray | None] = [None] * len(windows)
-        by_length: dict[int, list[int]] = {}
-        for i, window in enumerate(windows):
-            by_length.setdefault(len(window), []).append(i)
-        with self._lock, self._on_stream():
-            for indices in by_length.values():
-                for i, change in zip(indices, self._batch_residuals([windows[i] for i in indices])):
-                    out[i] = change
-        return out
+    def prepare(self, max_windows: int, max_chunk_samples: int) -> dict:
+        """Capture the batches the engine's mark stage will run (up to `max_windows` windows of
+        up to `context_samples + max_chunk_samples`): CUDA graphs on a GPU, nothing on the CPU."""
+        with self._lock:
+            return self.runner.capture(max_windows, self.context_samples + max_chunk_samples)
 
-    @torch.inference_mode()
-    def _batch_residuals(self, windows: list[np.ndarray]) -> list[np.ndarray]:
-        audio = torch.stack([self._tensor(w) for w in windows])  # [B, n]
-        n = audio.shape[-1]
-        if n <= N_FFT // 2:  # too short to reflect the STFT's edges: silence before it
-            audio = F.pad(audio, (N_FFT // 2 + 1 - n, 0))
-        spec = self._stft(audio)  # [B, F, T]
-        feats = self.net.features(spec)
-        gain = self.net.embed_gain(feats, frame_mask(feats))  # [B, 128, T]
-        delta = torch.zeros_like(spec)
-        delta[:, :MARK_BINS] = spec[:, :MARK_BINS] * (gain - 1.0)
-        change = torch.istft(delta, N_FFT, HOP, window=self._window, center=True, length=audio.shape[-1])
-        return list(change[:, -n:].float().cpu().numpy())
+    def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each window [n_i] float32 -> [n_i] float32, the change marking it, whatever else is
+        in the call (on a GPU windows of any lengths run in one padded batch: perth_rows.py)."""
+        with self._lock:
+            return self.runner.residuals(windows)
 
     @torch.inference_mode()
     def score(self, audio: np.ndarray) -> float:

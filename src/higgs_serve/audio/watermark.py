@@ -2,7 +2,10 @@
 
 One small interface, `Watermarker`:
 - `residuals(windows)`: for each window of unmarked 24 kHz audio, the change that marks it
-  (same length; windows are independent, so one batch may mix requests);
+  (same length; windows are independent, so one call may mix requests and lengths, and a
+  window's change does not depend on what else is in the call);
+- `prepare(max_windows, max_chunk_samples)`: capture what the engine's calls need before
+  traffic (CUDA graphs on a GPU; nothing on the CPU);
 - `score(audio)`: 0..1 for one 24 kHz clip, `THRESHOLD` and above meaning marked.
 
 Around it, knowing nothing of the model:
@@ -48,6 +51,11 @@ class Watermarker(Protocol):
 
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """[n_i] float32 unmarked audio each -> [n_i] float32 change that marks it."""
+        ...
+
+    def prepare(self, max_windows: int, max_chunk_samples: int) -> dict:
+        """Get ready for calls of up to `max_windows` windows of chunks of up to
+        `max_chunk_samples` (plus `context_samples`); returns what it took (for the log)."""
         ...
 
     def score(self, audio: np.ndarray) -> float:

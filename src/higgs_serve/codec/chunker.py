@@ -170,6 +170,11 @@ def final_window_shape(params: WindowParams) -> WindowShape:
     return WindowShape(frames, params.left_context_frames, frames)
 
 
+def max_chunk_frames(params: WindowParams) -> int:
+    """The most new frames one chunk holds: a final chunk takes what was held back too (C + H)."""
+    return params.chunk_frames + params.right_holdback_frames
+
+
 def widen_final(window: Window, params: WindowParams) -> Window:
     """A final window of a long enough stream, widened to `final_window_shape` (module doc);
     any other window unchanged."""

@@ -28,24 +28,9 @@ import torch
 from torch import Tensor
 
 from higgs_serve.codec.chunker import WindowShape
+from higgs_serve.graph_batches import padded_batch
 
 logger = logging.getLogger(__name__)
-
-
-# Captured batch sizes: steps of at most 1.5x, so a padded batch wastes at most a third of its
-# rows (a quarter on average) and a max_batch_windows of 64 needs 12 graphs a shape, not 64.
-_BATCH_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
-    """The batch sizes captured per window shape: the ladder up to `max_batch`, and `max_batch`."""
-    return tuple(sorted({b for b in _BATCH_LADDER if b < max_batch} | {max_batch}))
-
-
-def padded_batch(sizes: list[int], batch: int) -> int | None:
-    """The smallest of the captured `sizes` (ascending) that holds `batch` windows (None: none)."""
-    i = bisect.bisect_left(sizes, batch)
-    return sizes[i] if i < len(sizes) else None
 
 
 class CodecGraphs:

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from higgs_serve.codec.chunker import WindowShape
-from higgs_serve.codec.codec_graphs import CodecGraphs, graph_batch_sizes
+from higgs_serve.codec.codec_graphs import CodecGraphs
 from higgs_serve.codec.decoder import CodecDecoder
+from higgs_serve.graph_batches import graph_batch_sizes
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import torch
 
-from higgs_serve.codec.chunker import WindowParams, file_window_params, warm_window_shapes
+from higgs_serve.codec.chunker import (
+    SAMPLES_PER_FRAME,
+    WindowParams,
+    file_window_params,
+    max_chunk_frames,
+    warm_window_shapes,
+)
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
@@ -266,24 +272,30 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
                             frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
                             codebook_size=audio.codebook_size)
-    marks = build_mark_stage(deploy, codec_device)
+    marks = build_mark_stage(deploy, codec_device, codec_path is CodecGraphPath.CUDA_GRAPHS,
+                             max(max_chunk_frames(window), max_chunk_frames(file_window)) * SAMPLES_PER_FRAME)
     outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
                               audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None)
     return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs,
                        marks=marks)
 
 
-def build_mark_stage(deploy: DeployConfig, device: torch.device) -> MarkStage | None:
+def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bool,
+                     max_chunk_samples: int) -> MarkStage | None:
     """The watermark stage on the codec's device when the deploy config marks audio (raises
-    WatermarkUnavailableError when it cannot), else None, said once in the log."""
+    WatermarkUnavailableError when it cannot), else None, said once in the log. With
+    `cuda_graphs` (the codec's graph path), its batches of chunks up to `max_chunk_samples` are
+    captured here, on this thread, after the codec's (one capture at a time)."""
     if not deploy.watermark:
         logger.warning("watermark off: generated audio is not marked as AI-generated "
                        "(turn it on with --watermark on or `watermark: true` in the deploy config)")
         return None
     watermark = load_watermarker("perth", str(device))
     logger.info("watermark on: every generated signal is marked (%s, on %s)", watermark.name, device)
-    # one batch holds at most as many windows as the codec decodes at once; on CPU one window a
-    # call, as the codec: a convolution rounds differently with the batch size, and a seed's
-    # audio must not depend on what else was running
+    # one call marks at most as many windows as the codec decodes at once. On CPU one window a
+    # call: the CPU marks a call's windows one after another anyway (audio/perth_runner.py), so
+    # a first chunk would only wait for the others
     batch = deploy.stage1.max_batch_windows if device.type == "cuda" else 1
+    if cuda_graphs and device.type == "cuda":
+        watermark.prepare(batch, max_chunk_samples)
     return MarkStage(watermark, max_batch_windows=batch)

@@ -7,25 +7,33 @@ it; the stage's thread marks queued windows in batches and hands each marked chu
 request's sink, in order. So the engine loop never waits for the mark, the codec thread only for
 a copy, and the server and `synth` get the same marked audio from the same chunks.
 
-Batches: like the codec's (codec/codec_runner.py `next_batch`), only each request's oldest
-queued chunk is eligible, and among those the shortest windows go first: a request's first
-chunk (one frame) is marked ahead of the steady-state chunks of busy requests, so the mark adds
-one small call to time to first audio, not a queue. Windows of one batch have one length (no
-padding, one shape per chunk length on a GPU).
+Batches: each pass of the stage's loop marks every stream's pending window in one call (the
+watermark takes windows of any lengths, each marked exactly as alone; on a GPU one padded batch,
+one CUDA graph replay: audio/perth_rows.py, perth_runner.py). As in the codec
+(codec/codec_runner.py `next_batch`), only each request's oldest queued chunk is eligible; when
+more than `max_batch_windows` are, the key function `order` picks which go first (smallest key
+first). Today's order, `shortest_window_first`: a request's first chunk (its shortest window,
+the one its time to first audio waits for) ahead of other requests' steady chunks, then the
+oldest. Any key of a `PendingMark` can replace it (a stream's playback deadline, issue 53).
 
-`fail` goes through the queue as well (after the request's chunks already queued); `finish`
-goes straight through (the core calls it before the final window reaches the codec).
-This module imports no tensor library: the watermark itself is handed in (audio/watermark.py's
-`Watermarker`, built by engine/builder.py on the codec's device).
+Ends and failures: an item without a window (an empty chunk, an error) is passed on at the start
+of the pass, without a call. A failed call is retried window by window, so a window that cannot
+be marked fails its own request only; a sink that raises fails its own request only; every
+other request's audio goes on. `fail` goes through the queue (after the request's chunks
+already queued); `finish` goes straight through (the core calls it before the final window
+reaches the codec). This module imports no tensor library: the watermark itself is handed in
+(audio/watermark.py's `Watermarker`, built by engine/builder.py on the codec's device).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,12 +55,25 @@ class MarkCounters:
 
 
 @dataclass
-class _Item:
+class PendingMark:
+    """One queued chunk (or error) of one request, as the stage's `order` sees it."""
+
     sink: ChunkSink
     chunk: AudioChunk | None  # None: `error` is to be delivered
     window: np.ndarray | None = None  # the chunk's window; None for an empty chunk
     error: BaseException | None = None
-    stream_id: int = field(default=0)  # which wrapped sink (request) it belongs to
+    stream_id: int = 0  # which wrapped sink (request) it belongs to
+    seq: int = 0  # arrival order across all requests (set by `MarkStage.enqueue`)
+
+
+# A sort key of a pending window: the smallest keys are marked first when more are eligible than
+# a call takes (the module note).
+MarkOrder = Callable[[PendingMark], tuple]
+
+
+def shortest_window_first(item: PendingMark) -> tuple[int, int]:
+    """Today's order: the shortest window (a request's first chunk), then the oldest."""
+    return (item.window.size, item.seq)
 
 
 class _MarkingSink:
@@ -66,49 +87,45 @@ class _MarkingSink:
 
     def put(self, chunk: AudioChunk) -> None:
         window = self._stream.window(chunk.audio) if chunk.audio.size else None
-        self._stage.enqueue(_Item(self._sink, chunk, window, stream_id=self._id))
+        self._stage.enqueue(PendingMark(self._sink, chunk, window, stream_id=self._id))
 
     def fail(self, error: BaseException) -> None:
-        self._stage.enqueue(_Item(self._sink, None, error=error, stream_id=self._id))
+        self._stage.enqueue(PendingMark(self._sink, None, error=error, stream_id=self._id))
 
     def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
         self._sink.finish(rows, frames, finish_reason, prompt_tokens)
 
 
-def next_batch(pending: list[_Item], max_batch: int) -> list[_Item]:
-    """The next items to handle together (module note): each stream's oldest only, the shortest
-    windows first, one window length per batch. An item without a window (an empty chunk, an
-    error) goes alone and first, so ends and failures are never held behind audio."""
-    eligible: list[_Item] = []
+def next_batch(pending: list[PendingMark], max_batch: int,
+               order: MarkOrder = shortest_window_first) -> list[PendingMark]:
+    """The items one pass handles (module note): each stream's oldest only; all of those
+    without a window (ends, errors: no call) first, then up to `max_batch` windows for one call,
+    smallest `order` first."""
+    eligible: list[PendingMark] = []
     seen: set[int] = set()
     for item in pending:
         if item.stream_id not in seen:
             seen.add(item.stream_id)
             eligible.append(item)
-    for item in eligible:
-        if item.window is None:
-            return [item]
-    length = min(item.window.size for item in eligible)
-    return [item for item in eligible if item.window.size == length][:max_batch]
+    windows = sorted((item for item in eligible if item.window is not None), key=order)
+    return [item for item in eligible if item.window is None] + windows[:max_batch]
 
 
 class MarkStage:
-    def __init__(self, watermark: Watermarker, max_batch_windows: int):
+    def __init__(self, watermark: Watermarker, max_batch_windows: int, order: MarkOrder = shortest_window_first):
         self.watermark = watermark
         self.max_batch_windows = max_batch_windows
+        self.order = order
         self.counters = MarkCounters()
         self.dead_error: BaseException | None = None
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[PendingMark | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._next_id = 0
-        self._id_lock = threading.Lock()
+        self._stream_ids = itertools.count(1)
+        self._seq = itertools.count()
 
     def wrap(self, sink: ChunkSink) -> ChunkSink:
         """`sink` with every chunk marked on the way (one per request, opened in order)."""
-        with self._id_lock:
-            self._next_id += 1
-            stream_id = self._next_id
-        return _MarkingSink(self, sink, stream_id)
+        return _MarkingSink(self, sink, next(self._stream_ids))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="higgs-watermark", daemon=True)
@@ -121,15 +138,16 @@ class MarkStage:
             self._thread.join(timeout=30)
             self._thread = None
 
-    def enqueue(self, item: _Item) -> None:
+    def enqueue(self, item: PendingMark) -> None:
         if self.dead_error is not None:  # never leave a request waiting for audio that cannot come
             item.sink.fail(RuntimeError(f"the watermark stage has stopped: {self.dead_error}"))
             return
+        item.seq = next(self._seq)
         self._queue.put(item)
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
-        pending: list[_Item] = []
+        pending: list[PendingMark] = []
         try:
             self._loop(pending)
         except BaseException as exc:  # the loop must never die silently: fail what it holds
@@ -145,7 +163,7 @@ class MarkStage:
             for sink in {id(item.sink): item.sink for item in pending}.values():
                 sink.fail(RuntimeError(f"the watermark stage stopped: {exc}"))
 
-    def _loop(self, pending: list[_Item]) -> None:
+    def _loop(self, pending: list[PendingMark]) -> None:
         stopping = False
         while True:
             if not pending:
@@ -164,34 +182,63 @@ class MarkStage:
                     stopping = True
                 else:
                     pending.append(item)
-            batch = next_batch(pending, self.max_batch_windows)
+            batch = next_batch(pending, self.max_batch_windows, self.order)
             taken = {id(item) for item in batch}
             pending[:] = [item for item in pending if id(item) not in taken]
-            self._mark_and_deliver(batch)
+            for item in batch:
+                if item.window is None:
+                    self._pass_on(item)
+            self._mark([item for item in batch if item.window is not None])
 
-    def _mark_and_deliver(self, batch: list[_Item]) -> None:
-        if batch[0].window is None:
-            item = batch[0]
-            if item.chunk is not None:
-                item.sink.put(item.chunk)
-            else:
-                item.sink.fail(item.error)
+    def _mark(self, items: list[PendingMark]) -> None:
+        """Mark `items` in one call and deliver them; a failed call is retried one window at a
+        time, so only a window that fails alone fails its request."""
+        if not items:
             return
         t0 = time.perf_counter()
         try:
-            residuals = self.watermark.residuals([item.window for item in batch])
-        except (RuntimeError, ValueError) as exc:  # fails only the requests in this batch
-            logger.exception("watermark of %d chunks failed", len(batch))
-            for item in batch:
-                item.sink.fail(exc)
+            residuals = self.watermark.residuals([item.window for item in items])
+        except (RuntimeError, ValueError) as exc:
+            if len(items) == 1:
+                logger.exception("watermark of a %d-sample window failed", items[0].window.size)
+                self._fail(items[0], exc)
+                return
+            logger.warning("watermark of %d windows failed (%s): marking them one by one", len(items), exc)
+            for item in items:
+                self._mark([item])
             return
-        self._count(batch, time.perf_counter() - t0)
-        for item, residual in zip(batch, residuals):
-            chunk = item.chunk
-            marked = MarkStream.apply(chunk.audio, residual)
-            item.sink.put(AudioChunk(marked, chunk.is_final, chunk.num_frames, chunk.finish_reason))
+        self._count(items, time.perf_counter() - t0)
+        for item, residual in zip(items, residuals, strict=True):
+            self._deliver(item, residual)
 
-    def _count(self, batch: list[_Item], seconds: float) -> None:
+    def _pass_on(self, item: PendingMark) -> None:
+        if item.chunk is not None:
+            self._deliver(item, None)
+        else:
+            self._fail(item, item.error)
+
+    def _deliver(self, item: PendingMark, residual: np.ndarray | None) -> None:
+        """`item`'s chunk, plus its part of `residual` when given, to its sink. One request's
+        sink (or a bad residual) must not stop the other requests' audio: whatever it raises is
+        logged with its traceback and fails that request only."""
+        chunk = item.chunk
+        try:
+            if residual is not None:
+                chunk = AudioChunk(MarkStream.apply(chunk.audio, residual), chunk.is_final, chunk.num_frames,
+                                   chunk.finish_reason)
+            item.sink.put(chunk)
+        except Exception as exc:  # noqa: BLE001 - isolated and logged, not swallowed (docstring)
+            logger.exception("delivering a marked chunk failed; failing its request")
+            self._fail(item, exc)
+
+    @staticmethod
+    def _fail(item: PendingMark, error: BaseException) -> None:
+        try:
+            item.sink.fail(error)
+        except Exception:  # noqa: BLE001 - as _deliver
+            logger.exception("failing a request's sink failed")
+
+    def _count(self, batch: list[PendingMark], seconds: float) -> None:
         c = self.counters
         c.calls += 1
         c.chunks += len(batch)

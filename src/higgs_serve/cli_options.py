@@ -49,7 +49,8 @@ def add_model_options(p: argparse.ArgumentParser, engine: bool = True) -> None:
     engine=False (encode-voice: no engine, no KV cache) leaves out the Stage 0 engine flags,
     which would change nothing there."""
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                   help="auto: the checkpoint's weights; dummy: random weights built from config.json alone")
+                   help="auto: the checkpoint's weights; dummy: random weights built from config.json alone "
+                        "(the watermark's network too: benchmarks)")
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,

@@ -99,3 +99,13 @@ def test_no_model_no_start(tiny_model_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(perth.importlib.util, "find_spec", lambda name: None)
     assert _synth(tiny_model_dir, out) == 2
     assert "the watermark needs the resemble-perth package" in capsys.readouterr().err
+
+
+def test_dummy_weights_need_no_trained_watermark(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """--load-format dummy runs every network with random weights, the watermark's too: no
+    trained file is needed (the GPU benchmarks carry none), and the log says the mark is random."""
+    monkeypatch.setattr(perth, "CHECKPOINT_RELPATH", ("no_such_model.pth.tar",))
+    out = tmp_path / "out"
+    assert main(["synth", str(tiny_model_dir), "--device", "cpu", "--load-format", "dummy", "--text", "Hi.",
+                 "--max-new-tokens", "10", "--output-dir", str(out), "--watermark", "on"]) == 0
+    assert (out / "0000.wav").exists()

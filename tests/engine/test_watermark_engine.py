@@ -57,3 +57,27 @@ def test_an_aborted_request_ends_through_the_stage(engines):
     marked_engine.core.abort("abort-me")
     marked_engine.wait([sink])
     assert sink.chunks[-1].is_final and sink.chunks[-1].finish_reason == "abort"
+
+
+def test_dummy_weights_mark_with_a_random_network_of_the_same_geometry(tiny_loaded, monkeypatch):
+    """--load-format dummy builds the watermark's network with random weights (no trained file
+    needed: the GPU benchmarks carry no weights), the same geometry and therefore the same work
+    per chunk; the detector does not know its mark."""
+    import dataclasses
+
+    from higgs_serve.audio import perth
+
+    def no_checkpoint():
+        raise AssertionError("a dummy-weight engine must not read the trained watermark")
+
+    monkeypatch.setattr(perth, "find_checkpoint", no_checkpoint)
+    engine = ManualEngine(dataclasses.replace(tiny_loaded, dummy_weights=True),
+                          engine_deploy(max_num_seqs=2, watermark=True))
+    try:
+        got = engine.generate([speech("dummy", "Hello there.", sampling(0.8, 3, 50), stream=True)])[0]
+        assert got.audio.size == 50 * 960 and np.isfinite(got.audio).all()
+        assert engine.core.stats()["watermark_chunks"] >= len(got.chunks) - 1
+        dummy = engine.core.marks.watermark.net
+        assert [p.shape for p in dummy.parameters()] == [p.shape for p in perth.PerthNet().parameters()]
+    finally:
+        engine.close()

@@ -137,6 +137,13 @@ class PerthNet(nn.Module):
         self.detectors = nn.ModuleList(ConvStack(2) for _ in DETECT_TIME_SCALES)
 
     @classmethod
+    def random(cls, seed: int = 0) -> PerthNet:
+        """The same network with seeded random weights (`--load-format dummy`)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls().eval()
+
+    @classmethod
     def load(cls, path: Path | None = None) -> PerthNet:
         """The trained network (float32, CPU, eval), every tensor checked by name and shape."""
         path = path or find_checkpoint()
@@ -254,8 +261,8 @@ class PerthWatermarker:
         return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     @classmethod
-    def load(cls, device: str | torch.device = "cpu") -> PerthWatermarker:
-        return cls(PerthNet.load(), torch.device(device))
+    def load(cls, device: str | torch.device = "cpu", dummy: bool = False) -> PerthWatermarker:
+        return cls(PerthNet.random() if dummy else PerthNet.load(), torch.device(device))
 
     def _stft(self, audio: torch.Tensor) -> torch.Tensor:
         """[..., n] float32 -> [..., F, T] complex (centred frames, reflected edges)."""

@@ -69,13 +69,16 @@ class Detection:
     score: float
 
 
-def load_watermarker(name: str = "perth", device: str = "cpu") -> Watermarker:
-    """The named watermark on a torch `device`, or WatermarkUnavailableError saying why not."""
+def load_watermarker(name: str = "perth", device: str = "cpu", dummy: bool = False) -> Watermarker:
+    """The named watermark on a torch `device`, or WatermarkUnavailableError saying why not.
+    `dummy`: its network with random weights of the trained geometry (`--load-format dummy`:
+    the same cost on a device where the trained weights are not installed; the mark it makes is
+    no mark the detector knows)."""
     if name not in WATERMARKS:
         raise WatermarkUnavailableError(f"unknown watermark {name!r}; available: {', '.join(WATERMARKS)}")
     from higgs_serve.audio.perth import PerthWatermarker  # torch: loaded only when a mark is wanted
 
-    return PerthWatermarker.load(device)
+    return PerthWatermarker.load(device, dummy=dummy)
 
 
 def check_available(name: str = "perth") -> None:

@@ -97,6 +97,9 @@ class LoadedModel:
     # kept on the host so `load_reference_encoder` can build the encoder without re-reading the
     # checkpoint (with --load-format dummy: the same dummy tensors the decoder got).
     codec_encoder_tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    # --load-format dummy: random weights of the real geometry for every network, the
+    # watermark's included (benchmarks: the same cost, no weights to carry)
+    dummy_weights: bool = False
 
 
 def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None = None) -> LoadedModel:
@@ -133,7 +136,8 @@ def load_model(model: str, options: RuntimeOptions, deploy: DeployConfig | None 
     codec.eval()
     encoder_tensors = {name: codec_tensors[name].cpu() for name in expected_encoder_tensors(spec.codec)}
     logger.info("loaded %s (%s, %s, %s) in %.1f s", model, options.load_format, device, dtype, time.perf_counter() - t0)
-    return LoadedModel(model_dir, spec, prompts, talker, codec, device, dtype, encoder_tensors)
+    return LoadedModel(model_dir, spec, prompts, talker, codec, device, dtype, encoder_tensors,
+                       dummy_weights=options.load_format == "dummy")
 
 
 def load_reference_encoder(loaded: LoadedModel, device: torch.device | None = None) -> CodecEncoder:
@@ -272,7 +276,7 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
                             frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
                             codebook_size=audio.codebook_size)
-    marks = build_mark_stage(deploy, codec_device, codec_path is CodecGraphPath.CUDA_GRAPHS,
+    marks = build_mark_stage(deploy, codec_device, codec_path is CodecGraphPath.CUDA_GRAPHS, loaded.dummy_weights,
                              max(max_chunk_frames(window), max_chunk_frames(file_window)) * SAMPLES_PER_FRAME)
     outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
                               audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None)
@@ -280,7 +284,7 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
                        marks=marks)
 
 
-def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bool,
+def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bool, dummy_weights: bool,
                      max_chunk_samples: int) -> MarkStage | None:
     """The watermark stage on the codec's device when the deploy config marks audio (raises
     WatermarkUnavailableError when it cannot), else None, said once in the log. With
@@ -290,8 +294,9 @@ def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bo
         logger.warning("watermark off: generated audio is not marked as AI-generated "
                        "(turn it on with --watermark on or `watermark: true` in the deploy config)")
         return None
-    watermark = load_watermarker("perth", str(device))
-    logger.info("watermark on: every generated signal is marked (%s, on %s)", watermark.name, device)
+    watermark = load_watermarker("perth", str(device), dummy=dummy_weights)
+    logger.info("watermark on: every generated signal is marked (%s, on %s%s)", watermark.name, device,
+                ", random weights: --load-format dummy" if dummy_weights else "")
     # one call marks at most as many windows as the codec decodes at once. On CPU one window a
     # call: the CPU marks a call's windows one after another anyway (audio/perth_runner.py), so
     # a first chunk would only wait for the others

@@ -4,13 +4,20 @@
   (e.g. the low-latency and high-throughput profiles); with `--group-by profile`, one line per
   deploy config, so single-concurrency files of one profile join into one line. `FILE:16,64`
   keeps only those levels of a file. Where several runs give one point, the line goes through
-  the first given and a bar spans them all.
+  the first given and a bar spans them all. A request variant other than pcm (a format, SSE,
+  word timestamps: bench_serving's `--variants`) is a line of its own.
+- continuity.png (`--continuity FILES`, the same file syntax): what listeners got against
+  concurrency, one line per profile or file as above: the share of streams stalled (a player
+  that started at the first byte fell more than the run's threshold behind), and goodput (audio
+  s/s of the streams with TTFA within the budget and no stall) beside all audio s/s (dotted).
+  Only levels measured since bench_serving reports them.
 - step.png: Stage 0 step time (median) versus batch, one panel per context length, one line per
   graph path and step kind (decode solid; mixed = decodes + one prefill chunk, dotted), with the
   bandwidth floor dashed; `--step-gpu` adds the GPU-only time (dash-dot) where the file has it.
 
 Usage: python benchmarks/plot.py --serving ll.json ht.json --step step.json --out-dir plots/
        python benchmarks/plot.py --group-by profile --serving fp_c1.json fp_c16.json ll.json:1,16 ...
+       python benchmarks/plot.py --group-by profile --continuity sat_on.json ht_on.json --out-dir plots/
 """
 
 from __future__ import annotations
@@ -77,27 +84,38 @@ def _profile(run: dict) -> str:
     return name.removeprefix("higgs_multimodal_qwen3_")
 
 
+def _variant(level: dict) -> str:
+    """A level's request variant (bench_serving's `variant`; its format in older files)."""
+    return level.get("variant") or level.get("response_format") or "pcm"
+
+
 def serving_series(specs: list[str], group_by: str = "file") -> list[tuple[str, dict[int, list[dict]]]]:
     """[(line label, {concurrency: [completed levels, in the order given]})]: one line per file
-    (its label), or with group_by="profile" one line per deploy config, in first-seen order."""
+    (its label), or with group_by="profile" one line per deploy config, in first-seen order; a
+    variant other than pcm is a line of its own ("label (mp3)")."""
     series: dict = {}
     for i, spec in enumerate(specs):
         path, keep = _serving_spec(spec)
         run = _load(path, "bench_serving")
         key = _profile(run) if group_by == "profile" else (i, run["label"])
-        points = series.setdefault(key, {})
         for lv in run["levels"]:
             if lv["completed"] and (keep is None or lv["concurrency"] in keep):
-                points.setdefault(lv["concurrency"], []).append(lv)
-    return [(key if isinstance(key, str) else key[1], dict(sorted(points.items()))) for key, points in series.items()]
+                series.setdefault((key, _variant(lv)), {}).setdefault(lv["concurrency"], []).append(lv)
+    lines = []
+    for (key, variant), points in series.items():
+        label = key if isinstance(key, str) else key[1]
+        lines.append((label if variant == "pcm" else f"{label} ({variant})", dict(sorted(points.items()))))
+    return lines
 
 
-def _plot_series(ax, points: dict[int, list[dict]], metric: str, label: str) -> None:
+def _plot_series(ax, points: dict[int, list[dict]], metric: str, label: str | None, scale: float = 1.0,
+                 **style):
     c = list(points)
-    y = [points[x][0][metric] for x in c]  # the first run given for each point
-    low = [yi - min(lv[metric] for lv in points[x]) for x, yi in zip(c, y)]
-    high = [max(lv[metric] for lv in points[x]) - yi for x, yi in zip(c, y)]
-    ax.errorbar(c, y, yerr=[low, high] if any(low) or any(high) else None, marker="o", capsize=4, label=label)
+    y = [scale * points[x][0][metric] for x in c]  # the first run given for each point
+    low = [yi - min(scale * lv[metric] for lv in points[x]) for x, yi in zip(c, y)]
+    high = [max(scale * lv[metric] for lv in points[x]) - yi for x, yi in zip(c, y)]
+    style = {"marker": "o", "capsize": 4, **style}
+    return ax.errorbar(c, y, yerr=[low, high] if any(low) or any(high) else None, label=label, **style)
 
 
 def plot_serving(files: list[str], out: Path, group_by: str = "file", file_name: str = "serving.png") -> Path:
@@ -120,6 +138,40 @@ def plot_serving(files: list[str], out: Path, group_by: str = "file", file_name:
     ax_tput.set_title("Audio throughput")
     frames = {run["settings"]["frames"] for run in runs}
     fig.suptitle(f"higgs-serve streaming, {'/'.join(map(str, sorted(frames)))} frames per request")
+    return _save(fig, out / file_name)
+
+
+def plot_continuity(files: list[str], out: Path, group_by: str = "file",
+                    file_name: str = "continuity.png") -> Path:
+    """Stalled share and goodput against concurrency, from the levels that report them."""
+    series = [(label, {c: lvs for c, lvs in points.items() if lvs[0].get("goodput_audio_s_per_s") is not None})
+              for label, points in serving_series(files, group_by)]
+    series = [(label, points) for label, points in series if points]
+    if not series:
+        raise SystemExit("plot: no level of these files reports stalls and goodput (bench_serving since issue 53)")
+    runs = [_load(_serving_spec(f)[0], "bench_serving") for f in files]
+    fig, (ax_stall, ax_good) = plt.subplots(1, 2, figsize=(11, 4.2))
+    all_c: set[int] = set()
+    for label, points in series:
+        all_c.update(points)
+        _plot_series(ax_stall, points, "stalled_share", label, scale=100.0)
+        line = _plot_series(ax_good, points, "goodput_audio_s_per_s", label)
+        _plot_series(ax_good, points, "audio_s_per_s", None, color=line.lines[0].get_color(), linestyle=":",
+                     alpha=0.5, marker="x")
+    for ax in (ax_stall, ax_good):
+        _log2_concurrency_axis(ax, sorted(all_c))
+        ax.legend(fontsize=8)
+    settings = [run["settings"] for run in runs if "stall_threshold_ms" in run["settings"]]
+    threshold = "/".join(sorted({f"{s['stall_threshold_ms']:g}" for s in settings}))
+    budget = "/".join(sorted({f"{s['ttfa_budget_ms']:g}" for s in settings}))
+    ax_stall.set_ylabel(f"streams stalled > {threshold} ms (%)")
+    ax_stall.set_ylim(bottom=0)
+    ax_stall.set_title("Streams that ran dry")
+    ax_good.set_ylabel("audio seconds / wall second")
+    ax_good.set_ylim(bottom=0)
+    ax_good.set_title(f"Goodput (TTFA <= {budget} ms, no stall); dotted: all audio")
+    frames = {run["settings"]["frames"] for run in runs}
+    fig.suptitle(f"higgs-serve streaming, {'/'.join(map(str, sorted(frames)))} frames per request: what listeners got")
     return _save(fig, out / file_name)
 
 
@@ -171,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--serving", nargs="*", default=[],
                    help="bench_serving JSON files (one line each), FILE:C,C for only those levels")
+    p.add_argument("--continuity", nargs="*", default=[],
+                   help="bench_serving JSON files for continuity.png (stalled share, goodput), FILE:C,C as --serving")
     p.add_argument("--group-by", choices=["file", "profile"], default="file",
                    help="one serving line per file, or per deploy config (profile)")
     p.add_argument("--step", default=None, help="a bench_step JSON file")
@@ -180,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-gpu", action="store_true", help="also draw the GPU-only step time")
     p.add_argument("--out-dir", default=".")
     args = p.parse_args(argv)
-    if not args.serving and not args.step:
-        p.error("give --serving files and/or --step")
+    if not args.serving and not args.step and not args.continuity:
+        p.error("give --serving files, --continuity files and/or --step")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if args.serving:
         print(f"wrote {plot_serving(args.serving, out, args.group_by)}")
+    if args.continuity:
+        print(f"wrote {plot_continuity(args.continuity, out, args.group_by)}")
     if args.step:
         print(f"wrote {plot_step(args.step, out, args.step_paths, args.step_kinds, args.step_gpu)}")
     return 0

@@ -2,6 +2,24 @@
 # The GPU run, one script: `bash benchmarks/run_gpu_suite.sh STAGE...` from the repo root on the
 # H200 machine (no network; only this repo is there; carry .whl, see fetch_gpu_wheels.sh).
 #
+# Issues 53-55 (continuity and goodput, what is on by default, the default profile against the
+# best), on one H100: two device calls of <= 9 min. A call carries at most 64 MiB: av (36 MB) and
+# perth (34 MB) cannot travel together, nor perth beside the aligner's set, so the mark's on/off
+# pairs run in the first call (perth) and the formats and word timestamps, with the mark off, in
+# the second (av align). Each ratio an acceptance asks for is within one call. Stages below.
+#   1. bash benchmarks/fetch_gpu_wheels.sh perth          (here, with network)
+#      run(carry=[".whl"], timeout_s=600, command=
+#        "HIGGS_GIT_COMMIT=<short sha> bash benchmarks/run_gpu_suite.sh goodput_marks")
+#      = goodput_sat_on goodput_sat_off goodput_ht_on goodput_ht_off      est. 4-6 min (limits 560 s)
+#   2. bash benchmarks/fetch_gpu_wheels.sh av align
+#      run(carry=[".whl"], timeout_s=600, command=
+#        "HIGGS_GIT_COMMIT=<short sha> bash benchmarks/run_gpu_suite.sh goodput_profiles plots")
+#      = goodput_ll goodput_fp goodput_ht_words goodput_sat_formats       est. 4-6 min (limits 540 s)
+#   A third call is left for issue 55's own work (`tests tapes`, profiles). CPU dry run of both
+#   first (tiny model, 25-frame streams, every level capped at 2; JSON not kept):
+#      WHEELS=none DEVICE=cpu LOAD_FORMAT=auto MODEL=<tiny model dir> OUT=/tmp/dry FRAMES=25 \
+#      LEVEL_CAP=2 bash benchmarks/run_gpu_suite.sh goodput_marks goodput_profiles plots
+#
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
 #   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
 #   tapes       launch tapes (issue 32): their GPU tests, bench_step      est. 3-5 min
@@ -43,6 +61,28 @@
 #   lm_watermark issue 46 item 2: the default profile with the mark on, then off, pcm,    est. 6 min
 #               c = 1/64/256 (levels carry the mark stage's busy ms per audio s), then
 #               bench_watermark's cost section on this device; carry `fetch_gpu_wheels.sh perth`
+#   goodput_*   issues 53-55: bench_serving, 10 s pcm streams, closed loop, each stage one server
+#               start sweeping its request variants (--variants FORMAT[+sse][+words]@C,...) and
+#               reporting per level the stalled share, goodput, refusals and the server's playback
+#               series. Server start ~15-50 s on an H100 (ready_s in the JSON; graph capture
+#               included), a level of 2c requests 3-10 s (c = 256: ~10 s a variant):
+#     goodput_sat_on    saturation config (benchmarks/configs/saturation_256_bf16x3.yaml), mark on,
+#                       pcm c = 1/16/64/128/256                              est. 1.5 min (limit 170 s)
+#     goodput_sat_off   the same, mark off, pcm c = 1/64/256                 est. 1-1.5 min (limit 130 s)
+#     goodput_ht_on     default profile (high throughput), mark on,
+#                       pcm c = 1/4/16/64                                    est. 1.5 min (limit 130 s)
+#     goodput_ht_off    the same, mark off, pcm c = 1/16/64                  est. 1-1.5 min (limit 130 s)
+#     goodput_ll        low latency, mark off, pcm c = 1/4                   est. 1 min (limit 120 s)
+#     goodput_fp        full_and_piecewise (the best profile), mark off,
+#                       pcm c = 1/16/64                                      est. 1-1.5 min (limit 130 s)
+#     goodput_ht_words  default profile, mark off, pcm c = 1/16/64 beside
+#                       the ll and fp stages, SSE at c = 64 with word timestamps off and
+#                       on (fetch_gpu_wheels.sh align)                      est. 1.5-2 min (limit 150 s)
+#     goodput_sat_formats saturation config, mark off, pcm/mp3/opus/aac at
+#                       c = 256 (fetch_gpu_wheels.sh av)                     est. 1-1.5 min (limit 140 s)
+#     goodput_marks = goodput_sat_on goodput_sat_off goodput_ht_on goodput_ht_off (carry perth)
+#     goodput_profiles = goodput_ll goodput_fp goodput_ht_words goodput_sat_formats (carry av align)
+#               LEVEL_CAP=N caps every level at N (a CPU dry run of the script).
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
 #               against float32 and of float32 against float64, 4 random
 #               codecs x (64 streaming windows + 4 whole clips)
@@ -62,7 +102,8 @@
 #    its JSON after every level, so a cut-short run still returns what it measured.
 #
 # Output in $OUT (at most 8 files come back): gpu_suite.log (everything, appended), step.json,
-# serving_ll.json, serving_ht.json, serving_fp.json, serving.png, step.png (codec_snr: codec_snr.json).
+# serving_ll.json, serving_ht.json, serving_fp.json, serving.png, step.png (codec_snr: codec_snr.json;
+# goodput_*: goodput_<stage>.json, and continuity.png from the plots stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -117,7 +158,8 @@ setup() {
 stage_tests() {
   # test_bench_tools: bench_step on all three graph paths (tiny model) + a real-server bench run
   # test_mps_gpu runs in the scaleout_mps stage: a container that cannot run MPS stops nothing else
-  run tests 540 python3 -m pytest -q -x tests/gpu tests/unit/test_bench_tools.py -p no:cacheprovider \
+  run tests 540 python3 -m pytest -q -x tests/gpu tests/unit/test_bench_tools.py tests/unit/test_bench_serving_math.py \
+    -p no:cacheprovider \
     --ignore=tests/gpu/test_mps_gpu.py
 }
 
@@ -272,6 +314,53 @@ stage_lm_watermark() {
     --repeats 20 --out "$OUT/lm_watermark_cost.json"
 }
 
+# Issues 53-55: continuity, goodput and refusals at every level (bench_serving's playback fields)
+SATURATION=benchmarks/configs/saturation_256_bf16x3.yaml
+LEVEL_CAP=${LEVEL_CAP:-}
+# cap_levels SPEC...: the variants with every level above LEVEL_CAP lowered to it (once each)
+cap_levels() {
+  local spec
+  for spec in "$@"; do
+    if [ -n "$LEVEL_CAP" ] && [[ $spec == *@* ]]; then
+      spec="${spec%%@*}@$(tr ',' '\n' <<<"${spec#*@}" | awk -v cap="$LEVEL_CAP" \
+        '{ c = ($1 < cap ? $1 : cap); if (!seen[c]++) printf "%s%s", (n++ ? "," : ""), c }')"
+    fi
+    printf '%s\n' "$spec"
+  done
+}
+# goodput LABEL LIMIT_S DEPLOY_CONFIG MARK VARIANT...: one server start, each variant at its levels
+goodput() {
+  local label=$1 limit=$2 config=$3 mark=$4
+  shift 4
+  local variants
+  mapfile -t variants < <(cap_levels "$@")
+  lm_serving "$label" "$limit" --deploy-config "$config" --watermark "$mark" --variants "${variants[@]}"
+}
+stage_goodput_sat_on() { goodput goodput_sat_on 170 "$SATURATION" on pcm@1,16,64,128,256; }
+stage_goodput_sat_off() { goodput goodput_sat_off 130 "$SATURATION" off pcm@1,64,256; }
+stage_goodput_ht_on() { goodput goodput_ht_on 130 higgs_multimodal_qwen3_high_throughput on pcm@1,4,16,64; }
+stage_goodput_ht_off() { goodput goodput_ht_off 130 higgs_multimodal_qwen3_high_throughput off pcm@1,16,64; }
+stage_goodput_ll() { goodput goodput_ll 120 higgs_multimodal_qwen3_low_latency off pcm@1,4; }
+stage_goodput_fp() { goodput goodput_fp 130 higgs_multimodal_qwen3_full_and_piecewise off pcm@1,16,64; }
+stage_goodput_ht_words() {
+  # the default profile beside goodput_ll and goodput_fp (issue 55's ratios, one call), then SSE
+  # at c = 64 with word timestamps off and on (issue 54's ratio and the words' lag)
+  goodput goodput_ht_words 150 higgs_multimodal_qwen3_high_throughput off pcm@1,16,64 pcm+sse@64 pcm+sse+words@64
+}
+stage_goodput_sat_formats() {
+  goodput goodput_sat_formats 140 "$SATURATION" off pcm@256 mp3@256 opus@256 aac@256
+}
+stage_goodput_marks() {
+  local rc=0 stage
+  for stage in sat_on sat_off ht_on ht_off; do "stage_goodput_$stage" || rc=1; done
+  return $rc
+}
+stage_goodput_profiles() {
+  local rc=0 stage
+  for stage in ll fp ht_words sat_formats; do "stage_goodput_$stage" || rc=1; done
+  return $rc
+}
+
 stage_codec_snr() {
   # the JSON is rewritten after every seed: a run cut by the limit keeps the seeds it finished
   run codec_snr 170 python3 benchmarks/codec/bench_codec_snr.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
@@ -284,6 +373,8 @@ stage_plots() {
   local args=()
   [ ${#serving[@]} -gt 0 ] && args+=(--serving "${serving[@]}")
   [ -f "$OUT/step.json" ] && args+=(--step "$OUT/step.json")
+  local goodput=("$OUT"/goodput_*.json)
+  [ -f "${goodput[0]}" ] && args+=(--group-by file --continuity "${goodput[@]}")
   if [ ${#args[@]} -eq 0 ]; then
     log "plots: no JSON in $OUT"
     return 1
@@ -292,13 +383,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_marks|goodput_profiles|goodput_sat_on|goodput_sat_off|goodput_ht_on|goodput_ht_off|goodput_ll|goodput_fp|goodput_ht_words|goodput_sat_formats}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_marks|goodput_profiles|goodput_sat_on|goodput_sat_off|goodput_ht_on|goodput_ht_off|goodput_ll|goodput_fp|goodput_ht_words|goodput_sat_formats) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps, goodput_marks, goodput_profiles, goodput_sat_on, goodput_sat_off, goodput_ht_on, goodput_ht_off, goodput_ll, goodput_fp, goodput_ht_words, goodput_sat_formats)" >&2
        exit 2 ;;
   esac
 done

@@ -6,8 +6,8 @@ Three jobs, all at build time and offline, so nothing on the site can go stale b
 - rewrites the pages' repository-relative links to those folders (`../benchmarks/results/X`,
   `../examples/X`: right when the page is read in the repository) to the site's copies, before
   mkdocs validates links, so a link to a file that does not exist still fails the strict build;
-- draws the performance page's plots (`plots/*.svg`) from the committed JSON with
-  `benchmarks/plot.py`, the same code that draws the results README's PNGs.
+- draws the performance page's plots (`plots/*.svg`: serving, step, continuity) from the
+  committed JSON with `benchmarks/plot.py`, the same code that draws the results README's PNGs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ MIRRORED = {"benchmarks/results": "results", "examples": "examples"}
 SERVING_SWEEP = ["serving_ht_tapes_poolfix_h200.json", "serving_ll_tapes_264330c_h200.json",
                  "serving_fp_264330c_h200.json"]
 STEP_RUN = "step_tapes_264330c_h200.json"
+# The continuity plot (stalled share and goodput against concurrency): issue 53's runs, one line each
+# (benchmarks/results/README.md, "Issue 53").
+CONTINUITY_RUNS = ["serving_overload_before_d6d6d7b_cpu.json"]
 
 
 def _plot_module():
@@ -49,7 +52,10 @@ def _draw_plots() -> dict[str, bytes]:
         serving = plot.plot_serving([str(RESULTS / f) for f in SERVING_SWEEP], out, group_by="profile",
                                     file_name="serving.svg")
         step = plot.plot_step(str(RESULTS / STEP_RUN), out, gpu=True, file_name="step.svg")
-        return {"plots/serving.svg": serving.read_bytes(), "plots/step.svg": step.read_bytes()}
+        continuity = plot.plot_continuity([str(RESULTS / f) for f in CONTINUITY_RUNS], out,
+                                          file_name="continuity.svg")
+        return {"plots/serving.svg": serving.read_bytes(), "plots/step.svg": step.read_bytes(),
+                "plots/continuity.svg": continuity.read_bytes()}
 
 
 def on_files(files: Files, config) -> Files:

@@ -40,7 +40,7 @@ import numpy as np
 import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
-from serving.bench_serving import free_port, stop_server, wait_ready  # noqa: E402
+from serving.server_process import free_port, stop_server, wait_ready  # noqa: E402
 from common import (REPO_ROOT, command_line, device_description, git_commit, now_iso, nvidia_smi,  # noqa: E402
                     percentile, write_json)
 

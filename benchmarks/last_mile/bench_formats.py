@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
-from serving.bench_serving import free_port, stop_server, wait_ready  # noqa: E402
+from serving.server_process import free_port, stop_server, wait_ready  # noqa: E402
 from common import REPO_ROOT, markdown_table, now_iso, provenance, write_json  # noqa: E402
 
 FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw")

@@ -35,12 +35,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 import serving.bench_serving as bs  # noqa: E402
+import serving.server_process as sp  # noqa: E402
+import serving.stream_client as sc  # noqa: E402
+from serving.process_cpu import descendants_cpu_s, process_cpu_s  # noqa: E402
 from common import REPO_ROOT, now_iso, percentile, provenance, write_json  # noqa: E402
 
 CONDITIONS = ("on", "off")
 
 
-def summary(records: list[bs.RequestRecord]) -> dict:
+def summary(records: list[sc.RequestRecord]) -> dict:
     ok = [r for r in records if r.ok]
     ttfa = [1e3 * r.ttfa_s for r in ok]
     lag = [1e3 * (r.words_at - r.arrivals[-1][0]) for r in ok if r.words_at is not None]
@@ -58,14 +61,14 @@ def variant(args: argparse.Namespace, condition: str) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "word_timestamps": condition})
 
 
-async def level_c1(url: str, args: argparse.Namespace) -> dict[str, list[bs.RequestRecord]]:
+async def level_c1(url: str, args: argparse.Namespace) -> dict[str, list[sc.RequestRecord]]:
     """Pairs one after the other; the first of each pair alternates."""
-    records: dict[str, list[bs.RequestRecord]] = {c: [] for c in CONDITIONS}
-    async with bs.http_client(args, 1) as client:
+    records: dict[str, list[sc.RequestRecord]] = {c: [] for c in CONDITIONS}
+    async with sc.http_client(args, 1) as client:
         for i in range(args.warmup + args.requests):
             order = CONDITIONS if i % 2 == 0 else CONDITIONS[::-1]
             for condition in order:
-                record = await bs.send_one(client, url, i, variant(args, condition))
+                record = await sc.send_one(client, url, i, variant(args, condition))
                 if not record.ok:
                     raise SystemExit(f"bench_timestamps_ttfa: request {i} ({condition}) failed: "
                                      f"{record.status} {record.error}")
@@ -74,23 +77,23 @@ async def level_c1(url: str, args: argparse.Namespace) -> dict[str, list[bs.Requ
     return records
 
 
-async def level_c2(url: str, args: argparse.Namespace) -> dict[str, list[bs.RequestRecord]]:
+async def level_c2(url: str, args: argparse.Namespace) -> dict[str, list[sc.RequestRecord]]:
     """Two closed-loop clients at once, one per condition, the same requests each."""
     indices = list(range(args.requests, 2 * args.requests))  # other texts than c = 1's
 
-    async def client_for(condition: str) -> list[bs.RequestRecord]:
-        async with bs.http_client(args, 1) as client:
-            return [await bs.send_one(client, url, i, variant(args, condition)) for i in indices]
+    async def client_for(condition: str) -> list[sc.RequestRecord]:
+        async with sc.http_client(args, 1) as client:
+            return [await sc.send_one(client, url, i, variant(args, condition)) for i in indices]
 
     on, off = await asyncio.gather(client_for("on"), client_for("off"))
     return {"on": on, "off": off}
 
 
 def measure(url: str, args: argparse.Namespace, pid: int, level) -> dict:
-    cpu0, child0, t0 = bs.process_cpu_s(pid), bs.children_cpu_s(pid), time.perf_counter()
+    cpu0, child0, t0 = process_cpu_s(pid), descendants_cpu_s(pid), time.perf_counter()
     records = asyncio.run(level(url, args))
     wall = time.perf_counter() - t0
-    cpu, child = bs.process_cpu_s(pid) - cpu0, bs.children_cpu_s(pid) - child0
+    cpu, child = process_cpu_s(pid) - cpu0, descendants_cpu_s(pid) - child0
     result = {c: summary(records[c]) for c in CONDITIONS}
     audio_s = sum(result[c]["audio_s"] for c in CONDITIONS)
     on, off = result["on"], result["off"]
@@ -131,26 +134,26 @@ def main(argv: list[str] | None = None) -> int:
         client_args = bs.parse_args(["--model", model, "--load-format", args.load_format, "--device", args.device,
                                      "--concurrency", "2", "--frames", str(args.frames),
                                      "--stream-format", "sse", "--server-arg=--alignment-workers=1"])
-        port = bs.free_port()
+        port = sp.free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = Path(scratch) / "server.log"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(bs.server_command(client_args, port), stdout=log,
+            proc = subprocess.Popen(sp.server_command(client_args, port), stdout=log,
                                     stderr=subprocess.STDOUT, env=_env())
         try:
-            ready_s = bs.wait_ready(proc, url, 300, log_path)
+            ready_s = sp.wait_ready(proc, url, 300, log_path)
             client_args.warmup, client_args.requests = args.warmup, 0  # untimed: the aligner loads here
             asyncio.run(level_c1(url, client_args))
             client_args.warmup, client_args.requests = 0, args.requests
             levels = {"c1": measure(url, client_args, proc.pid, level_c1),
                       "c2": measure(url, client_args, proc.pid, level_c2)}
         finally:
-            bs.stop_server(proc)
+            sp.stop_server(proc)
     result = {**provenance("bench_timestamps_ttfa", started), "loadavg_start": load_start,
               "loadavg_end": os.getloadavg(),
               "model": args.model or "tiny (random, made by the benchmark)", "device_arg": args.device,
               "frames": args.frames, "requests_per_condition": args.requests, "server_ready_s": ready_s,
-              "server_command": bs.server_command(client_args, port), "levels": levels,
+              "server_command": sp.server_command(client_args, port), "levels": levels,
               "acceptance": {"ttfa_p50_ratio_c1": levels["c1"]["ttfa_p50_ratio_on_off"],
                              "limit": args.ratio_limit,
                              "met": levels["c1"]["ttfa_p50_ratio_on_off"] <= args.ratio_limit}}

@@ -47,7 +47,8 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 from limits.bench_file_memory import long_input, rss_mb  # noqa: E402
 from last_mile.bench_formats import make_tiny_model  # noqa: E402
-from serving.bench_serving import SENTENCES, free_port, stop_server, wait_ready  # noqa: E402
+from serving.server_process import free_port, stop_server, wait_ready  # noqa: E402
+from serving.stream_client import SENTENCES  # noqa: E402
 from common import REPO_ROOT, markdown_table, now_iso, provenance, write_json  # noqa: E402
 
 ITEMS = 32

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 from step.bench_eager_host import HostTritonBackend, fake_launches  # noqa: E402
-from serving.bench_serving import SENTENCES  # noqa: E402
+from serving.stream_client import SENTENCES  # noqa: E402
 from common import markdown_table, now_iso, provenance, write_json  # noqa: E402
 from step.profile_engine import stub_codec  # noqa: E402
 

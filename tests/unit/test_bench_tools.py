@@ -1,5 +1,6 @@
-"""CPU smoke tests of the benchmark tools (benchmarks/) on the tiny model: the metric math, the
-step benchmark's plans and one eager run, one real-server streaming run, and the plots."""
+"""CPU smoke tests of the benchmark tools (benchmarks/) on the tiny model: the GPU timeline's math, the
+step benchmark's plans and one eager run, one real-server streaming run, and the plots (bench_serving's
+own arithmetic: test_bench_serving_math.py)."""
 
 from __future__ import annotations
 
@@ -13,88 +14,11 @@ import pytest
 import torch
 from support.bench_modules import bench_path, load_bench
 
-bench_serving = load_bench("bench_serving")
 bench_step = load_bench("bench_step")
 gpu_timeline = load_bench("gpu_timeline")
 
 
-# ------------------------------------------------------------------------------ serving metrics
-def test_sentences_are_fixed_english_of_10_to_25_words():
-    sentences = bench_serving.SENTENCES
-    assert len(sentences) == 50 and len(set(sentences)) == 50
-    for s in sentences:
-        assert 10 <= len(s.split()) <= 25, s
-
-
-def test_playback_stalls_pause_and_resume():
-    bps = 48_000.0  # bytes per second of 24 kHz s16le
-    # 1 s of audio at t=0, 1 s more at t=0.5 (buffer never empty), then 1 s at t=2.5: the player
-    # ran dry at t=2.0, so one 0.5 s stall, then it resumes.
-    arrivals = [(0.0, 48_000), (0.5, 48_000), (2.5, 48_000), (3.0, 24_000)]
-    assert bench_serving.playback_stalls(arrivals, bps) == [(pytest.approx(2.0), pytest.approx(0.5))]  # after 2 s
-    # a steady stream arriving faster than real time never stalls
-    assert bench_serving.playback_stalls([(i * 0.5, 48_000) for i in range(10)], bps) == []
-
-
-def test_gapless_start_is_the_earliest_stall_free_start():
-    bps = 48_000.0
-    # stalls 0.5 s when started at the first byte: starting 0.5 s later plays it all without a gap
-    arrivals = [(0.0, 48_000), (0.5, 48_000), (2.5, 48_000), (3.0, 24_000)]
-    assert bench_serving.gapless_start(arrivals, bps) == pytest.approx(0.5)
-    # a stream that never stalls can start at its first byte
-    assert bench_serving.gapless_start([(0.2 + i * 0.5, 48_000) for i in range(10)], bps) == pytest.approx(0.2)
-    # a 40 ms first chunk, then the next after 75 ms: playback must wait 35 ms
-    assert bench_serving.gapless_start([(0.0, 1_920), (0.075, 48_000)], bps) == pytest.approx(0.035)
-    assert bench_serving.gapless_start([], bps) is None
-
-
-def test_level_metrics_follow_the_reference_definitions():
-    rec = bench_serving.RequestRecord
-    frames = 25
-    n = frames * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
-    a = rec(index=0, sent=0.0, frames=frames, status=200, first_audio=0.2, end=0.5, num_bytes=n, arrivals=[(0.2, n)],
-            server_ttfa_ms=150.0)
-    b = rec(index=1, sent=0.1, frames=frames, status=200, first_audio=0.4, end=1.1, num_bytes=n,
-            arrivals=[(0.4, n // 2), (1.1, n // 2)])  # 0.5 s buffered at 0.4, next bytes at 1.1: 0.2 s stall
-    bad = rec(index=2, sent=0.0, status=429, error="queue full", end=0.01)
-    m = bench_serving.level_metrics(2, [a, b, bad], window_s=1.1)
-    assert (m["completed"], m["failed"], m["wrong_length"]) == (2, 1, 0)
-    assert m["ttfa_ms_p50"] == pytest.approx(250.0)  # TTFA 200 and 300 ms
-    assert m["rtf_mean"] == pytest.approx((0.5 + 1.0) / 2)  # latency / audio seconds
-    assert m["audio_s_per_s"] == pytest.approx(2.0 / 1.1)
-    assert m["requests_per_s"] == pytest.approx(2 / 1.1)
-    assert m["underrun_requests"] == 1 and m["stall_s_total"] == pytest.approx(0.2)
-    assert (m["stalls_in_first_s"], m["stalls_later"]) == (1, 0)  # b ran dry after 0.5 s of audio
-    # a: gapless from its first byte (200 ms); b: 0.2 s later than its first byte (500 ms)
-    assert m["gapless_ms_p50"] == pytest.approx(350.0)
-    assert m["outside_server_ms_p50"] == pytest.approx(50.0)  # only a reports the server's share
-    assert "429" in m["errors"][0]
-
-
-def test_engine_step_metrics_from_two_scrapes():
-    before = dict(zip(bench_serving.ENGINE_SERIES, (1.0, 100.0, 6000.0)))
-    after = dict(zip(bench_serving.ENGINE_SERIES, (1.5, 200.0, 12400.0)))
-    m = bench_serving.engine_step_metrics(before, after)
-    assert m == {"engine_steps": 100, "engine_step_ms_mean": pytest.approx(5.0), "engine_rows_per_step": pytest.approx(64.0)}
-    assert bench_serving.engine_step_metrics({}, after)["engine_step_ms_mean"] is None  # a server without them
-
-
-def test_codec_batching_from_two_scrapes():
-    before = dict(zip(bench_serving.CODEC_SERIES, (10.0, 30.0, 5.0, 1.0)))
-    after = dict(zip(bench_serving.CODEC_SERIES, (20.0, 110.0, 13.0, 4.0)))
-    assert bench_serving.codec_metrics(before, after, window_s=10.0) == {
-        "codec_windows_per_call": pytest.approx(8.0), "codec_graph_call_fraction": pytest.approx(0.8),
-        "codec_busy_fraction": pytest.approx(0.3)}
-    assert bench_serving.codec_metrics({}, after, 10.0)["codec_windows_per_call"] is None
-
-
-def test_server_ttfa_from_two_scrapes():
-    before = dict(zip(bench_serving.SERVER_TTFA_SERIES, (2.0, 10.0)))
-    after = dict(zip(bench_serving.SERVER_TTFA_SERIES, (6.0, 50.0)))
-    assert bench_serving.server_ttfa_metrics(before, after) == {"server_ttfa_ms_mean": pytest.approx(100.0)}
-    assert bench_serving.server_ttfa_metrics({}, after) == {"server_ttfa_ms_mean": None}
-
-
+# ------------------------------------------------------------------------------ GPU timeline
 def test_gpu_timeline_counts_busy_overlap_and_gaps():
     def kernel(stream, ts, dur, name="k"):
         return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
@@ -121,40 +45,6 @@ def test_gpu_timeline_counts_busy_overlap_and_gaps():
     # the middle 80 % (151–1359 µs) holds the end of the codec kernel (151–280) and idles after it
     assert s["busy_fraction_middle_0.8"] == pytest.approx((280 - 151) / (1359 - 151))
     assert gpu_timeline.summarize([]) == {"events": 0}
-
-
-def test_request_body_asks_for_exactly_n_streamed_pcm_frames():
-    args = bench_serving.parse_args(["--model", "m", "--frames", "40", "--seed", "7"])
-    body = bench_serving.request_body(3, args)
-    assert body["stream"] is True and body["stream_format"] == "audio" and body["response_format"] == "pcm"
-    assert body["max_new_tokens"] == body["min_new_tokens"] == 40
-    assert body["seed"] == 10 and body["input"] == bench_serving.SENTENCES[3]
-
-
-def test_file_every_mixes_whole_file_requests_into_the_streams():
-    args = bench_serving.parse_args(["--model", "m", "--file-every", "4"])
-    assert [bench_serving.request_body(i, args)["stream"] for i in range(8)] == [True, True, True, False] * 2
-    assert "stream_format" not in bench_serving.request_body(3, args)  # the server refuses it on a file
-    rec = bench_serving.RequestRecord
-    n = 25 * bench_serving.FRAME_SAMPLES * 2  # 1 s of audio
-    stream = rec(index=0, sent=0.0, frames=25, status=200, first_audio=0.1, end=0.5, num_bytes=n, arrivals=[(0.1, n)])
-    whole = rec(index=3, sent=0.0, frames=25, streamed=False, status=200, first_audio=0.9, end=1.0, num_bytes=n,
-                arrivals=[(0.9, n)])
-    m = bench_serving.level_metrics(2, [stream, whole], window_s=1.0)
-    assert m["ttfa_ms_p50"] == pytest.approx(100.0)  # the stream's only: a file's first byte is its end
-    assert (m["file_requests"], m["file_latency_s_p50"]) == (1, pytest.approx(1.0))
-    assert m["audio_s_total"] == pytest.approx(2.0) and m["completed"] == 2
-
-
-def test_frames_spread_draws_repeatable_lengths_around_frames():
-    args = bench_serving.parse_args(["--model", "m", "--frames", "200", "--frames-spread", "0.5"])
-    lengths = [bench_serving.request_frames(i, args) for i in range(200)]
-    assert lengths == [bench_serving.request_frames(i, args) for i in range(200)]  # seeded per request
-    assert 100 <= min(lengths) < 120 and 280 < max(lengths) <= 300 and len(set(lengths)) > 100
-    body = bench_serving.request_body(5, args)
-    assert body["max_new_tokens"] == body["min_new_tokens"] == lengths[5]
-    with pytest.raises(SystemExit):
-        bench_serving.parse_args(["--model", "m", "--frames-spread", "1.0"])
 
 
 # ------------------------------------------------------------------------------ step benchmark
@@ -349,6 +239,30 @@ def test_serving_plot_groups_single_concurrency_files_by_profile(tmp_path: Path)
     assert (tmp_path / "serving.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_continuity_plot_draws_stalls_and_goodput_one_line_per_profile_and_variant(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    plot = load_bench("plot")
+
+    def level(c, variant, stalled, good, raw):
+        return {"concurrency": c, "variant": variant, "completed": 2 * c, "stalled_share": stalled,
+                "goodput_audio_s_per_s": good, "audio_s_per_s": raw, "ttfa_ms_p50": 50.0}
+
+    settings = {"frames": 250, "stall_threshold_ms": 100.0, "ttfa_budget_ms": 1000.0}
+    sat = tmp_path / "sat.json"
+    sat.write_text(json.dumps({"tool": "bench_serving", "label": "sat", "settings": {**settings, "deploy_config":
+                               "benchmarks/configs/saturation_256_bf16x3.yaml"},
+                               "levels": [level(1, "pcm", 0.0, 10.0, 10.0), level(256, "pcm", 0.39, 390.0, 632.0),
+                                          level(256, "mp3", 0.4, 380.0, 600.0)]}))
+    old = _serving_run(tmp_path / "old.json", "ht_old", "higgs_multimodal_qwen3_high_throughput", [(64, 400.0, 300.0)])
+    series = dict(plot.serving_series([str(sat), old], group_by="profile"))
+    assert list(series) == ["saturation_256_bf16x3", "saturation_256_bf16x3 (mp3)", "high_throughput"]
+    assert list(series["saturation_256_bf16x3"]) == [1, 256]
+    assert plot.main(["--group-by", "profile", "--continuity", str(sat), old, "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "continuity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):  # a file from before the stall fields has nothing to draw
+        plot.plot_continuity([old], tmp_path)
+
+
 # ------------------------------------------------------------------------------ GEMM sweep space
 def test_gemm_sweep_space_past_16_rows_fits_shared_memory_and_holds_the_tuned_buckets():
     bench_gemm = load_bench("bench_gemm")
@@ -364,9 +278,3 @@ def test_gemm_sweep_space_past_16_rows_fits_shared_memory_and_holds_the_tuned_bu
     n, k = 19456, 2560
     assert all(c.split_k == 1 and c.fits(n // 2, k) for c in bench_gemm.swiglu_candidates(n, k))
     assert dict(TUNED[(n, k)])[64] in bench_gemm.swiglu_candidates(n, k)
-
-
-def test_several_formats_are_run_level_by_level_on_one_server():
-    args = bench_serving.parse_args(["--model", "m", "--response-format", "pcm", "mp3"])
-    assert args.response_formats == ["pcm", "mp3"] and args.response_format == "pcm"
-    assert bench_serving.parse_args(["--model", "m"]).response_formats == ["pcm"]

@@ -22,7 +22,7 @@ import soundfile as sf
 from bad_requests import bad_requests, post_bad_request
 from fuzz import clamp_frame_fields, fuzz_server
 from live_server import metric, serve_subprocess
-from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode
+from support.decoders import CODEC_FRAME, STREAM_DELAY, av_decode
 
 from higgs_serve.audio.formats import FORMATS
 from higgs_serve.codec.chunker import StreamChunker, WindowParams
@@ -126,7 +126,7 @@ def _streamed_pcm(http: httpx.Client, seed: int) -> bytes:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_every_format_streams_by_default_and_matches_the_streamed_pcm(oai, http, fmt):
-    """The SDK's default create streams every format; the stream decodes whole (ffmpeg) to the
+    """The SDK's default create streams every format; the stream decodes whole (FFmpeg's libraries, PyAV) to the
     streamed pcm of the same seed: lossless exactly, G.711 within its step, lossy codecs within
     one codec frame of padding beyond the delay a stream cannot carry (docs/api.md#formats)."""
     rate = FORMATS[fmt].default_rate_hz or RATE
@@ -134,7 +134,7 @@ def test_every_format_streams_by_default_and_matches_the_streamed_pcm(oai, http,
         model=NAME, input=TEXT, voice="default", response_format=fmt,
         extra_body={"seed": 3, "sample_rate": rate, **FIXED})
     assert "content-length" not in response.headers  # streamed (chunked)
-    decoded = ffmpeg_decode(response.content, fmt, rate)
+    decoded = av_decode(response.content, fmt, rate)
     pcm = np.frombuffer(_streamed_pcm(http, 3), "<i2")
     assert pcm.size == FRAMES * 960
     if fmt in ("wav", "pcm", "flac"):

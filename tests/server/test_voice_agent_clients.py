@@ -23,7 +23,7 @@ import openai
 import pytest
 import soundfile as sf
 from live_server import serve_subprocess
-from support.decoders import ffmpeg_decode
+from support.decoders import av_decode
 
 from higgs_serve.audio.formats import FORMATS
 
@@ -58,7 +58,7 @@ def test_openai_sdk_streams_its_default_request(server):
             first_s = first_s if first_s is not None else time.perf_counter() - started
             data += piece
     total_s = time.perf_counter() - started
-    _early(first_s, total_s, ffmpeg_decode(bytes(data), "wav", RATE).size / RATE)
+    _early(first_s, total_s, av_decode(bytes(data), "wav", RATE).size / RATE)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -67,7 +67,7 @@ def test_openai_sdk_default_create_in_every_format(server, fmt):
     audio = client.audio.speech.create(model="gpt-4o-mini-tts", voice="ash", input="Hello.",
                                        response_format=fmt, extra_body={"max_new_tokens": 30})
     rate = FORMATS[fmt].default_rate_hz or RATE
-    assert ffmpeg_decode(audio.content, fmt, rate).size >= 30 * rate // 25
+    assert av_decode(audio.content, fmt, rate).size >= 30 * rate // 25
     if fmt in ("wav", "mp3", "opus"):  # soundfile reads these streams too
         assert sf.read(io.BytesIO(audio.content))[1] == rate
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip, wait_for
+from support.cluster_e2e import (FIXED, FRAMES, LONG_TEXT, PCM_BYTES, assert_marked_and_detected, tone_clip,
+                                  wait_for)
 from support.ray_cluster import local_ray_cluster
 
 ray = pytest.importorskip("ray")
@@ -111,15 +112,7 @@ def test_audio_streams_through_the_serve_ingress(ray_serve):
 def test_watermark_detection_is_relayed_to_a_replica(ray_serve):
     """The ingress relays POST /v1/audio/watermark/detect to an engine replica (issue 50: it was a
     bare 404): the replicas' marked speech is detected, junk is the replica's 400 naming `file`."""
-    http = ray_serve
-    frames = {"max_new_tokens": 50, "min_new_tokens": 50}  # 2 s: the tiny model's audio scores ~1.0 marked
-    answer = _speech(http, response_format="wav", seed=3, **frames)
-    assert answer.status_code == 200, answer.text
-    found = http.post("/v1/audio/watermark/detect", files={"file": ("speech.wav", answer.content)})
-    assert found.status_code == 200, found.text
-    assert found.json()["detected"] is True and found.json()["score"] >= 0.9
-    refused = http.post("/v1/audio/watermark/detect", files={"file": ("junk.wav", b"not audio" * 10)})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "file"
+    assert_marked_and_detected(ray_serve)
 
 
 def test_zero_shot_requests_use_both_replicas(ray_serve):

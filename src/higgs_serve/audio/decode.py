@@ -43,7 +43,7 @@ ACCEPTED = f"{SOUNDFILE_FORMATS}, {CONTAINER_FORMATS}"
 _FTYP, _EBML, _ADIF, _ID3 = b"ftyp", b"\x1a\x45\xdf\xa3", b"ADIF", b"ID3"
 # magic bytes of formats we recognise but do not decode, so the 400 can name them
 _OTHER_FORMATS = ((b"#!AMR", "amr"), (b"MThd", "midi"), (b"FORM", "aiff/iff"), (b".snd", "au"),
-                  (b"OggS", "ogg with an unsupported codec"),
+                  (b"OggS", "ogg with an unsupported codec"), (b"ID3", "mp3 with a damaged stream"),
                   (b"caff", "caf"), (b"wvpk", "wavpack"), (b"MAC ", "monkey's audio"))
 
 
@@ -152,9 +152,22 @@ def _container_demuxer(data: bytes) -> str | None:
         return "matroska"  # webm, mkv
     if data[:4] == _ADIF or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xF6 == 0xF0):
         return "aac"  # ADIF or an ADTS frame sync (mp3's sync differs in the layer bits)
-    if data[:3] == _ID3 or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE6 == 0xE2):
-        return "mp3"  # an ID3 tag or an MPEG audio layer III frame sync
+    if _is_layer3_sync(_past_id3(data)):
+        return "mp3"  # an MPEG audio layer III frame sync, after an ID3 tag if any
     return None
+
+
+def _past_id3(data: bytes) -> bytes:
+    """The bytes after a leading ID3v2 tag (its size: 4 syncsafe bytes; a footer adds 10); an ID3
+    tag may also lead a FLAC (a C2PA manifest's), so what follows it decides."""
+    if data[:3] != _ID3 or len(data) < 10:
+        return data
+    size = (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F)
+    return data[10 + size + (10 if data[5] & 0x10 else 0):]
+
+
+def _is_layer3_sync(data: bytes) -> bool:
+    return len(data) > 1 and data[0] == 0xFF and data[1] & 0xE6 == 0xE2
 
 
 def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, what: str,

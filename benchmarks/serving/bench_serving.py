@@ -249,7 +249,7 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
     if not request_streamed(index, args):
         body["stream"] = False
         del body["stream_format"]  # a streaming format on a file request is a 400
-    elif args.no_stream_field:  # streamed all the same (docs/api.md#streaming)
+    elif args.no_stream_field:  # streamed all the same, wav and flac aside (docs/api.md#streaming)
         del body["stream"], body["stream_format"]
     if args.served_model_name:
         body["model"] = args.served_model_name
@@ -719,7 +719,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --url: read this process's CPU from /proc per level (e.g. a front end)")
     p.add_argument("--no-stream-field", action="store_true",
                    help="send neither stream nor stream_format (an OpenAI client's request; it "
-                        "streams all the same)")
+                        "streams all the same, but in wav and flac, where it is a file)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)

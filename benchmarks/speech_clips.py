@@ -1,4 +1,7 @@
-"""Real speech clips for the watermark measurements, made with espeak-ng (a Debian package).
+"""Real speech for the last-mile measurements, made with eSpeak NG: the library and voice data the
+`espeakng-loader` wheel carries (the `bench` and `test` extras), called through ctypes, so no
+system package is needed. `speak(text, voice, rate_wpm, pitch)` is what `espeak-ng -v VOICE -s RATE
+-p PITCH TEXT` says (the command line is a thin wrapper over the same library).
 
 `make_clips(n)` returns n clips of 2-20 s, 24 kHz float32 mono, the same every run: clip i
 speaks sentences picked by a seeded generator in one of several English voices, at its own
@@ -7,14 +10,13 @@ rate and pitch, until it reaches its target length (spread evenly over 2-20 s).
 
 from __future__ import annotations
 
-import io
+import ctypes
+import functools
+import os
 import random
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 import numpy as np
-import soundfile as sf
 import soxr
 
 SAMPLE_RATE_HZ = 24_000
@@ -80,14 +82,101 @@ class Clip:
         return self.audio.size / SAMPLE_RATE_HZ
 
 
-def speak(text: str, voice: str, rate_wpm: int, pitch: int) -> np.ndarray:
-    """espeak-ng's speech for `text`, resampled to 24 kHz float32 (its native rate is 22050)."""
-    if shutil.which("espeak-ng") is None:
-        raise SystemExit("espeak-ng is needed to make speech clips (apt-get install espeak-ng)")
-    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate_wpm), "-p", str(pitch), "--stdout", text],
-                         check=True, capture_output=True).stdout
-    audio, rate_hz = sf.read(io.BytesIO(wav), dtype="float32")
-    return soxr.resample(audio, rate_hz, SAMPLE_RATE_HZ).astype(np.float32)
+# espeak_lib.h: the synchronous output mode, UTF-8 text, the rate (words a minute) and pitch (0-100)
+_AUDIO_OUTPUT_SYNCHRONOUS, _CHARS_UTF8, _RATE, _PITCH = 0x02, 1, 1, 3
+# int callback(short *wav, int numsamples, espeak_EVENT *events): 0 = go on
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                                   ctypes.c_void_p)
+
+
+class _VoiceSpec(ctypes.Structure):  # espeak_VOICE: a voice chosen by its language ("en-gb+m3")
+    _fields_ = [("name", ctypes.c_char_p), ("languages", ctypes.c_char_p),
+                ("identifier", ctypes.c_char_p), ("gender", ctypes.c_ubyte), ("age", ctypes.c_ubyte),
+                ("variant", ctypes.c_ubyte), ("xx1", ctypes.c_ubyte), ("score", ctypes.c_int),
+                ("spare", ctypes.c_void_p)]
+
+
+class _ESpeak:
+    """The library, initialised once per process. Each utterance is spoken in a forked child of
+    this just-initialised state, as the command line speaks each in a new process: the library
+    keeps state from one utterance to the next (the same text spoken twice in one process differs
+    by a few samples), so this is what makes a clip depend on its own arguments only."""
+
+    def __init__(self):
+        import espeakng_loader  # the wheel: libespeak-ng.so and espeak-ng-data beside it
+
+        lib = self.lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetVoiceByProperties.argtypes = [ctypes.POINTER(_VoiceSpec)]
+        lib.espeak_Info.restype = ctypes.c_char_p
+        self.rate_hz = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
+                                             espeakng_loader.get_data_path().encode(), 0)
+        if self.rate_hz <= 0:
+            raise RuntimeError(f"eSpeak NG did not initialise ({self.rate_hz})")
+        self._pieces: list[bytes] = []
+        self._callback = _SYNTH_CALLBACK(self._collect)  # kept: the library holds the pointer
+        lib.espeak_SetSynthCallback(self._callback)
+
+    def _collect(self, wav, count: int, events) -> int:
+        if count > 0:
+            self._pieces.append(ctypes.string_at(wav, 2 * count))
+        return 0
+
+    def version(self) -> str:
+        return self.lib.espeak_Info(None).decode()
+
+    def say(self, text: str, voice: str, rate_wpm: int, pitch: int) -> np.ndarray:
+        """[n] int16 at self.rate_hz."""
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: speak, send status + samples, and leave without cleanup
+            status = b"ok"
+            try:
+                audio = self._speak_here(text, voice, rate_wpm, pitch)
+            except (ValueError, RuntimeError) as error:
+                status, audio = str(error).encode(), b""
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(len(status).to_bytes(4, "little") + status + audio)
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            answer = pipe.read()
+        os.waitpid(child, 0)
+        size = int.from_bytes(answer[:4], "little")
+        if answer[4:4 + size] != b"ok":
+            raise ValueError(answer[4:4 + size].decode() or "eSpeak NG died speaking")
+        return np.frombuffer(answer[4 + size:], dtype="<i2")
+
+    def _speak_here(self, text: str, voice: str, rate_wpm: int, pitch: int) -> bytes:
+        # as the command line picks `-v VOICE`: a voice by name, else by language (+variant)
+        if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            spec = _VoiceSpec(languages=voice.encode())
+            if self.lib.espeak_SetVoiceByProperties(ctypes.byref(spec)) != 0:
+                raise ValueError(f"eSpeak NG has no voice {voice!r}")
+        self.lib.espeak_SetParameter(_RATE, rate_wpm, 0)
+        self.lib.espeak_SetParameter(_PITCH, pitch, 0)
+        data = text.encode()
+        status = self.lib.espeak_Synth(data, len(data) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
+        if status != 0:
+            raise RuntimeError(f"eSpeak NG could not speak {text[:40]!r} (status {status})")
+        return b"".join(self._pieces)
+
+
+@functools.cache
+def espeak() -> _ESpeak:
+    return _ESpeak()
+
+
+def speak(text: str, voice: str = "en", rate_wpm: int = 175, pitch: int = 50,
+          rate_hz: int = SAMPLE_RATE_HZ) -> np.ndarray:
+    """eSpeak NG's speech for `text`, resampled to `rate_hz` float32 (its native rate is 22050);
+    the defaults are the command line's."""
+    engine = espeak()
+    audio = engine.say(text, voice, rate_wpm, pitch).astype(np.float32) / 32768.0
+    return soxr.resample(audio, engine.rate_hz, rate_hz, quality="HQ").astype(np.float32)
 
 
 def make_clips(count: int, min_seconds: float = 2.0, max_seconds: float = 20.0, seed: int = 43) -> list[Clip]:

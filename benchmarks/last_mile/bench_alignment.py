@@ -1,6 +1,6 @@
 """Word-timestamp accuracy on speech with exactly known word boundaries, and the aligner's CPU cost.
 
-Ground truth: espeak-ng (a Debian package, `apt-get install espeak-ng`) speaks each word of
+Ground truth: eSpeak NG (the `espeakng-loader` wheel, benchmarks/speech_clips.py) speaks each word of
 `alignment_corpus.txt` to its own clip; each clip is trimmed to its sound (below), resampled to
 24 kHz (the model's rate), and the clips of a sentence are joined with gaps drawn from a seeded
 generator: GAP_NONE_SHARE of them 0 ms (running speech has no pause between most words), the
@@ -10,7 +10,7 @@ word's true start and end are then the edges of its trimmed clip on the joined t
 
 Trimming: a clip's envelope is the running maximum of |x| over ENVELOPE_S; the word starts at
 the first sample whose envelope exceeds TRIM_DB below the clip's peak and ends after the last
-such sample. espeak-ng's own leading and trailing silence is cut this way for every clip alike,
+such sample. eSpeak NG's own leading and trailing silence is cut this way for every clip alike,
 and weak onsets (an /f/, an /h/) stay inside the word as long as they are within TRIM_DB of its peak.
 
 Each sentence is aligned alone, as the server aligns each sentence of a response. Reported
@@ -22,27 +22,24 @@ with the one-time model load apart. Acceptance (issue 42): mean <= 40 ms, p95 <=
     python benchmarks/last_mile/bench_alignment.py --out benchmarks/results/alignment_accuracy.json
 
 `--fixture DIR` writes the corpus' first sentence instead (aligned_sentence.flac, 16-bit, and
-aligned_sentence.json with its words' true edges; no noise floor): the unit tests' copy, so CI
-needs no espeak-ng.
+aligned_sentence.json with its words' true edges; no noise floor): the unit tests' copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 from common import mean, now_iso, percentile, provenance, write_json  # noqa: E402
+from speech_clips import espeak, speak  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "alignment_corpus.txt"
 RATE_HZ = 24000  # the model's output rate: what the server hands the aligner
@@ -52,7 +49,7 @@ GAP_NONE_SHARE = 0.4
 GAP_RANGE_S = (0.010, 0.100)
 LEAD_S = 0.3
 NOISE_RMS = 1e-4
-ESPEAK_ARGS = ("-v", "en-us", "-s", "170")
+ESPEAK_VOICE, ESPEAK_RATE_WPM = "en-us", 170  # `espeak-ng -v en-us -s 170`
 MEAN_LIMIT_S, P95_LIMIT_S = 0.040, 0.100
 
 
@@ -63,13 +60,9 @@ class Sentence:
     truth: list[tuple[str, float, float]]  # (word, start_s, end_s) per whitespace word
 
 
-def speak_word(word: str, workdir: Path) -> np.ndarray:
-    """espeak-ng's clip of one word, trimmed to its sound, at RATE_HZ."""
-    path = workdir / "word.wav"
-    subprocess.run(["espeak-ng", *ESPEAK_ARGS, "-w", str(path), word], check=True)
-    clip, rate = sf.read(path, dtype="float32")
-    clip = soxr.resample(clip, rate, RATE_HZ, quality="HQ").astype(np.float32)
-    return trim(clip)
+def speak_word(word: str) -> np.ndarray:
+    """eSpeak NG's clip of one word, trimmed to its sound, at RATE_HZ."""
+    return trim(speak(word, ESPEAK_VOICE, ESPEAK_RATE_WPM, rate_hz=RATE_HZ))
 
 
 def trim(clip: np.ndarray) -> np.ndarray:
@@ -83,12 +76,12 @@ def trim(clip: np.ndarray) -> np.ndarray:
     return clip[loud[0]: min(len(clip), loud[-1] + 1)] if len(loud) else clip[:0]
 
 
-def build_sentence(text: str, rng: np.random.Generator, workdir: Path, noise_rms: float = NOISE_RMS) -> Sentence:
+def build_sentence(text: str, rng: np.random.Generator, noise_rms: float = NOISE_RMS) -> Sentence:
     lead = int(LEAD_S * RATE_HZ)
     pieces, truth, cursor = [np.zeros(lead, np.float32)], [], lead
     words = text.split()
     for i, word in enumerate(words):
-        clip = speak_word(word, workdir)
+        clip = speak_word(word)
         truth.append((word, cursor / RATE_HZ, (cursor + len(clip)) / RATE_HZ))
         pieces.append(clip)
         cursor += len(clip)
@@ -105,8 +98,7 @@ def build_sentence(text: str, rng: np.random.Generator, workdir: Path, noise_rms
 def build_corpus(seed: int, limit: int | None = None, noise_rms: float = NOISE_RMS) -> list[Sentence]:
     rng = np.random.default_rng(seed)
     lines = [line.strip() for line in CORPUS.read_text().splitlines() if line.strip()][:limit]
-    with tempfile.TemporaryDirectory() as tmp:
-        return [build_sentence(line, rng, Path(tmp), noise_rms) for line in lines]
+    return [build_sentence(line, rng, noise_rms) for line in lines]
 
 
 def write_fixture(directory: Path, sentence: Sentence) -> int:
@@ -185,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **provenance("bench_alignment", started),
         "loadavg": os.getloadavg(),
-        "espeak_ng": subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True).stdout.strip(),
-        "ground_truth": {"espeak_args": list(ESPEAK_ARGS), "trim_db_below_peak": TRIM_DB, "envelope_s": ENVELOPE_S,
+        "espeak_ng": espeak().version(),
+        "ground_truth": {"espeak_args": ["-v", ESPEAK_VOICE, "-s", str(ESPEAK_RATE_WPM)], "trim_db_below_peak": TRIM_DB, "envelope_s": ENVELOPE_S,
                          "gap_none_share": GAP_NONE_SHARE, "gap_range_s": list(GAP_RANGE_S), "lead_s": LEAD_S,
                          "noise_rms": NOISE_RMS, "seed": args.seed, "sentences": len(corpus)},
         "overall": overall,

@@ -5,7 +5,7 @@ threads (--encode-processes 0) and in encoder processes (the default), side by s
 The probe stands in for the engine loop: a thread of this (server-like) process doing steady
 Python + NumPy work in short iterations (~0.1 ms alone) (the scheduler's bookkeeping, small array ops), timing each
 one. While it runs, K responses (4, 16, 64) are encoded at once on this process's asyncio loop,
-each pushing 200 ms chunks of real speech (espeak-ng, repeated) through its own `AudioOut` as fast
+each pushing 200 ms chunks of real speech (eSpeak NG, repeated) through its own `AudioOut` as fast
 as the encoder takes them, exactly as the server does (server/last_mile/audio_out.py):
 - `threads`: AudioWorkers with the server's default encode threads; the codecs run here, under
   this process's GIL between PyAV's GIL-free stretches;

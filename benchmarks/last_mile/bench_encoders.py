@@ -1,9 +1,8 @@
 """The last mile's CPU cost: what encoding each response format costs per second of audio, and how
 many audio-seconds one server process encodes a second on this host (docs/api.md#formats).
 
-Two measurements, on the same audio (real speech from espeak-ng, resampled to the model's 24 kHz
-and repeated to `--seconds`; a synthetic voice-like signal where espeak-ng is missing, recorded
-in the JSON):
+Two measurements, on the same audio (real speech from eSpeak NG, benchmarks/speech_clips.py,
+resampled to the model's 24 kHz and repeated to `--seconds`, recorded in the JSON):
 
 1. Cost table. For every format, the server's per-response pipeline (server/last_mile/audio_out.py
    `AudioOut.convert`: resample to the format's default rate, the one int16 conversion, the
@@ -28,21 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 from common import markdown_table, now_iso, provenance, write_json  # noqa: E402
+from speech_clips import espeak, speak  # noqa: E402
 
 from higgs_serve.audio.formats import FORMATS  # noqa: E402
-from higgs_serve.audio.output_rate import resample  # noqa: E402
 from higgs_serve.server.last_mile.audio_out import AudioOut  # noqa: E402
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers  # noqa: E402
 
@@ -53,19 +48,9 @@ SPEECH = ("The morning train to the city was late again, so everyone waited on t
 
 
 def speech_audio(seconds: float) -> tuple[np.ndarray, str]:
-    """[n] float32 at 24 kHz: espeak-ng speaking SPEECH, repeated to `seconds`."""
-    if shutil.which("espeak-ng"):
-        with tempfile.TemporaryDirectory() as work:
-            path = Path(work) / "speech.wav"
-            subprocess.run(["espeak-ng", "-w", str(path), SPEECH], check=True, capture_output=True)
-            audio, rate = sf.read(path, dtype="float32")
-        source = f"espeak-ng ({len(audio) / rate:.1f} s, repeated)"
-        audio = resample(audio, rate, MODEL_RATE_HZ)
-    else:
-        t = np.arange(10 * MODEL_RATE_HZ) / MODEL_RATE_HZ
-        phase = 2 * np.pi * np.cumsum(140 + 30 * np.sin(2 * np.pi * 1.3 * t)) / MODEL_RATE_HZ
-        audio = (0.2 * sum(np.sin(k * phase) / k for k in range(1, 6))).astype(np.float32)
-        source = "synthetic harmonics (espeak-ng not installed)"
+    """[n] float32 at 24 kHz: eSpeak NG speaking SPEECH, repeated to `seconds`."""
+    audio = speak(SPEECH, rate_hz=MODEL_RATE_HZ)
+    source = f"eSpeak NG {espeak().version()} ({len(audio) / MODEL_RATE_HZ:.1f} s, repeated)"
     repeats = int(np.ceil(seconds * MODEL_RATE_HZ / audio.size))
     return np.tile(audio, repeats)[:int(seconds * MODEL_RATE_HZ)].astype(np.float32), source
 

@@ -2,11 +2,11 @@
 transparency, and cost per audio second and per chunk (docs/model.md#watermark).
 
 Sections (`--sections`, all by default):
-- quality: `--clips` espeak-ng speech clips of 2-20 s (benchmarks/speech_clips.py, the same every
+- quality: `--clips` eSpeak NG speech clips of 2-20 s (benchmarks/speech_clips.py, the same every
   run). Each is marked whole (`embed`), chunk by chunk on the real streaming schedule (the
   default profile's window rule: 1, 1, 2, 4, 8, 16, then 25 frames) and on the file schedule
   (25-frame chunks, what `stream: false` requests get). Detection (score >= 0.5) is counted on
-  the whole-marked clip unchanged and after each transformation (ffmpeg encoders: mp3 64 kbit/s,
+  the whole-marked clip unchanged and after each transformation (FFmpeg's encoders: mp3 64 kbit/s,
   opus 32 kbit/s, aac 64 kbit/s; G.711 mu-law at 8 kHz; soxr to 16 kHz; white noise at 20 dB
   SNR; 1 s cut from each end), on the chunk-wise marked clips, and on the unmarked clips under
   the same transformations (false positives). Rates are split at 5 s. Transparency: the mark's
@@ -40,9 +40,8 @@ Sections (`--sections`, all by default):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,8 +50,10 @@ import numpy as np
 import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tests/support
 from common import REPO_ROOT, mean, now_iso, percentile, provenance, write_json  # noqa: E402
 from speech_clips import SAMPLE_RATE_HZ, make_clips  # noqa: E402
+from support.decoders import av_decode, av_encode  # noqa: E402  (tests/support: FFmpeg's libraries)
 
 from higgs_serve.audio.perth_rows import window_frames  # noqa: E402
 from higgs_serve.audio.watermark import THRESHOLD, MarkStream, detect, embed, load_watermarker  # noqa: E402
@@ -89,17 +90,13 @@ def mark_chunkwise(wm, audio: np.ndarray, params: WindowParams) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- transformations
-def ffmpeg_roundtrip(audio: np.ndarray, encode: list[str], rate_hz: int = SAMPLE_RATE_HZ,
-                     headerless: list[str] = ()) -> tuple[np.ndarray, int]:
-    """Encode 24 kHz audio with ffmpeg (`encode`: codec, rate and container args) and decode it
-    back to float32 at `rate_hz`; `headerless`: the input args a raw container needs to be read."""
-    raw = ["-f", "f32le", "-ar", str(SAMPLE_RATE_HZ), "-ac", "1"]
-    quiet = ["ffmpeg", "-hide_banner", "-loglevel", "error"]
-    coded = subprocess.run([*quiet, *raw, "-i", "-", *encode, "-"], input=audio.astype("<f4").tobytes(),
-                           capture_output=True, check=True).stdout
-    pcm = subprocess.run([*quiet, *headerless, "-i", "-", "-f", "f32le", "-ac", "1", "-ar", str(rate_hz), "-"],
-                         input=coded, capture_output=True, check=True).stdout
-    return np.frombuffer(pcm, dtype="<f4").copy(), rate_hz
+def codec_roundtrip(audio: np.ndarray, codec: str, muxer: str, bit_rate: int | None = None,
+                    rate_hz: int = SAMPLE_RATE_HZ) -> tuple[np.ndarray, int]:
+    """Encode 24 kHz audio with FFmpeg's encoder `codec` in `muxer` at `rate_hz` (PyAV: the
+    libraries, no `ffmpeg` program) and decode it back to float32 at `rate_hz`."""
+    coded = av_encode(audio, SAMPLE_RATE_HZ, codec, muxer, out_rate_hz=rate_hz, bit_rate=bit_rate)
+    as_format = {"ogg": "opus", "adts": "aac", "mulaw": "ulaw"}.get(muxer, muxer)  # headerless: named
+    return av_decode(coded, as_format, rate_hz, sample_format="flt"), rate_hz
 
 
 def add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
@@ -110,11 +107,10 @@ def add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
 
 TRANSFORMS = {
     "unchanged": lambda a, i: (a, SAMPLE_RATE_HZ),
-    "mp3_64k": lambda a, i: ffmpeg_roundtrip(a, ["-c:a", "libmp3lame", "-b:a", "64k", "-f", "mp3"]),
-    "opus_32k": lambda a, i: ffmpeg_roundtrip(a, ["-c:a", "libopus", "-b:a", "32k", "-f", "ogg"]),
-    "aac_64k": lambda a, i: ffmpeg_roundtrip(a, ["-c:a", "aac", "-b:a", "64k", "-f", "adts"]),
-    "mulaw_8k": lambda a, i: ffmpeg_roundtrip(a, ["-ar", "8000", "-c:a", "pcm_mulaw", "-f", "mulaw"], 8000,
-                                              ["-f", "mulaw", "-ar", "8000", "-ac", "1"]),
+    "mp3_64k": lambda a, i: codec_roundtrip(a, "libmp3lame", "mp3", 64_000),
+    "opus_32k": lambda a, i: codec_roundtrip(a, "libopus", "ogg", 32_000),
+    "aac_64k": lambda a, i: codec_roundtrip(a, "aac", "adts", 64_000),
+    "mulaw_8k": lambda a, i: codec_roundtrip(a, "pcm_mulaw", "mulaw", rate_hz=8000),
     "resample_16k": lambda a, i: (soxr.resample(a, SAMPLE_RATE_HZ, 16000).astype(np.float32), 16000),
     "noise_20db": lambda a, i: (add_noise(a, 20.0, seed=i), SAMPLE_RATE_HZ),
     "trim_1s_each_end": lambda a, i: (a[SAMPLE_RATE_HZ:-SAMPLE_RATE_HZ], SAMPLE_RATE_HZ),
@@ -268,11 +264,11 @@ FIXTURE_SPEECH = REPO_ROOT / "tests" / "support" / "data" / "aligned_sentence.fl
 
 
 def twenty_seconds_of_speech() -> tuple[np.ndarray, str]:
-    """20 s of espeak-ng speech, and where it came from: made here when espeak-ng is installed,
-    else the committed espeak-ng sentence repeated (a GPU host has no espeak-ng; the mark's cost
-    does not depend on what is said)."""
-    if shutil.which("espeak-ng") is not None:
-        return make_clips(3, 20.0, 20.0)[0].audio, "espeak-ng clip"
+    """20 s of eSpeak NG speech, and where it came from: made here when the `espeakng-loader`
+    wheel is installed (the `bench` extra), else the committed eSpeak NG sentence repeated (the
+    GPU host's wheel set leaves it out; the mark's cost does not depend on what is said)."""
+    if importlib.util.find_spec("espeakng_loader") is not None:
+        return make_clips(3, 20.0, 20.0)[0].audio, "eSpeak NG clip"
     import soundfile as sf
 
     sentence, rate_hz = sf.read(FIXTURE_SPEECH, dtype="float32")

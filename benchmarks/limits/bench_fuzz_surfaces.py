@@ -282,13 +282,14 @@ def rest_cases(server: Server, quick: bool) -> list[tuple[str, object]]:
 
 
 def format_cases(server: Server, text: str) -> list[tuple[str, object]]:
-    """Every format streamed (no `stream` field: the streaming rule) and as a file (`stream:
-    false`), each a long-form request; then the combinations a format refuses."""
+    """Every format as the streaming rule answers no `stream` field (streamed; wav and flac a
+    file) and as a file (`stream: false`), each a long-form request; then the combinations a
+    format refuses."""
     speech = "/v1/audio/speech"
     cases = []
     for fmt in FORMATS:
         cases += [
-            (f"format: {fmt}, streamed (no stream field), {len(text)} characters",
+            (f"format: {fmt}, no stream field, {len(text)} characters",
              _post(server, speech, {"input": text, "response_format": fmt}, timeout=300)),
             (f"format: {fmt}, stream false, {len(text)} characters",
              _post(server, speech, {"input": text, "response_format": fmt, "stream": False},

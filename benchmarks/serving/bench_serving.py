@@ -271,7 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --url: read this process's CPU from /proc per level (e.g. a front end)")
     p.add_argument("--no-stream-field", action="store_true",
                    help="send neither stream nor stream_format (an OpenAI client's request; it "
-                        "streams all the same)")
+                        "streams all the same, but in wav and flac, where it is a file)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)

@@ -179,7 +179,7 @@ def request_body(index: int, args: argparse.Namespace) -> dict:
     if not request_streamed(index, args):
         body["stream"] = False
         del body["stream_format"]  # a streaming format on a file request is a 400
-    elif args.no_stream_field:  # streamed all the same (docs/api.md#streaming)
+    elif args.no_stream_field:  # streamed all the same, wav and flac aside (docs/api.md#streaming)
         del body["stream"], body["stream_format"]
     if args.served_model_name:
         body["model"] = args.served_model_name

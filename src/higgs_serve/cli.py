@@ -123,11 +123,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                 (".words.json",) if args.word_timestamps else ()):
             preflight.check_output_file(str(out_dir / f"{request_id}{suffix}"), "--output-dir")
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
-    _log_graph_path(deploy)
     overrides = {k: v for k, v in dict(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens).items() if v is not None}
     sampling = SamplingParams.from_defaults(deploy.stage0.default_sampling_params, **overrides)
+    _log_graph_path(deploy)  # after every check: a bad flag is the first thing said
     engine = SyncEngine.from_model(str(model_dir), deploy, _runtime_options(args))
     try:
         reference = _encode_reference(clip, args.ref_audio, args.ref_text, engine.loaded) if clip else coded

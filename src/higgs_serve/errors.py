@@ -28,6 +28,11 @@ class InvalidRequestError(HiggsServeError, ValueError):
         self.param = param
 
 
+class UnreadableAudioError(InvalidRequestError):
+    """The bytes are no audio file this server reads (not a damaged one): a caller that also
+    takes headerless samples says which field would have read them."""
+
+
 class ConflictError(InvalidRequestError):
     """The request collides with another one (a voice registered twice at once, or deleted while
     this request was using it): 409, the client may retry."""

@@ -6,17 +6,9 @@ has the limit)."""
 
 from __future__ import annotations
 
-FRAMES = 50  # 2 s: the tiny model's audio scores ~1.0 marked
+from support.cluster_e2e import assert_marked_and_detected
 
 
 def test_audio_through_the_front_end_is_marked_and_detected_there(cluster):
     _, http, _ = cluster
-    answer = http.post("/v1/audio/speech", json={"input": "Hello there, how are you today?", "seed": 3,
-                                                 "response_format": "wav", "stream": False,
-                                                 "max_new_tokens": FRAMES, "min_new_tokens": FRAMES})
-    assert answer.status_code == 200, answer.text
-    found = http.post("/v1/audio/watermark/detect", files={"file": ("speech.wav", answer.content)})
-    assert found.status_code == 200, found.text
-    assert found.json()["detected"] is True and found.json()["score"] >= 0.9
-    refused = http.post("/v1/audio/watermark/detect", files={"file": ("junk.wav", b"not audio" * 10)})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "file"
+    assert_marked_and_detected(http)

@@ -1,7 +1,7 @@
 """The Ray Serve application on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
 CPU per node, one tiny-model CPU engine replica per node, with examples/ray_serve_cpu.yaml's
 deployment options, so the CPU example is what runs on two cores): audio streams through the Serve
-ingress, files and batches too, a registered voice keeps to one replica (and works on the
+ingress, files and batches too, watermark detection is relayed, a registered voice keeps to one replica (and works on the
 other; a replacement reaches it), zero-shot requests use both. Skipped only where Ray is not installed; CI installs it (the `test` extra)."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip
+from support.cluster_e2e import (FIXED, FRAMES, LONG_TEXT, PCM_BYTES, assert_marked_and_detected, tone_clip,
+                                  wait_for)
+from support.ray_cluster import local_ray_cluster
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from higgs_serve.cluster.ray_app import RayAppArgs, build_app  # noqa: E402
 from higgs_serve.cluster.replicas import free_port  # noqa: E402
@@ -52,37 +53,24 @@ def _cpu_engine_options(num_replicas: int) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_serve(tiny_model_dir, tmp_path_factory):
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app({"model": str(tiny_model_dir), "device": "cpu",
-                         "serve_args": ["--max-queue", "16"],
-                         "engine_options": _cpu_engine_options(2),
-                         "voices_dir": str(tmp_path_factory.mktemp("ray-voices"))})
-        serve.run(app, name="higgs", route_prefix="/",
-                  blocking=False)
-        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if http.get("/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the Serve app did not become ready"
-            time.sleep(0.5)
-        _wait_for_replicas(2, deadline)
-        yield http
-        http.close()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
+    with local_ray_cluster([1, 1]):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            app = build_app({"model": str(tiny_model_dir), "device": "cpu",
+                             "serve_args": ["--max-queue", "16"],
+                             "engine_options": _cpu_engine_options(2),
+                             "voices_dir": str(tmp_path_factory.mktemp("ray-voices"))})
+            serve.run(app, name="higgs", route_prefix="/",
+                      blocking=False)
+            http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+            deadline = time.monotonic() + 300
+            wait_for(lambda: http.get("/ready").status_code == 200, 300, "the Serve app ready")
+            _wait_for_replicas(2, deadline)
+            yield http
+            http.close()
+        finally:
+            serve.shutdown()
 
 
 def _wait_for_replicas(count: int, deadline: float) -> None:
@@ -119,6 +107,12 @@ def test_audio_streams_through_the_serve_ingress(ray_serve):
     assert [r["status"] for r in results] == ["success", "error"] and results[1]["param"] == "voice"
     samples, _ = sf.read(io.BytesIO(base64.b64decode(results[0]["audio_data"])))
     assert len(samples) == FRAMES * 960
+
+
+def test_watermark_detection_is_relayed_to_a_replica(ray_serve):
+    """The ingress relays POST /v1/audio/watermark/detect to an engine replica (issue 50: it was a
+    bare 404): the replicas' marked speech is detected, junk is the replica's 400 naming `file`."""
+    assert_marked_and_detected(ray_serve)
 
 
 def test_zero_shot_requests_use_both_replicas(ray_serve):
@@ -189,7 +183,7 @@ def test_the_example_configs_are_valid_serve_configs():
 def test_the_cpu_example_fits_two_cores():
     app = _example("ray_serve_cpu.yaml").applications[0]
     args = RayAppArgs.parse(app.args)
-    assert args.device == "cpu" and args.model == "bosonai/higgs-audio-v3-tts-4b"
+    assert args.device == "cpu" and args.model == "./tiny-model"  # made first (the file's header)
     reserved = 0.0
     for deployment in app.deployments:
         options = deployment.ray_actor_options.model_dump(exclude_unset=True)

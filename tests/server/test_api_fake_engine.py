@@ -20,7 +20,7 @@ from bad_requests import bad_requests, post_bad_request
 from fake_engine import FakeEngine, fake_audio, fake_deploy
 from fuzz import clamp_frame_fields, fuzz_server
 from live_server import MODEL_NAME, fake_settings, start_threaded_server
-from support.decoders import CODEC_FRAME, FILE_DELAY, STREAM_DELAY, ffmpeg_decode
+from support.decoders import CODEC_FRAME, FILE_DELAY, STREAM_DELAY, av_decode
 
 from higgs_serve.audio.formats import FORMATS, float_to_pcm16
 from higgs_serve.server.app import build_app
@@ -57,21 +57,27 @@ def expected_pcm(seed: int, frames: int = FRAMES) -> bytes:
 
 # ----------------------------------------------------------------------------- good requests
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_every_format_streams_by_default_and_is_a_file_with_stream_false(oai, fmt):
-    """The SDK's default create streams the format (chunked, no Content-Length); with
-    stream: false the same audio is one file with its Content-Length (docs/api.md#streaming)."""
+def test_the_streaming_rule_in_every_format(oai, fmt):
+    """docs/api.md#streaming: `stream: true` streams every format (chunked, no Content-Length);
+    `stream: false` is the same audio as one file with its Content-Length; the SDK's default
+    create (neither) is the stream, except in wav and flac, whose header states the length: the
+    file."""
     rate = FORMATS[fmt].default_rate_hz or RATE
-    raw = oai.audio.speech.with_raw_response.create(
-        model=MODEL_NAME, input=TEXT, voice="default", response_format=fmt, extra_body={"seed": 7})
-    streamed = raw.content
-    assert "content-length" not in raw.headers and raw.headers["x-sample-rate"] == str(rate)
-    response = oai.audio.speech.with_raw_response.create(
-        model=MODEL_NAME, input=TEXT, voice="default", response_format=fmt,
-        extra_body={"seed": 7, "stream": False})
+
+    def create(**fields):
+        return oai.audio.speech.with_raw_response.create(
+            model=MODEL_NAME, input=TEXT, voice="default", response_format=fmt,
+            extra_body={"seed": 7, **fields})
+
+    streamed = create(stream=True)
+    assert "content-length" not in streamed.headers and streamed.headers["x-sample-rate"] == str(rate)
+    response = create(stream=False)
     assert int(response.headers["content-length"]) == len(response.content)
+    default = create()
+    assert default.content == (response if fmt in ("wav", "flac") else streamed).content
     samples = FRAMES * 960 * rate // RATE
-    for data, delay in ((streamed, STREAM_DELAY), (response.content, FILE_DELAY)):
-        decoded = ffmpeg_decode(data, fmt, rate)
+    for data, delay in ((streamed.content, STREAM_DELAY), (response.content, FILE_DELAY)):
+        decoded = av_decode(data, fmt, rate)
         extra = decoded.size - samples - delay.get(fmt, 0)
         assert 0 <= extra <= (CODEC_FRAME[fmt](rate) if fmt in CODEC_FRAME else 0), (fmt, extra)
     if fmt in ("wav", "flac", "mp3", "opus"):  # what soundfile (libsndfile) reads
@@ -151,7 +157,7 @@ def test_sse_carries_the_formats_bytes(http, fmt):
     assert len(deltas) > 1 and b"".join(deltas) == raw
     assert events[-1]["type"] == "speech.audio.done"
     rate = FORMATS[fmt].default_rate_hz or RATE
-    assert ffmpeg_decode(raw, fmt, rate).size >= FRAMES * 960 * rate // RATE
+    assert av_decode(raw, fmt, rate).size >= FRAMES * 960 * rate // RATE
 
 
 def test_sampling_fields_reach_the_engine_and_seed_repeats(fake_server, http):

@@ -70,7 +70,7 @@ def test_every_v1_route_needs_the_key_and_odd_headers_are_401(tmp_path):
 
 @pytest.mark.parametrize("api_key", ["", "   ", "cl\xe9"])
 def test_an_empty_or_non_ascii_api_key_is_refused_at_startup(api_key, tmp_path):
-    with pytest.raises(ConfigError, match="api_key"):
+    with pytest.raises(ConfigError, match="--api-key"):
         fake_settings(tmp_path, api_key=api_key)
 
 

@@ -19,7 +19,7 @@ import pytest
 import websockets
 from fake_engine import FakeEngine, fake_audio, fake_deploy
 from live_server import fake_settings, metric, start_threaded_server
-from support.decoders import ffmpeg_decode
+from support.decoders import av_decode
 
 FRAMES = 200  # 40 chunks of 5 frames, 40 ms apart: ~1.6 s a response
 TEXT = "x" * 100  # the fake engine speaks 2 frames a character, capped by max_new_tokens
@@ -102,7 +102,7 @@ def test_a_dead_encoder_process_ends_only_its_own_responses(server):
     assert events[-1]["type"] == "speech.audio.error"
     assert events[-1]["error"]["code"] == "encoder_failed" and events[-1]["error"]["type"] == "server_error"
     assert b.status_code == 200 and int(b.headers["content-length"]) == len(b.content)
-    decoded = ffmpeg_decode(b.content, "mp3", 24000)  # whole: the LAME/Info frame trims the delay
+    decoded = av_decode(b.content, "mp3", 24000)  # whole: the LAME/Info frame trims the delay
     assert abs(decoded.size - 2 * FRAMES * 960) < 1152
     assert d.status_code == 200
     pcm = np.frombuffer(d.content, "<i2")
@@ -131,7 +131,7 @@ def test_a_file_whose_process_dies_is_a_500_and_the_process_is_replaced(server):
     assert failed.json() == {"error": {"message": "encoding the audio failed on the server; retry the request",
                                        "type": "server_error", "param": None, "code": "encoder_failed"}}
     assert again.status_code == 200
-    assert ffmpeg_decode(again.content, "aac", 24000).size >= FRAMES * 960
+    assert av_decode(again.content, "aac", 24000).size >= FRAMES * 960
     with httpx.Client(base_url=server.url) as http:
         assert metric(http, "higgs_serve_encoder_restarts_total") == 2
         assert metric(http, "higgs_serve_encoder_processes") == 2

@@ -63,8 +63,9 @@ def test_vllm_e2e_zero_shot_wav_with_voice_null(oai, extra_body):
     voice=None): the plain-text case exactly, and the max_new_tokens case."""
     response = oai.audio.speech.with_raw_response.create(
         model=HUB_ID, input=TEXT, response_format="wav", voice=None, extra_body=extra_body)
-    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")  # a streamed WAV
-    assert "content-length" not in response.headers  # no `stream`: streamed (docs/api.md)
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
+    # no `stream`, in wav: the file, whose header states its length (docs/api.md#streaming)
+    assert int(response.headers["content-length"]) == len(response.content)
     assert rate == RATE and len(audio) % 960 == 0 and len(audio) > 0
 
 
@@ -288,7 +289,9 @@ def test_initial_codec_chunk_frames_sets_the_first_chunk(http):
     assert _first_sse_delta_bytes(http, initial_codec_chunk_frames=10, **long) == 10 * 960 * 2
     assert _first_sse_delta_bytes(http, initial_codec_chunk_frames=0, **long) == 25 * 960 * 2
     for extra, words in (({"initial_codec_chunk_frames": 26, "stream": True}, "codec_chunk_frames"),
-                         ({"initial_codec_chunk_frames": 4, "stream": False}, "not streamed")):
+                         ({"initial_codec_chunk_frames": 4, "stream": False}, "not streamed"),
+                         # wav without stream: true is a file (docs/api.md#streaming)
+                         ({"initial_codec_chunk_frames": 4, "response_format": "wav"}, "send stream: true")):
         response = http.post("/v1/audio/speech", json={"input": TEXT, **extra})
         assert response.status_code == 400 and words in response.json()["error"]["message"]
 

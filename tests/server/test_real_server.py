@@ -13,7 +13,9 @@ import io
 import json
 import threading
 import time
+import wave
 
+import av
 import httpx
 import numpy as np
 import openai
@@ -22,7 +24,7 @@ import soundfile as sf
 from bad_requests import bad_requests, post_bad_request
 from fuzz import clamp_frame_fields, fuzz_server
 from live_server import metric, serve_subprocess
-from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode
+from support.decoders import CODEC_FRAME, STREAM_DELAY, av_decode
 
 from higgs_serve.audio.formats import FORMATS
 from higgs_serve.codec.chunker import StreamChunker, WindowParams
@@ -125,16 +127,17 @@ def _streamed_pcm(http: httpx.Client, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_every_format_streams_by_default_and_matches_the_streamed_pcm(oai, http, fmt):
-    """The SDK's default create streams every format; the stream decodes whole (ffmpeg) to the
-    streamed pcm of the same seed: lossless exactly, G.711 within its step, lossy codecs within
-    one codec frame of padding beyond the delay a stream cannot carry (docs/api.md#formats)."""
+def test_every_format_streams_and_matches_the_streamed_pcm(oai, http, fmt):
+    """Every format streams (the SDK's create with `stream: true`; without it too, but wav and
+    flac); the stream decodes whole (FFmpeg's libraries, PyAV) to the streamed pcm of the same
+    seed: lossless exactly, G.711 within its step, lossy codecs within one codec frame of padding
+    beyond the delay a stream cannot carry (docs/api.md#formats)."""
     rate = FORMATS[fmt].default_rate_hz or RATE
     response = oai.audio.speech.with_raw_response.create(
         model=NAME, input=TEXT, voice="default", response_format=fmt,
-        extra_body={"seed": 3, "sample_rate": rate, **FIXED})
+        extra_body={"seed": 3, "sample_rate": rate, "stream": True, **FIXED})
     assert "content-length" not in response.headers  # streamed (chunked)
-    decoded = ffmpeg_decode(response.content, fmt, rate)
+    decoded = av_decode(response.content, fmt, rate)
     pcm = np.frombuffer(_streamed_pcm(http, 3), "<i2")
     assert pcm.size == FRAMES * 960
     if fmt in ("wav", "pcm", "flac"):
@@ -150,10 +153,44 @@ def test_every_format_streams_by_default_and_matches_the_streamed_pcm(oai, http,
         assert 0 <= extra < CODEC_FRAME[fmt](rate), (fmt, decoded.size)
 
 
+# what each reader says a file lasts: soundfile (libsndfile: no AAC), PyAV's header (FFmpeg's
+# libraries) and the standard library's wave for WAV; each with what FFmpeg decodes
+README_FILES = ("wav", "flac", "mp3", "opus", "aac")
+
+
+@pytest.mark.parametrize("fmt", README_FILES)
+def test_a_file_saved_without_stream_reads_to_its_length_everywhere(oai, tmp_path, fmt):
+    """Issue 50: the README's first examples save a request without `stream` (the SDK's
+    `create(...).write_to_file`, curl `-o`). Every reader must find the audio's length: exactly
+    in wav and flac (sent as files: their header states it) and Ogg/Opus (pre-skip and end
+    granule; its header also counts the 6.5 ms pre-skip); within the codec delay a stream cannot
+    carry and one frame of padding in mp3 and aac (docs/api.md#formats)."""
+    path = tmp_path / f"hello.{fmt}"
+    oai.audio.speech.create(model=NAME, voice="default", input=TEXT, response_format=fmt,
+                            extra_body={"seed": 7, **FIXED}).write_to_file(path)
+    samples = FRAMES * 960
+    low_s = (samples + STREAM_DELAY.get(fmt, 0)) / RATE
+    high_s = low_s + (CODEC_FRAME[fmt](RATE) if fmt in ("mp3", "aac") else 0) / RATE
+    slack_s = 0.0065 if fmt == "opus" else 1e-6
+    said = {"FFmpeg decodes": av_decode(path.read_bytes(), fmt, RATE).size / RATE}
+    with av.open(str(path)) as container:
+        said["PyAV header"] = container.duration / 1e6
+    if fmt != "aac":
+        said["soundfile header"] = sf.info(str(path)).duration
+        said["soundfile reads"] = sf.read(str(path))[0].shape[0] / RATE
+    if fmt == "wav":
+        with wave.open(str(path)) as handle:
+            said["wave header"] = handle.getnframes() / handle.getframerate()
+            said["wave reads"] = len(handle.readframes(handle.getnframes())) / 2 / RATE
+    wrong = {reader: s for reader, s in said.items() if not low_s - 1e-6 <= s <= high_s + slack_s}
+    assert not wrong, (fmt, low_s, wrong)
+
+
 def test_the_streaming_rule_streams_without_stream_and_files_use_file_windows(http, near_seams):
     """docs/api.md#streaming: a request without `stream` is the `stream: true` stream, byte for
     byte (streaming windows); `stream: false` is one file with its Content-Length whose frames
-    are the one-shot decode's (file windows), differing from the stream only near its seams."""
+    are the one-shot decode's (file windows), differing from the stream only near its seams; a
+    wav or flac request without `stream` is that file (its header states the length)."""
     body = {"model": NAME, "input": TEXT, "seed": 4, "response_format": "pcm", **FIXED}
     default = http.post("/v1/audio/speech", json=body)
     assert "content-length" not in default.headers
@@ -163,6 +200,11 @@ def test_the_streaming_rule_streams_without_stream_and_files_use_file_windows(ht
     assert file.headers["x-usage-output-tokens"] == str(FRAMES)
     assert_matches_file(default.content, file.content, near_seams)
     assert default.content != file.content  # the tiny codec's seams do differ
+    wav = {**body, "response_format": "wav"}
+    wav_default = http.post("/v1/audio/speech", json=wav)
+    assert int(wav_default.headers["content-length"]) == len(wav_default.content)
+    assert wav_default.content == http.post("/v1/audio/speech", json={**wav, "stream": False}).content
+    assert wav_default.content[44:] == file.content  # the pcm file's samples
 
 
 def _streamed_pcm_of(http: httpx.Client, body: dict) -> bytes:

@@ -160,7 +160,7 @@ def test_ref_audio_base64_then_data_uri_is_one_encode_and_one_cache_hit(oai, htt
     encodes, hits = _encoder_counts(http)
     response = oai.audio.speech.create(
         model=NAME, input=TEXT, voice="default", response_format="wav",
-        extra_body={"seed": 11, "ref_audio": _b64(CLIP_A), **FIXED})
+        extra_body={"seed": 11, "ref_audio": _b64(CLIP_A), "stream": True, **FIXED})
     assert response.response.headers["x-usage-input-tokens"]  # streamed: no output count
     audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
     assert rate == RATE and audio.shape == (FRAMES * 960,)

@@ -396,8 +396,8 @@ def test_auth_and_admission_gate(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "flac", "ulaw"])
 def test_each_sentence_is_one_file_of_the_session_format(live, fmt):
     """Every format streams on the WebSocket too: each sentence's binary messages, joined, are one
-    file of the format that decodes whole (ffmpeg), as long as the sentence's audio."""
-    from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode
+    file of the format that decodes whole (FFmpeg's libraries, PyAV), as long as the sentence's audio."""
+    from support.decoders import CODEC_FRAME, STREAM_DELAY, av_decode
 
     async def run() -> list[bytes]:
         sentences: list[bytes] = []
@@ -423,5 +423,5 @@ def test_each_sentence_is_one_file_of_the_session_format(live, fmt):
     rate = 8000 if fmt == "ulaw" else 24000
     assert len(sentences) == 2
     for data in sentences:
-        extra = ffmpeg_decode(data, fmt, rate).size - 30 * rate // 25 - STREAM_DELAY.get(fmt, 0)
+        extra = av_decode(data, fmt, rate).size - 30 * rate // 25 - STREAM_DELAY.get(fmt, 0)
         assert 0 <= extra < (CODEC_FRAME[fmt](rate) if fmt in CODEC_FRAME else 1), (fmt, extra)

@@ -3,8 +3,8 @@ docs/api.md's recipe for OpenAI-only clients: served names `tts-1` and `gpt-4o-m
 voice names aliased (--voice-alias). Each client must hear audio before the clip is complete:
 its first audio arrives before half the total time of an input of ~20 s of speech.
 
-- the `openai` SDK: the default `create` (no `stream`: streamed) in every format, and
-  `with_streaming_response`;
+- the `openai` SDK: the default `create` (no `stream`: streamed, but wav and flac, whose header
+  states the length, as a file) in every format, and `with_streaming_response` (`stream: true`);
 - LiveKit Agents' OpenAI TTS (`livekit-plugins-openai`): its own class, its own base_url, its
   defaults (model gpt-4o-mini-tts, voice ash, mp3 over SSE), frames as its emitter decodes them;
 - Pipecat's OpenAI TTS service: pipecat-ai cannot be installed beside this project (it pins
@@ -23,7 +23,7 @@ import openai
 import pytest
 import soundfile as sf
 from live_server import serve_subprocess
-from support.decoders import ffmpeg_decode
+from support.decoders import av_decode
 
 from higgs_serve.audio.formats import FORMATS
 
@@ -46,19 +46,22 @@ def _early(first_s: float, total_s: float, audio_s: float) -> None:
     assert first_s < total_s / 2, (first_s, total_s)
 
 
-def test_openai_sdk_streams_its_default_request(server):
+def test_openai_sdk_streams_its_default_format_when_asked(server):
+    """The SDK's with_streaming_response in our default format (wav; OpenAI's is mp3) hears
+    audio early with `stream: true`; without it a wav is one file whose header states its
+    length (docs/api.md#streaming; test_openai_sdk_default_create_in_every_format)."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
                            timeout=120)
     started = time.perf_counter()
     first_s, data = None, bytearray()
     with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="alloy", input=SPEECH_20S) as response:  # no format, no stream
+            model="tts-1", voice="alloy", input=SPEECH_20S, extra_body={"stream": True}) as response:
         assert response.headers["content-type"] == "audio/wav"  # our default (OpenAI's: mp3)
         for piece in response.iter_bytes():
             first_s = first_s if first_s is not None else time.perf_counter() - started
             data += piece
     total_s = time.perf_counter() - started
-    _early(first_s, total_s, ffmpeg_decode(bytes(data), "wav", RATE).size / RATE)
+    _early(first_s, total_s, av_decode(bytes(data), "wav", RATE).size / RATE)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -67,9 +70,11 @@ def test_openai_sdk_default_create_in_every_format(server, fmt):
     audio = client.audio.speech.create(model="gpt-4o-mini-tts", voice="ash", input="Hello.",
                                        response_format=fmt, extra_body={"max_new_tokens": 30})
     rate = FORMATS[fmt].default_rate_hz or RATE
-    assert ffmpeg_decode(audio.content, fmt, rate).size >= 30 * rate // 25
-    if fmt in ("wav", "mp3", "opus"):  # soundfile reads these streams too
+    assert av_decode(audio.content, fmt, rate).size >= 30 * rate // 25
+    if fmt in ("wav", "flac", "mp3", "opus"):  # soundfile reads these (wav, flac: files)
         assert sf.read(io.BytesIO(audio.content))[1] == rate
+    is_file = "content-length" in audio.response.headers
+    assert is_file == (fmt in ("wav", "flac"))  # their header states the length
 
 
 def test_livekit_openai_tts_unmodified(server):

@@ -5,7 +5,6 @@ key on it is checked with every /v1 route in test_auth_and_urls.py)."""
 from __future__ import annotations
 
 import io
-import subprocess
 
 import httpx
 import numpy as np
@@ -14,6 +13,7 @@ import soundfile as sf
 
 from higgs_serve.audio.watermark import THRESHOLD, embed, load_watermarker
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
+from support.decoders import av_encode
 from support.speechlike import speechlike
 
 PATH = "/v1/audio/watermark/detect"
@@ -31,12 +31,6 @@ def _file(audio: np.ndarray, fmt: str, rate: int = 24_000) -> bytes:
     return buffer.getvalue()
 
 
-def _ffmpeg(audio: np.ndarray, *encode: str) -> bytes:
-    return subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "f32le", "-ar", "24000", "-ac", "1",
-                           "-i", "-", *encode, "-"], input=audio.astype("<f4").tobytes(), capture_output=True,
-                          check=True).stdout
-
-
 def _post(server, data: bytes, **fields) -> httpx.Response:
     return httpx.post(f"{server.url}{PATH}", files={"file": ("clip", data)},
                       data={k: str(v) for k, v in fields.items()}, timeout=60)
@@ -51,14 +45,14 @@ def test_marked_and_unmarked_files(fake_server, clips):
         assert got.json()["detected"] is True and got.json()["score"] >= THRESHOLD, fmt
         got = _post(fake_server, _file(plain, fmt)).json()
         assert got["detected"] is False and got["score"] < THRESHOLD, fmt
-    assert _post(fake_server, _ffmpeg(marked, "-c:a", "aac", "-b:a", "64k", "-f", "adts")).json()["detected"]
+    assert _post(fake_server, av_encode(marked, 24_000, "aac", "adts", bit_rate=64_000)).json()["detected"]
 
 
 def test_headerless_samples(fake_server, clips):
     marked, _ = clips
     pcm = (np.clip(marked, -1, 1) * 32767).astype("<i2").tobytes()
     assert _post(fake_server, pcm, format="pcm").json()["detected"] is True
-    ulaw = _ffmpeg(marked, "-ar", "8000", "-c:a", "pcm_mulaw", "-f", "mulaw")
+    ulaw = av_encode(marked, 24_000, "pcm_mulaw", "mulaw", out_rate_hz=8000)
     assert _post(fake_server, ulaw, format="ulaw", sample_rate=8000).json()["detected"] is True
     # the wrong rate for the same bytes: read as 3x faster speech, not the mark's band any more
     assert _post(fake_server, ulaw, format="ulaw", sample_rate=24000).json()["detected"] is False

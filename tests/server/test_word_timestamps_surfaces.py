@@ -81,7 +81,7 @@ def test_file_carries_the_words_in_vllm_omnis_header(live):
 def test_a_raw_stream_asking_for_words_is_sent_whole_and_says_so(live):
     """The header precedes the body, so the raw stream waits for the whole audio: it comes as a
     file (Content-Length) with X-Audio-Buffered naming the reason; speed 2 halves the times."""
-    response = httpx.post(live.url + "/v1/audio/speech", json=_body(speed=2.0), timeout=60)
+    response = httpx.post(live.url + "/v1/audio/speech", json=_body(speed=2.0, stream=True), timeout=60)
     assert response.status_code == 200, response.text
     assert response.headers["x-audio-buffered"] == "word_timestamps"
     assert int(response.headers["content-length"]) == len(response.content)
@@ -134,7 +134,7 @@ def test_long_form_words_share_the_recordings_timeline(live):
 @pytest.mark.parametrize("extra, param", [
     ({"language": "German"}, "language"),  # no aligner reads German
     ({"input": "你好，世界。"}, "language"),  # 'auto' with text that is not English
-    ({"initial_codec_chunk_frames": 4}, "initial_codec_chunk_frames"),  # the raw stream waits
+    ({"initial_codec_chunk_frames": 4, "stream": True}, "initial_codec_chunk_frames"),  # the raw stream waits
 ])
 def test_requests_the_aligner_cannot_serve_are_400s(live, extra, param):
     response = httpx.post(live.url + "/v1/audio/speech", json={**_body(), **extra}, timeout=30)

@@ -47,3 +47,17 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, log: Path 
         time.sleep(0.2)
     tail = log.read_text()[-4000:] if log is not None else ""
     raise AssertionError(f"{what} not reached in {timeout_s} s:\n{tail}")
+
+
+def assert_marked_and_detected(http: httpx.Client) -> None:
+    """Speech through `http` carries the mark (on by default) and its detect route finds it;
+    junk there is a 400 naming `file`."""
+    frames = {"max_new_tokens": 50, "min_new_tokens": 50}  # 2 s: the tiny model's audio scores ~1.0 marked
+    answer = http.post("/v1/audio/speech", json={"input": "Hello there, how are you today?", "seed": 3,
+                                                 "response_format": "wav", "stream": False, **frames})
+    assert answer.status_code == 200, answer.text
+    found = http.post("/v1/audio/watermark/detect", files={"file": ("speech.wav", answer.content)})
+    assert found.status_code == 200, found.text
+    assert found.json()["detected"] is True and found.json()["score"] >= 0.9
+    refused = http.post("/v1/audio/watermark/detect", files={"file": ("junk.wav", b"not audio" * 10)})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "file"

@@ -72,6 +72,21 @@ def test_containers_decode_through_pyav(container, codec):
     assert 0.1 < float(np.abs(clip).max()) < 0.5  # the tone, downmixed, not silence or clipping
 
 
+def test_mp3_goes_to_ffmpegs_decoder_and_an_id3_tag_is_looked_past(monkeypatch):
+    """mp3 (libsndfile's libmpg123 prints its own lines to stderr: tests/server/test_detect_messages.py)
+    is read by PyAV, also behind an ID3 tag; a FLAC behind an ID3 tag stays with soundfile."""
+    import higgs_serve.audio.decode as decode
+
+    tag = b"ID3\x04\x00\x00\x00\x00\x00\x05" + b"\x00" * 5  # an ID3v2.4 tag of 5 bytes
+    mp3 = _sf_bytes(_tone(1.0, 24000), 24000, "MP3")
+    flac = _sf_bytes(_tone(1.0, 24000), 24000, "FLAC")
+    assert [decode._container_demuxer(d) for d in (mp3, tag + mp3, tag + flac)] == ["mp3", "mp3", None]
+    monkeypatch.setattr(decode.sf, "SoundFile", None)  # soundfile is not asked
+    for data in (mp3, tag + mp3):
+        clip = load_clip(data, "ref_audio", RATE, 0.5, 30.0)
+        assert abs(clip.shape[0] / RATE - 1.0) < 0.1
+
+
 def test_header_checks_refuse_before_decoding():
     _refused(wav_with_rate(1, 10_000), "sample rate of 1 Hz")
     _refused(wav_with_rate(1_000_000, 10_000), "sample rate of 1000000 Hz")

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from support.decoders import ffmpeg_decode
+from support.decoders import av_decode
 
 from higgs_serve.audio.encoders import encode_whole
 from higgs_serve.audio.formats import float_to_int16
@@ -49,7 +49,7 @@ def test_the_pipeline_chunk_by_chunk_is_the_whole_signal_rendered_once(workers, 
     data = file.read_all()
     file.discard()
     whole = float_to_int16(resample(time_stretch(audio, speed), RATE, rate))
-    assert np.array_equal(ffmpeg_decode(data, fmt, rate), whole)
+    assert np.array_equal(av_decode(data, fmt, rate), whole)
     if fmt != "pcm":
         assert data == encode_whole(whole, fmt, rate)
 

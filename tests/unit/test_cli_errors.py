@@ -114,9 +114,22 @@ def test_bad_sampling_value_is_found_before_loading(no_load, capsys, tiny_model_
     assert "temperature" in _error(capsys, *_synth(tiny_model_dir, tmp_path / "out", "--temperature", "-1"))
 
 
-def test_serve_settings_are_checked_before_loading(no_load, capsys, tiny_model_dir):
-    err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", "--max-input-chars", "0")
-    assert "max_input_chars must be positive" in err
+def test_bad_sampling_value_is_the_first_thing_said(tiny_model_dir, tmp_path):
+    """Issue 50: at the default log level, the error comes before any log line (it came after
+    the graph mode's)."""
+    done = subprocess.run([sys.executable, "-m", "higgs_serve.cli", *_synth(tiny_model_dir, tmp_path / "out",
+                                                                           "--temperature", "9")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["higgs-serve: error: temperature: 9.0 is outside [0, 2] (0 = greedy)"]
+
+
+@pytest.mark.parametrize("flag, value, words", [("--max-input-chars", "0", "--max-input-chars must be positive"),
+                                                ("--max-queue", "-1", "--max-queue must be >= 0, got -1")])
+def test_serve_settings_are_checked_before_loading(no_load, capsys, tiny_model_dir, flag, value, words):
+    """Each refusal names the flag the user gave (issue 50: not the setting's field name)."""
+    err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", flag, value)
+    assert words in err and "server setting" not in err
 
 
 def test_voices_dir_that_is_a_file(no_load, capsys, tiny_model_dir, tmp_path):

@@ -5,16 +5,20 @@ The runnable blocks of each page run in order in a fresh folder, against one rea
 tiny model (its own free port, voices folder and local-media folder). What the test changes in a
 block, and nothing else: `localhost:8000` / `127.0.0.1:8000` become that server, `/srv/voices`
 its local-media folder, and curl fails on an HTTP error (`--fail-with-body`). The server caps each
-request at 50 frames, so the tiny model's noise stays short. Marked blocks still have their
+request at 50 frames, so the tiny model's noise stays short (the long-form page's examples run a
+second time without that cap, as a reader runs them). Every audio file a block writes must read
+to one length in every reader (issue 50). Marked blocks still have their
 `higgs-serve` lines parsed by the real argument parser, so a renamed flag fails here too.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import av
@@ -30,6 +34,9 @@ from support.server_process import free_port, stop, wait_ready
 PAGES = doc_files()
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".aac"}
 HEADERLESS_SUFFIXES = {".pcm", ".ulaw", ".alaw"}
+# a header's length against the decoded one: Ogg/Opus counts its 6.5 ms pre-skip, a streamed mp3's
+# length is estimated from its bit rate (a 24 ms frame at 24 kHz)
+LENGTH_TOLERANCE_S = 0.025
 BASH_PRELUDE = "set -eo pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n"
 # the test server's cap (frames of 40 ms) on every request, as a profile key
 SHORT_REQUESTS = '{"0": {"default_sampling_params": {"max_tokens": 50}}}'
@@ -102,15 +109,9 @@ def served(tmp_path_factory, tiny_model_dir):
     for name in ("me.wav", "narrator.wav"):
         sf.write(files / name, clip, 24000)
         sf.write(media / name, clip, 24000)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        _higgs_serve() + ["--log-level", "WARNING", "serve", str(tiny_model_dir), "--port", str(port),
-                          "--device", "cpu", "--voices-dir", str(voices), "--allowed-local-media-path", str(media),
-                          "--stage-overrides", SHORT_REQUESTS],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port, url, proc = _start_server(tiny_model_dir, root, ["--voices-dir", str(voices), "--allowed-local-media-path",
+                                                          str(media), "--stage-overrides", SHORT_REQUESTS])
     try:
-        wait_ready(proc, url)
         for name, body in [("speech.mp3", {"response_format": "mp3", "stream": False}),
                            ("speech.ulaw", {"response_format": "ulaw"}), ("raw.pcm", {"response_format": "pcm"}),
                            ("out/0000.wav", {"stream": False})]:
@@ -121,6 +122,21 @@ def served(tmp_path_factory, tiny_model_dir):
         yield {"url": url, "port": port, "media": media, "files": files, "model": tiny_model_dir}
     finally:
         stop(proc)
+
+
+def _start_server(model: Path, cwd: Path, args: list[str]) -> tuple[int, str, subprocess.Popen]:
+    """(port, url, process) of a ready tiny server on a free port."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(_higgs_serve() + ["--log-level", "WARNING", "serve", str(model), "--port", str(port),
+                                              "--device", "cpu", *args],
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(proc, url)
+    except BaseException:
+        stop(proc)
+        raise
+    return port, url, proc
 
 
 def _page_dir(tmp_path: Path, served: dict, page: Path) -> Path:
@@ -145,17 +161,33 @@ def _audio_files(work: Path) -> dict[Path, float]:
 
 
 def _check_audio(path: Path) -> None:
-    """A file the example wrote holds audio: a container decodes to samples, raw audio is non-empty."""
+    """A file the example wrote holds audio: raw audio is non-empty; a container decodes to
+    samples, and every reader tells the same length (issue 50): the header's length in PyAV
+    (FFmpeg's libraries), soundfile (libsndfile; it has no AAC) and, for WAV, the standard
+    library's `wave`, each within a codec frame of what FFmpeg decodes."""
     assert path.stat().st_size > 0, f"{path.name} is empty"
     if path.suffix in HEADERLESS_SUFFIXES:
-        assert path.suffix != ".pcm" or path.stat().st_size % 2 == 0, f"{path.name}: odd byte count"
+        assert path.stat().st_size % (2 if path.suffix == ".pcm" else 1) == 0, f"{path.name}: odd byte count"
         return
     with av.open(str(path)) as container:
+        rate_hz = container.streams.audio[0].rate
         samples = sum(frame.samples for frame in container.decode(audio=0))
+        header_s = None if container.duration is None else container.duration / 1e6
     assert samples > 0, f"{path.name} decodes to no audio"
+    decoded_s = samples / rate_hz
+    said = {"PyAV": header_s}
+    if path.suffix != ".aac":
+        said["soundfile"] = sf.info(str(path)).duration
+    if path.suffix == ".wav":
+        with wave.open(str(path)) as handle:
+            said["wave"] = handle.getnframes() / handle.getframerate()
+    wrong = {reader: length_s for reader, length_s in said.items()
+             if length_s is None or abs(length_s - decoded_s) > LENGTH_TOLERANCE_S}
+    assert not wrong, f"{path.name} decodes to {decoded_s:.3f} s, but its header says {wrong}"
 
 
-def _run_block(block: Block, work: Path, served: dict) -> None:
+def _run_block(block: Block, work: Path, served: dict) -> str:
+    """Run it; every audio file it wrote must read right (_check_audio). Its stdout."""
     text = _as_run(block, served)
     if block.lang == "bash":
         argv = ["bash", "-c", BASH_PRELUDE + text]
@@ -167,6 +199,7 @@ def _run_block(block: Block, work: Path, served: dict) -> None:
     for path, mtime in _audio_files(work).items():
         if before.get(path) != mtime:
             _check_audio(path)
+    return proc.stdout
 
 
 def _serve_block(block: Block, work: Path) -> None:
@@ -209,3 +242,24 @@ def test_the_pages_examples_run(page: Path, served, tmp_path):
         ran += 1
     if ran == 0:
         pytest.skip(f"{page.name} has no runnable block")
+
+
+def test_the_long_form_page_runs_as_a_reader_runs_it(tmp_path, tiny_model_dir):
+    """Issue 50: the long-form page's REST and SSE examples against a server without this
+    module's 50-frame cap, as a reader's: the file lasts what its own max_new_tokens allows per
+    segment (not minutes of the tiny model's noise), and the SSE count prints the number of
+    segments the file's X-Segments header lists."""
+    rest, sse = [b for b in blocks(REPO / "docs" / "long-form.md") if b.is_command and b.mark is None][:2]
+    port, _, proc = _start_server(tiny_model_dir, tmp_path, ["--voices-dir", str(tmp_path / "voices")])
+    try:
+        served = {"port": port, "media": tmp_path}
+        _run_block(rest, tmp_path, served)
+        headers = (tmp_path / "long_headers.txt").read_text().splitlines()
+        (segments,) = [json.loads(line.split(":", 1)[1]) for line in headers
+                       if line.lower().startswith("x-segments:")]
+        max_new_tokens = json.loads((tmp_path / "long.json").read_text())["max_new_tokens"]
+        assert len(segments) > 1
+        assert sf.info(str(tmp_path / "long.wav")).duration <= len(segments) * max_new_tokens * 0.04 + 0.05
+        assert _run_block(sse, tmp_path, served).strip() == str(len(segments))
+    finally:
+        stop(proc)

@@ -70,3 +70,17 @@ def test_the_readmes_links_resolve():
         elif anchor and anchor not in _anchors(path):
             broken.append(target)
     assert not broken, broken
+
+
+def test_the_docs_server_and_the_ray_examples_leave_the_servers_port_free():
+    """Issue 50: `mkdocs serve` (mkdocs.yml's dev_addr) and the Ray examples' proxies listen on
+    ports other than higgs-serve's default, so the pages' examples run with a server beside them."""
+    import yaml
+
+    from higgs_serve.server.settings import ServerSettings
+
+    dev_addr = re.search(r"^dev_addr: (\S+):(\d+)$", (REPO / "mkdocs.yml").read_text(), flags=re.M)
+    assert dev_addr and int(dev_addr.group(2)) != ServerSettings.port
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        port = yaml.safe_load(example.read_text())["http_options"]["port"]
+        assert port != ServerSettings.port, example.name

@@ -336,7 +336,7 @@ def test_encode_processes_flag_reaches_the_settings_and_zero_keeps_the_threads(t
     assert cli.main(["serve", str(tiny_model_dir), "--device", "cpu", "--port", "0",
                      "--encode-processes", "-1"]) != 0
     err = capsys.readouterr().err
-    assert "encode_processes must be >= 0, got -1" in err and "Traceback" not in err
+    assert "--encode-processes must be >= 0, got -1" in err and "Traceback" not in err
     assert seen[1].encode_processes == 3 and ServerSettings().encode_processes >= 1
     state = ServerState(engine=None, settings=seen[0], voices=None, metrics=None, gate=None,
                         reference_encoder=None)

@@ -30,3 +30,24 @@ def test_ci_runs_the_readmes_install_and_test_commands():
     ci_installs = [line.removeprefix("quiet python -m pip install -q ") for line in ci
                    if line.startswith("quiet python -m pip install -q ") and "--upgrade pip" not in line]
     assert ci_installs == [install.removeprefix("pip install ")]
+
+
+# a program named as a command (a subprocess argument, a PATH lookup): the Debian tools a fresh
+# machine with Python and pip lacks
+_SYSTEM_PROGRAMS = re.compile(r"""["'](ffmpeg|ffprobe|espeak-ng|espeak)["']""")
+
+
+def test_ci_installs_nothing_the_readme_does_not():
+    """.ci/run installs no system package: the README's install is all a fresh machine gets."""
+    ci = (REPO / ".ci" / "run").read_text()
+    assert not re.search(r"\b(apt-get|apt|dnf|yum|apk|brew|conda)\s+install\b", ci), ci
+
+
+def test_no_test_or_benchmark_runs_a_system_program():
+    """Tests and benchmarks decode through PyAV (FFmpeg's libraries) and speak through the
+    espeakng-loader wheel (benchmarks/speech_clips.py): no `ffmpeg` or `espeak-ng` program."""
+    found = [f"{path.relative_to(REPO)}:{number}"
+             for folder in ("tests", "benchmarks") for path in sorted((REPO / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if _SYSTEM_PROGRAMS.search(line)]
+    assert found == [], found

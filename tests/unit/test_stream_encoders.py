@@ -1,6 +1,6 @@
-"""audio/encoders: every format encoded incrementally decodes whole with real decoders (the
-ffmpeg command line, soundfile), streamed and collected files carry the same audio, and bytes
-leave with the chunk that made them (docs/api.md#formats)."""
+"""audio/encoders: every format encoded incrementally decodes whole with real decoders
+(FFmpeg's libraries through PyAV, soundfile), streamed and collected files carry the same audio,
+and bytes leave with the chunk that made them (docs/api.md#formats)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from support.decoders import CODEC_FRAME, STREAM_DELAY, ffmpeg_decode, soundfile_decode
+from support.decoders import CODEC_FRAME, STREAM_DELAY, av_decode, soundfile_decode
 
 from higgs_serve.audio.encoders import apply_patches, encode_whole, open_encoder
 from higgs_serve.audio.encoders.ogg_opus import ogg_crc
@@ -46,8 +46,8 @@ def test_streamed_and_collected_files_decode_whole_and_agree(fmt):
     pieces, _ = _stream(fmt, rate, samples, chunk=rate // 25 * 3)  # 120 ms chunks
     streamed = b"".join(pieces)
     whole = encode_whole(samples, fmt, rate)
-    from_stream = ffmpeg_decode(streamed, fmt, rate)
-    from_file = ffmpeg_decode(whole, fmt, rate)
+    from_stream = av_decode(streamed, fmt, rate)
+    from_file = av_decode(whole, fmt, rate)
     if FORMATS[fmt].lossless:
         assert np.array_equal(from_stream, samples) and np.array_equal(from_file, samples)
     elif fmt in ("ulaw", "alaw"):  # 8-bit companding: the same length, within its step
@@ -153,7 +153,7 @@ def test_an_empty_response_is_empty_or_a_valid_empty_file(fmt):
     if fmt in ("mp3", "aac", "pcm", "ulaw", "alaw"):  # no header: nothing to send
         assert data == b""
         return
-    assert ffmpeg_decode(data, fmt, rate).size == 0
+    assert av_decode(data, fmt, rate).size == 0
     if fmt in SOUNDFILE_READS_STREAM:
         assert soundfile_decode(data)[0].size == 0
 
@@ -163,6 +163,6 @@ def test_an_empty_response_is_empty_or_a_valid_empty_file(fmt):
                                       ("ulaw", 16000)])
 def test_other_rates_decode_at_their_rate(fmt, rate):
     samples = _speechlike(rate, 0.5)
-    decoded = ffmpeg_decode(b"".join(_stream(fmt, rate, samples, rate // 10)[0]), fmt, rate)
+    decoded = av_decode(b"".join(_stream(fmt, rate, samples, rate // 10)[0]), fmt, rate)
     extra = decoded.size - samples.size - STREAM_DELAY.get(fmt, 0)
     assert 0 <= extra < (CODEC_FRAME[fmt](rate) if fmt in LOSSY else 1)

@@ -3,8 +3,11 @@
 A compressed file can claim hours of audio, dozens of channels or a 1 Hz sample rate in a few
 kilobytes; decoding it in full and checking afterwards lets one request take gigabytes. So:
 
-1. open the file and read its header only (soundfile for wav/flac/ogg/mp3, PyAV for the aac,
-   m4a/mp4 and webm/mkv containers, chosen by the file's magic bytes, never by ffmpeg probing);
+1. open the file and read its header only (soundfile for wav/flac/ogg, PyAV for mp3 and the aac,
+   m4a/mp4 and webm/mkv containers, chosen by the file's magic bytes, never by ffmpeg probing;
+   mp3 goes to FFmpeg's decoder because libsndfile's libmpg123 prints its own complaints to the
+   process's stderr, e.g. "part2_3_length ... too large" on files both decode to the same samples,
+   and cannot be told not to; PyAV leaves FFmpeg's log off, so only our errors are seen);
 2. refuse a rate outside [MIN_RATE_HZ, MAX_RATE_HZ], more than MAX_CHANNELS channels, or a
    header duration above the limit, before any sample is decoded;
 3. decode in blocks of at most BLOCK_FRAMES frames, averaging each block to mono at once, and stop
@@ -25,19 +28,19 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from higgs_serve.errors import InvalidRequestError
+from higgs_serve.errors import InvalidRequestError, UnreadableAudioError
 
 MIN_RATE_HZ = 8_000
 MAX_RATE_HZ = 192_000
 MAX_CHANNELS = 2
 BLOCK_FRAMES = 65_536
 _SF_UNKNOWN_FRAMES = 2**62  # libsndfile says SF_COUNT_MAX (2**63 - 1) for "unknown"
-SOUNDFILE_FORMATS = "wav, flac, ogg/opus, mp3"
-CONTAINER_FORMATS = "aac, m4a/mp4, webm/mkv"
+SOUNDFILE_FORMATS = "wav, flac, ogg/opus"
+CONTAINER_FORMATS = "mp3, aac, m4a/mp4, webm/mkv"
 ACCEPTED = f"{SOUNDFILE_FORMATS}, {CONTAINER_FORMATS}"
 
 # magic bytes -> the PyAV demuxer that reads them (only these are ever handed to ffmpeg)
-_FTYP, _EBML, _ADIF = b"ftyp", b"\x1a\x45\xdf\xa3", b"ADIF"
+_FTYP, _EBML, _ADIF, _ID3 = b"ftyp", b"\x1a\x45\xdf\xa3", b"ADIF", b"ID3"
 # magic bytes of formats we recognise but do not decode, so the 400 can name them
 _OTHER_FORMATS = ((b"#!AMR", "amr"), (b"MThd", "midi"), (b"FORM", "aiff/iff"), (b".snd", "au"),
                   (b"OggS", "ogg with an unsupported codec"), (b"ID3", "mp3 with a damaged stream"),
@@ -114,7 +117,7 @@ def _read_with_soundfile(data: bytes, param: str, max_seconds: float, what: str)
     try:
         handle = sf.SoundFile(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError) as error:
-        raise InvalidRequestError(
+        raise UnreadableAudioError(
             f"{param} is not a supported audio file ({_name_format(data)}); accepted: {ACCEPTED}",
             param=param) from error
     with handle:
@@ -149,7 +152,22 @@ def _container_demuxer(data: bytes) -> str | None:
         return "matroska"  # webm, mkv
     if data[:4] == _ADIF or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xF6 == 0xF0):
         return "aac"  # ADIF or an ADTS frame sync (mp3's sync differs in the layer bits)
+    if _is_layer3_sync(_past_id3(data)):
+        return "mp3"  # an MPEG audio layer III frame sync, after an ID3 tag if any
     return None
+
+
+def _past_id3(data: bytes) -> bytes:
+    """The bytes after a leading ID3v2 tag (its size: 4 syncsafe bytes; a footer adds 10); an ID3
+    tag may also lead a FLAC (a C2PA manifest's), so what follows it decides."""
+    if data[:3] != _ID3 or len(data) < 10:
+        return data
+    size = (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F)
+    return data[10 + size + (10 if data[5] & 0x10 else 0):]
+
+
+def _is_layer3_sync(data: bytes) -> bool:
+    return len(data) > 1 and data[0] == 0xFF and data[1] & 0xE6 == 0xE2
 
 
 def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, what: str,
@@ -159,7 +177,7 @@ def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, wha
     try:
         container = av.open(io.BytesIO(data), mode="r", format=demuxer, options=options or {})
     except (av.FFmpegError, ValueError) as error:
-        raise InvalidRequestError(f"{param} is not a readable {demuxer} file", param=param) from error
+        raise UnreadableAudioError(f"{param} is not a readable {demuxer} file", param=param) from error
     with container:
         if not container.streams.audio:
             raise InvalidRequestError(f"{param} has no audio stream", param=param)

@@ -29,13 +29,16 @@ class AudioFormat:
     default_rate_hz: int | None  # None: the model's own rate (24 kHz)
     bits_per_sample: int | None  # of the samples on the wire; None for a compressed codec
     lossless: bool  # decodes to exactly the int16 samples it was given
+    # the file's header states its length (WAV sizes, FLAC total samples), which a stream's header
+    # cannot know: a request that does not ask to stream gets these as a file (docs/api.md#streaming)
+    header_states_length: bool = False
 
 
 _ALL = OUTPUT_SAMPLE_RATES
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
-    AudioFormat("wav", "audio/wav", _ALL, None, 16, True),
+    AudioFormat("wav", "audio/wav", _ALL, None, 16, True, header_states_length=True),
     AudioFormat("pcm", "audio/pcm", _ALL, None, 16, True),
-    AudioFormat("flac", "audio/flac", _ALL, None, 16, True),
+    AudioFormat("flac", "audio/flac", _ALL, None, 16, True, header_states_length=True),
     AudioFormat("mp3", "audio/mpeg", _ALL, None, None, False),
     # libopus encodes 8, 12, 16, 24 and 48 kHz only
     AudioFormat("opus", "audio/ogg", (8000, 16000, 24000, 48000), None, None, False),

@@ -11,7 +11,7 @@ import numpy as np
 
 from higgs_serve.audio.decode import HEADERLESS, read_clip, read_headerless
 from higgs_serve.audio.watermark import Detection, Watermarker, detect, load_watermarker
-from higgs_serve.errors import InvalidRequestError
+from higgs_serve.errors import InvalidRequestError, UnreadableAudioError
 
 # What detection accepts (the endpoint and `higgs-serve detect`): a file of at most this many
 # bytes and seconds. Decoding is bounded (audio/decode.py): its peak is about DETECT_MAX_SECONDS x
@@ -31,7 +31,11 @@ def decode_for_detection(data: bytes, param: str, encoding: str | None = None,
         if rate_hz is not None:
             raise InvalidRequestError("sample_rate is for headerless audio: give format (pcm, ulaw or alaw) "
                                       "too, or leave it out for a file with a header", param="sample_rate")
-        return read_clip(data, param, DETECT_MAX_SECONDS, what="audio to check")
+        try:
+            return read_clip(data, param, DETECT_MAX_SECONDS, what="audio to check")
+        except UnreadableAudioError as error:  # headerless samples read as a file: say how to send them
+            raise InvalidRequestError(f"{error}; headerless samples (16-bit pcm, µ-law, A-law) need format: "
+                                      f"{', '.join(HEADERLESS)}", param=param) from error
     if encoding not in HEADERLESS:
         raise InvalidRequestError(f"format {encoding!r} is not a headerless encoding; one of "
                                   f"{', '.join(HEADERLESS)} (files with a header need no format)", param="format")

@@ -10,9 +10,9 @@ Deployments:
   server's voices up to date whenever the store's version moved, before a request that names a
   voice (voices it lacks or that were replaced since, by each voice's revision), so a voice
   registered once is usable on every replica, also one started later.
-- `HiggsIngress`: the FastAPI ingress (speech, speech batch, voices, models, health). It computes the request's
-  affinity key (cluster/routing.py) and passes it as the handle's multiplexed model id, which
-  `VoiceAffinityRouter` (cluster/ray_router.py), the engines' request router, reads.
+- `HiggsIngress`: the FastAPI ingress (speech, speech batch, watermark detection, voices, models,
+  health). It computes the request's affinity key (cluster/routing.py) and passes it as the
+  handle's multiplexed model id, which `VoiceAffinityRouter` (cluster/ray_router.py) reads.
 
 Build with `build_app({...})` (also the `import_path` of a `serve run` / `serve deploy` config).
 No `from __future__ import annotations` here: Serve's class ingress re-reads the endpoints'
@@ -50,6 +50,7 @@ from higgs_serve.cluster.voice_sync import reconcile, stored_audio_or_none, voic
 from higgs_serve.errors import ConflictError, HiggsServeError, InvalidRequestError
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers.voices import read_upload, voice_exists, voice_missing
+from higgs_serve.server.routers.watermark import DETECT_PATH
 from higgs_serve.voices.registry import Voice, VoiceRegistry
 
 logger = logging.getLogger(__name__)
@@ -256,6 +257,11 @@ class HiggsIngress:
     async def speech_batch(self, request: Request) -> Response:
         """The whole batch to one engine replica, as in the one-host front end."""
         return await self._relay(request, batch_routing_key)
+
+    @api.post(DETECT_PATH)
+    async def watermark_detect(self, request: Request) -> Response:
+        """To an engine replica, whose server detects (and checks the upload); routed by load."""
+        return await self._relay(request, lambda _: None)
 
     async def _relay(self, request: Request, key_of) -> Response:
         self._check_key(request)

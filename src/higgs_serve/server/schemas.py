@@ -110,7 +110,8 @@ class SpeechFields(PeerModel):
     response_format: ResponseFormat = Field(
         default="wav", description="wav (default), pcm (raw s16le), flac, mp3, opus (Ogg), aac "
         "(ADTS), ulaw or alaw (G.711, headerless, 8 kHz unless sample_rate says otherwise). "
-        "Every format streams as it is made unless stream is false.")
+        "Every format streams as it is made unless stream is false (wav and flac: only "
+        "with stream true or a stream_format).")
     speed: float = Field(
         default=1.0, ge=MIN_SPEED, le=MAX_SPEED,
         description="Playback speed via pitch-preserving time stretch (streamed too).")
@@ -223,9 +224,10 @@ class SpeechRequestBody(SpeechFields):
 
     input: str = Field(min_length=1, description="Text to speak (non-empty; length-capped).")
     stream: bool | None = Field(
-        default=None, description="Left out or true: the audio streams as it is generated, in "
-        "every format (raw bytes unless stream_format is 'sse'), as OpenAI's endpoint does. "
-        "false: one file with its Content-Length, made with the file windows.")
+        default=None, description="true: the audio streams as it is generated, in every format "
+        "(raw bytes unless stream_format is 'sse'). false: one file with its Content-Length, made "
+        "with the file windows. Left out: streamed, as OpenAI's endpoint does, except wav and "
+        "flac without a stream_format, which are the file (their header states the length).")
     stream_format: StreamFormat | None = Field(
         default=None, description="'audio' (raw chunked bytes of response_format, the default) "
         "or 'sse' (speech.audio.* events carrying them in base64).")

@@ -117,26 +117,28 @@ class ServerSettings:
         return self.max_json_body_bytes
 
     def __post_init__(self) -> None:
-        positive = {"port": self.port, "max_input_chars": self.max_input_chars,
-                    "max_ref_audio_bytes": self.max_ref_audio_bytes,
-                    "send_timeout_s": self.send_timeout_s,
-                    "segment_max_chars": self.segment_max_chars, "max_audio_s": self.max_audio_s,
-                    "ws_idle_timeout_s": self.ws_idle_timeout_s,
-                    "encode_threads": self.encode_threads}
+        # each refusal names what the user set: the flag (`serve --max-queue`), or the setting
+        # where no flag sets it
+        positive = {"--port": self.port, "--max-input-chars": self.max_input_chars,
+                    "server setting max_ref_audio_bytes": self.max_ref_audio_bytes,
+                    "--send-timeout-s": self.send_timeout_s,
+                    "--segment-max-chars": self.segment_max_chars, "--max-audio-s": self.max_audio_s,
+                    "--ws-idle-timeout-s": self.ws_idle_timeout_s,
+                    "--encode-threads": self.encode_threads}
         for name, value in positive.items():
             if value <= 0:
-                raise ConfigError(f"server setting {name} must be positive, got {value}")
-        for name, value in {"max_queue": self.max_queue, "encode_processes": self.encode_processes,
-                            "alignment_workers": self.alignment_workers}.items():
+                raise ConfigError(f"{name} must be positive, got {value}")
+        for name, value in {"--max-queue": self.max_queue, "--encode-processes": self.encode_processes,
+                            "--alignment-workers": self.alignment_workers}.items():
             if value < 0:
-                raise ConfigError(f"server setting {name} must be >= 0, got {value}")
+                raise ConfigError(f"{name} must be >= 0, got {value}")
         if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("server setting api_key must not be empty (an empty key would accept "
+            raise ConfigError("--api-key must not be empty (an empty key would accept "
                               "an empty bearer token); leave --api-key out to serve without one")
         if self.api_key is not None and not self.api_key.isascii():
-            raise ConfigError("server setting api_key must be ASCII (HTTP headers carry bytes)")
+            raise ConfigError("--api-key must be ASCII (HTTP headers carry bytes)")
         if not self.served_model_name:
-            raise ConfigError("server setting served_model_name must not be empty")
+            raise ConfigError("--served-model-name must not be empty")
         object.__setattr__(self, "voices_dir", Path(self.voices_dir))
         if any(not name for name in self.extra_served_model_names):
             raise ConfigError("--served-model-name must not hold empty names")

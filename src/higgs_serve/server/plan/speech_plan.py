@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from higgs_serve.alignment import aligner_for
-from higgs_serve.audio.formats import output_rate_hz
+from higgs_serve.audio.formats import FORMATS, output_rate_hz
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.sampling_params import SamplingParams
@@ -88,14 +88,19 @@ def _check_model(model: str | None, state: ServerState) -> None:
 
 
 def _mode(body: SpeechRequestBody) -> Mode:
-    """The streaming rule (docs/api.md#streaming): every request streams, in every format, unless
-    it says `stream: false` (file: one encoded body, exact file windows); `stream_format` picks
-    raw audio or SSE."""
+    """The streaming rule (docs/api.md#streaming): a request streams unless it says `stream:
+    false` (file: one encoded body, exact file windows), or it does not ask to stream (neither
+    `stream: true` nor a `stream_format`) and its format's header states the length (wav, flac):
+    a client that did not ask to stream is saving a file, and a streamed header cannot know the
+    length. `stream_format` picks raw audio or SSE."""
     if body.stream is False:
         if body.stream_format is not None:
             raise InvalidRequestError(
                 f"stream_format {body.stream_format!r} streams the response, but stream is "
                 "false; drop one of them", param="stream_format")
+        return "file"
+    asked_to_stream = body.stream is True or body.stream_format is not None
+    if not asked_to_stream and FORMATS[body.response_format].header_states_length:
         return "file"
     return body.stream_format or "audio"
 
@@ -121,9 +126,12 @@ def _check_initial_chunk(body: SpeechRequestBody, mode: Mode, state: ServerState
     if frames is None:
         return
     if mode == "file":
-        raise InvalidRequestError(
-            "initial_codec_chunk_frames sets the first streamed chunk; a request with "
-            "stream: false is not streamed (leave stream out)", param="initial_codec_chunk_frames")
+        why = ("a request with stream: false is not streamed (leave stream out)"
+               if body.stream is False else
+               f"a {body.response_format} request without stream: true is answered as one file "
+               "(its header states the length); send stream: true to stream it")
+        raise InvalidRequestError(f"initial_codec_chunk_frames sets the first streamed chunk; {why}",
+                                  param="initial_codec_chunk_frames")
     limit = state.engine.deploy.streaming.codec_chunk_frames
     if frames > limit:
         raise InvalidRequestError(

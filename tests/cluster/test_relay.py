@@ -1,4 +1,4 @@
-"""The front end's data plane (cluster/relay.py) as an attacker and a failing replica would try
+"""The front end's data plane (cluster/relay/listener.py) as an attacker and a failing replica would try
 it: the single server's body limits answered before any body byte is read (413), deeply nested
 JSON relayed (the replica's 400, never a 5xx of the front end's own), a replica that answers
 early and resets the connection while the body is sent is not taken out of rotation, and a

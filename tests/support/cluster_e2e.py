@@ -47,3 +47,23 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, log: Path 
         time.sleep(0.2)
     tail = log.read_text()[-4000:] if log is not None else ""
     raise AssertionError(f"{what} not reached in {timeout_s} s:\n{tail}")
+
+
+def replica_processes(under: Path) -> dict[str, tuple[int, str]]:
+    """The live replicas of the front end whose work directory is below `under` (its TMPDIR):
+    replica id -> (pid, private socket path), read from the processes' command lines (the
+    front end's public /health does not give them)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"higgs_serve.cli_replica" not in args or b"--uds" not in args:
+            continue
+        socket_path = args[args.index(b"--uds") + 1].decode()
+        if Path(socket_path).is_relative_to(under):
+            found[Path(socket_path).stem.removeprefix("replica-")] = (int(proc.name), socket_path)
+    return found

@@ -1,0 +1,98 @@
+"""The API key through the front end (issue 52): every spelling of a target answered as the
+single server answers it (tests/server/test_auth_targets.py, the same table), the WebSocket
+route too, and the control plane keeping the key on its own socket. The real front end in a
+thread over a stand-in replica."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from support.auth_cases import KEY, check_targets, check_websocket_targets
+from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
+
+from higgs_serve.cluster.frontend import Frontend, FrontendSettings
+from higgs_serve.cluster.replicas import Replica
+from higgs_serve.cluster.routing import Router
+
+
+def _replica_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/ready")
+    async def ready():
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse("")
+
+    @app.get("/v1/audio/voices")
+    async def voices():
+        return JSONResponse({"object": "list", "data": []})
+
+    @app.get("/v1/models")
+    async def models():
+        return JSONResponse({"object": "list", "data": [{"id": "stand-in"}]})
+
+    @app.post("/v1/audio/speech")
+    async def speech():
+        return PlainTextResponse("\x00" * 960, media_type="audio/pcm")
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def stream(ws: WebSocket):
+        await ws.accept()
+        await ws.send_text(json.dumps({"type": "echo", "first": await ws.receive_text()}))
+        await ws.close()
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    work = tmp_path_factory.mktemp("relay_auth")
+    server, thread = serve_app_on_socket(_replica_app(), work / "A.sock")
+    replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
+    frontend = Frontend(replicas, Router({"A": 8}), work / "voices", 24000,
+                        FrontendSettings(api_key=KEY), poll_interval_s=0.05)
+    try:
+        with frontend_thread(frontend, work) as url:
+            wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
+            yield url, work
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_every_spelling_of_a_target_needs_the_key(keyed):
+    url, _ = keyed
+    check_targets(url)
+
+
+def test_the_websocket_route_needs_the_key_however_spelled(keyed):
+    url, _ = keyed
+    check_websocket_targets(url)
+    from websockets.sync.client import connect
+    ws = url.replace("http://", "ws://")
+    for path in (f"/v1/audio/speech/stream?api_key={KEY}", f"/%76%31/audio/speech/stream?api_key={KEY}"):
+        with connect(ws + path) as session:  # with it, the session reaches the replica
+            session.send('{"type": "session.config"}')
+            assert json.loads(session.recv(timeout=5))["type"] == "echo"
+
+
+def test_the_control_plane_keeps_the_key_on_its_own_socket(keyed):
+    """Nothing reaches the control plane but the relay, and it still checks the key itself
+    (the same policy), so a relay that passed a request on by mistake gives nothing away."""
+    _, work = keyed
+    control = httpx.Client(transport=httpx.HTTPTransport(uds=str(work / "control.sock")),
+                           base_url="http://frontend", timeout=10)
+    for path in ("/v1/audio/voices", "/%76%31/audio/voices", "/v1/models"):
+        assert control.get(path).status_code == 401, path
+    assert control.get("/v1%2Faudio/voices").status_code == 400
+    assert control.get("/health").status_code == 200
+    authorized = control.get("/v1/audio/voices", headers={"authorization": f"Bearer {KEY}"})
+    assert authorized.status_code == 200

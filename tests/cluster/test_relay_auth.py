@@ -11,29 +11,14 @@ import httpx
 import pytest
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from websockets.sync.client import connect
 
 from support.auth_cases import KEY, check_targets, check_websocket_targets
-from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
-
-from higgs_serve.cluster.frontend import Frontend, FrontendSettings
-from higgs_serve.cluster.replicas import Replica
-from higgs_serve.cluster.routing import Router
+from support.frontend_thread import front_end_over, stand_in_app
 
 
 def _replica_app() -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/ready")
-    async def ready():
-        return JSONResponse({"status": "ready"})
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse("")
-
-    @app.get("/v1/audio/voices")
-    async def voices():
-        return JSONResponse({"object": "list", "data": []})
+    app = stand_in_app()
 
     @app.get("/v1/models")
     async def models():
@@ -55,17 +40,8 @@ def _replica_app() -> FastAPI:
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     work = tmp_path_factory.mktemp("relay_auth")
-    server, thread = serve_app_on_socket(_replica_app(), work / "A.sock")
-    replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
-    frontend = Frontend(replicas, Router({"A": 8}), work / "voices", 24000,
-                        FrontendSettings(api_key=KEY), poll_interval_s=0.05)
-    try:
-        with frontend_thread(frontend, work) as url:
-            wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
-            yield url, work
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with front_end_over(_replica_app(), work, api_key=KEY) as (url, _):
+        yield url, work
 
 
 def test_every_spelling_of_a_target_needs_the_key(keyed):
@@ -76,7 +52,6 @@ def test_every_spelling_of_a_target_needs_the_key(keyed):
 def test_the_websocket_route_needs_the_key_however_spelled(keyed):
     url, _ = keyed
     check_websocket_targets(url)
-    from websockets.sync.client import connect
     ws = url.replace("http://", "ws://")
     for path in (f"/v1/audio/speech/stream?api_key={KEY}", f"/%76%31/audio/speech/stream?api_key={KEY}"):
         with connect(ws + path) as session:  # with it, the session reaches the replica

@@ -12,15 +12,12 @@ import time
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
-from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
+from support.frontend_thread import front_end_over, stand_in_app, wait_until
 from support.raw_http import answers, connect, exchange, read_all
 
-from higgs_serve.cluster.frontend import Frontend, FrontendSettings
 from higgs_serve.cluster.relay import connections, listener
-from higgs_serve.cluster.replicas import Replica
-from higgs_serve.cluster.routing import Router
 
 SPEECH = b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
 HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -29,19 +26,7 @@ SLOW = b'{"slow": true}'  # a request the stand-in answers slowly
 
 
 def _replica_app() -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/ready")
-    async def ready():
-        return JSONResponse({"status": "ready"})
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse("")
-
-    @app.get("/v1/audio/voices")
-    async def voices():
-        return JSONResponse({"object": "list", "data": []})
+    app = stand_in_app()
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
@@ -60,17 +45,9 @@ def _replica_app() -> FastAPI:
 
 
 def _serve(work, **settings):
-    server, thread = serve_app_on_socket(_replica_app(), work / "A.sock")
-    replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
-    frontend = Frontend(replicas, Router({"A": 64}), work / "voices", 24000,
-                        FrontendSettings(**settings), poll_interval_s=0.05)
-    try:
-        with frontend_thread(frontend, work) as url:
-            wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
-            yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with front_end_over(_replica_app(), work, capacity=64, graceful_shutdown_s=2,
+                        **settings) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ headers).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -61,6 +62,7 @@ def origin_form(target: bytes) -> bytes:
     return rest if rest.startswith(b"/") else b"/" + rest
 
 
+@functools.lru_cache(maxsize=1024)  # a few targets make most requests; a refusal is not kept
 def request_path(target: bytes) -> str:
     """The normalized path of a request target (module note); BadTarget when ambiguous."""
     path = origin_form(target).partition(b"?")[0]

@@ -4,7 +4,12 @@ The relay passes an answer's body on unchanged, so it only needs to know where t
 (Content-Length, chunked framing, or the upstream's close) to reuse the connection; llhttp scans
 each piece for that without a Python call per chunk. For an HTTP/1.0 client, which cannot read
 chunked framing, the body is decoded instead and the client's response ends with the connection.
-Upstream heads are split off at their blank line (our own servers write CRLF) and parsed whole.
+
+An upstream head is split off at its blank line (our own servers write CRLF) and checked whole by
+llhttp, which reads its status and framing; it then passes on as the bytes it was, less the
+upstream's connection headers. The few fields the relay reads are found in those bytes (once
+llhttp has passed them, each field is one CRLF-ended `name: value` line) rather than handed to
+Python one callback per field: a head per request, on the path every request takes.
 """
 
 from __future__ import annotations
@@ -14,28 +19,19 @@ import asyncio
 import httptools
 
 MAX_HEAD_BYTES = 64 * 1024
-_DROP = (b"connection", b"keep-alive")
-_DROP_DECODED = (*_DROP, b"transfer-encoding")
+_CONNECTION = (b"connection", b"keep-alive")
+_CONNECTION_AND_CODING = (*_CONNECTION, b"transfer-encoding")
 
 
 class _Parse:
-    """llhttp's callbacks for one response: its head, then the end of its body."""
+    """llhttp's callbacks for one response: the end of its head, then of its body."""
 
-    __slots__ = ("parser", "reason", "headers", "head_done", "complete", "sink")
+    __slots__ = ("parser", "head_done", "complete", "sink")
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
-        self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = self.complete = False
         self.sink = None  # where decoded body bytes go (_Decode)
-
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.head_done:  # not a trailer field
-            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -55,35 +51,40 @@ class _Decode(_Parse):
 
 
 class ResponseHead:
-    __slots__ = ("status", "status_line", "headers", "parse")
+    """A head llhttp accepted: its status, its bytes (through the blank line), and the fields the
+    relay reads, found in them (module note)."""
 
-    def __init__(self, parse: _Parse):
+    __slots__ = ("status", "raw", "_lower", "parse")
+
+    def __init__(self, raw: bytes, parse: _Parse):
         self.parse = parse
         self.status = parse.parser.get_status_code()
-        self.status_line = b"HTTP/%s %d %s" % (parse.parser.get_http_version().encode(),
-                                                self.status, parse.reason)
-        self.headers = parse.headers  # (lower-cased name, value)
+        self.raw = raw
+        self._lower = raw.lower()
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
+        """The first `name` field's value (`name` lower-case), or None."""
+        at = self._lower.find(b"\r\n%s:" % name)
+        if at < 0:
+            return None
+        start = at + len(name) + 3
+        return self.raw[start:self.raw.index(b"\r\n", start)].strip()
 
     def for_client(self, keep_alive: bool, dechunked: bool = False) -> bytes:
         """The head as the client gets it: the upstream's connection headers replaced; for a
         body the relay decodes from chunked (an HTTP/1.0 client), no Transfer-Encoding."""
-        drop = _DROP_DECODED if dechunked else _DROP
-        lines = [self.status_line]
-        lines += [b"%s: %s" % pair for pair in self.headers if pair[0] not in drop]
-        if not keep_alive:
-            lines.append(b"connection: close")
-        return b"\r\n".join(lines) + b"\r\n\r\n"
+        drop = _CONNECTION_AND_CODING if dechunked else _CONNECTION
+        head = self.raw[:-2]  # through the last field's CRLF
+        if any(b"\r\n%s:" % name in self._lower for name in drop):
+            lines = head.split(b"\r\n")
+            head = b"\r\n".join(
+                [lines[0]] + [line for line in lines[1:]
+                              if line.partition(b":")[0].lower() not in drop])
+        return head + (b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
 
     def switching(self) -> bytes:
         """A 101 passed on whole (its Connection and Upgrade headers are the handshake)."""
-        return self.status_line + b"\r\n" + \
-            b"".join(b"%s: %s\r\n" % pair for pair in self.headers) + b"\r\n"
+        return self.raw
 
 
 def parse_head(raw: bytes, decode: bool = False) -> ResponseHead:
@@ -98,7 +99,7 @@ def parse_head(raw: bytes, decode: bool = False) -> ResponseHead:
         raise ConnectionError(f"malformed response from upstream: {error}") from None
     if not parse.head_done:
         raise ConnectionError("malformed response head from upstream")
-    return ResponseHead(parse)
+    return ResponseHead(raw, parse)
 
 
 async def read_head(reader: asyncio.StreamReader, decode: bool = False) -> ResponseHead:

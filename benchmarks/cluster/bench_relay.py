@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: common, the groups
 from common import command_line, git_commit, now_iso, percentile, write_json  # noqa: E402
 
-from higgs_serve.cluster.http1 import BodyFollower, read_response_head  # noqa: E402
+from higgs_serve.cluster.relay.responses import ResponseBody, read_head  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BYTES_PER_AUDIO_S = 24000 * 2  # s16le mono 24 kHz
@@ -145,9 +145,9 @@ async def one(conn, message: bytes, count=lambda n: None) -> tuple[int, float, f
     reader, writer = conn
     start = time.perf_counter()
     writer.write(message)
-    head = await read_response_head(reader)
+    head = await read_head(reader)
     at_head = time.perf_counter() - start
-    follower = BodyFollower(head, b"POST")
+    follower = ResponseBody(head, b"POST")
     first, size = None, 0
     while not follower.empty:
         data = await reader.read(1 << 20)

@@ -18,7 +18,15 @@ import httpx
 import openai
 import soundfile as sf
 
-from support.cluster_e2e import FIXED, FRAMES, LONG_TEXT, PCM_BYTES, tone_clip, wait_for
+from support.cluster_e2e import (
+    FIXED,
+    FRAMES,
+    LONG_TEXT,
+    PCM_BYTES,
+    replica_processes,
+    tone_clip,
+    wait_for,
+)
 
 
 def _clip() -> bytes:
@@ -29,9 +37,15 @@ def _replicas(http: httpx.Client) -> list[dict]:
     return http.get("/health").json()["replicas"]
 
 
-def _direct(replica: dict) -> httpx.Client:
+def _sockets(log: Path) -> list[str]:
+    """The replicas' private sockets (conftest.py's front end keeps its work directory beside
+    its log)."""
+    return [socket for _, socket in replica_processes(log.parent / "tmp").values()]
+
+
+def _direct(socket_path: str) -> httpx.Client:
     """Straight to a replica, over its private Unix socket (the test runs as the front end's user)."""
-    return httpx.Client(transport=httpx.HTTPTransport(uds=replica["socket"]),
+    return httpx.Client(transport=httpx.HTTPTransport(uds=socket_path),
                         base_url="http://replica", timeout=60)
 
 
@@ -66,11 +80,14 @@ def test_streaming_and_file_requests_pass_through(cluster):
 
 
 def test_replicas_listen_only_where_the_front_end_reaches_them(cluster):
-    _, http, _ = cluster
-    for replica in _replicas(http):
-        assert "url" not in replica  # no TCP port to reach past the front end
-        socket_dir = Path(replica["socket"]).parent
-        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700  # the front end's user only
+    _, http, log = cluster
+    for replica in _replicas(http):  # public: no TCP port, socket or pid to reach past it
+        assert set(replica) == {"id", "ready", "restarts", "in_flight"}
+    sockets = _sockets(log)
+    assert len(sockets) == 2
+    for socket_path in sockets:
+        mode = stat.S_IMODE(Path(socket_path).parent.stat().st_mode)
+        assert mode == 0o700  # the front end's user only
 
 
 def test_hostile_bodies_get_the_single_servers_answers(cluster):
@@ -105,13 +122,13 @@ def _served_per_replica(http: httpx.Client) -> dict[str, float]:
 
 
 def test_a_voice_registered_once_is_used_on_every_replica(cluster):
-    _, http, _ = cluster
+    _, http, log = cluster
     created = http.post("/v1/audio/voices", data={"name": "narrator", "ref_text": "A tone."},
                         files={"audio_sample": ("clip.wav", _clip(), "audio/wav")})
     assert created.status_code == 200, created.text
     assert [v["name"] for v in http.get("/v1/audio/voices").json()["data"]] == ["narrator"]
-    for replica in _replicas(http):  # straight to each replica: the voice is there and works
-        direct = _direct(replica)
+    for socket_path in _sockets(log):  # straight to each replica: the voice is there and works
+        direct = _direct(socket_path)
         assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
         assert _speech(direct, voice="narrator", response_format="pcm").status_code == 200
     before = _metric(http, 'higgs_serve_router_routed_total{reason="affinity"}')
@@ -128,8 +145,8 @@ def test_a_voice_registered_once_is_used_on_every_replica(cluster):
                                                    "consent": "rec-42", "ref_text": "A tone."},
                          files={"audio_sample": ("c.wav", _clip(), "audio/wav")})
     assert replaced.status_code == 200 and replaced.json()["replaced"] is True
-    for replica in _replicas(http):  # the replacement and its fields reached every replica
-        listed = _direct(replica).get("/v1/audio/voices").json()["data"]
+    for socket_path in _sockets(log):  # the replacement and its fields reached every replica
+        listed = _direct(socket_path).get("/v1/audio/voices").json()["data"]
         assert [(v["name"], v["consent"]) for v in listed] == [("narrator", "rec-42")]
 
 
@@ -149,24 +166,26 @@ def _metric(http: httpx.Client, name: str) -> float:
 def test_a_killed_replica_is_routed_around_and_restarted(cluster):
     _, http, log = cluster
     victim = _replicas(http)[0]
-    os.kill(victim["pid"], signal.SIGKILL)
+    pid, _ = replica_processes(log.parent / "tmp")[victim["id"]]
+    os.kill(pid, signal.SIGKILL)
     for _ in range(4):  # meanwhile every request is served by the other replica
         assert _speech(http, response_format="pcm").status_code == 200
     assert http.get("/ready").status_code == 200
     restarted = wait_for(lambda: next((r for r in _replicas(http) if r["id"] == victim["id"]
                                     and r["restarts"] >= 1 and r["ready"]), None),
                       240, "the killed replica back", log)
-    assert restarted["pid"] != victim["pid"]
-    direct = _direct(restarted)  # it has the voices again
+    new_pid, socket_path = replica_processes(log.parent / "tmp")[victim["id"]]
+    assert new_pid != pid
+    direct = _direct(socket_path)  # it has the voices again
     assert [v["name"] for v in direct.get("/v1/audio/voices").json()["data"]] == ["narrator"]
     assert 'higgs_serve_router_replica_restarts_total{replica="0"} 1.0' in http.get("/metrics").text
 
 
 def test_deleting_a_voice_removes_it_everywhere(cluster):
-    _, http, _ = cluster
+    _, http, log = cluster
     assert http.delete("/v1/audio/voices/narrator").json()["deleted"] is True
-    for replica in _replicas(http):
-        listed = _direct(replica).get("/v1/audio/voices").json()["data"]
+    for socket_path in _sockets(log):
+        listed = _direct(socket_path).get("/v1/audio/voices").json()["data"]
         assert listed == []
     assert http.delete("/v1/audio/voices/narrator").status_code == 404
 

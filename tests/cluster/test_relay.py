@@ -1,4 +1,4 @@
-"""The front end's data plane (cluster/relay.py) as an attacker and a failing replica would try
+"""The front end's data plane (cluster/relay/listener.py) as an attacker and a failing replica would try
 it: the single server's body limits answered before any body byte is read (413), deeply nested
 JSON relayed (the replica's 400, never a 5xx of the front end's own), a replica that answers
 early and resets the connection while the body is sent is not taken out of rotation, and a
@@ -13,17 +13,18 @@ import json
 import random
 import socket
 import threading
+from http import HTTPStatus
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from websockets.asyncio.server import unix_serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
+from support.frontend_thread import front_end_over, frontend_thread, stand_in_app, wait_until
 
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings
 from higgs_serve.cluster.replicas import Replica
@@ -33,19 +34,7 @@ LIMIT = 4096
 
 
 def _replica_app(received: list[int]) -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/ready")
-    async def ready():
-        return JSONResponse({"status": "ready"})
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse("")
-
-    @app.get("/v1/audio/voices")
-    async def voices():
-        return JSONResponse({"object": "list", "data": []})
+    app = stand_in_app()
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
@@ -66,19 +55,11 @@ def _replica_app(received: list[int]) -> FastAPI:
 
 @pytest.fixture(scope="module")
 def one_replica(tmp_path_factory):
-    work = tmp_path_factory.mktemp("relay1")
     received: list[int] = []
-    server, thread = serve_app_on_socket(_replica_app(received), work / "A.sock")
-    replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
-    frontend = Frontend(replicas, Router({"A": 8}), work / "voices", 24000,
-                        FrontendSettings(max_json_body_bytes=LIMIT, max_upload_bytes=2 * LIMIT,
-                                         max_detect_bytes=3 * LIMIT),
-                        poll_interval_s=0.05)
-    with frontend_thread(frontend, work) as url:
-        wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
+    with front_end_over(_replica_app(received), tmp_path_factory.mktemp("relay1"),
+                        max_json_body_bytes=LIMIT, max_upload_bytes=2 * LIMIT,
+                        max_detect_bytes=3 * LIMIT) as (url, frontend):
         yield url, frontend, received
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def _raw(url: str, head: bytes, body: bytes = b"") -> bytes:
@@ -204,6 +185,15 @@ def test_a_reset_while_the_body_is_sent_never_marks_the_replica_down(tmp_path, h
         assert marked == [] and frontend.ready_replicas() == [replicas["A"]]
 
 
+def _answer_polls(connection, request):
+    """The stand-in answers the supervisor's plain HTTP requests as a replica would (ready, no
+    load, no voices), so it is in rotation by the front end's own checks; upgrades go on to the
+    session."""
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return None
+    return connection.respond(HTTPStatus.OK, '{"status": "ready", "object": "list", "data": []}')
+
+
 async def _dies_mid_session(ws):
     await ws.recv()  # the session's configuration
     await ws.send(json.dumps({"type": "session.created"}))
@@ -216,7 +206,8 @@ def test_a_replica_dying_mid_session_gives_an_error_event_and_1012(tmp_path):
     started = threading.Event()
 
     async def main():
-        async with unix_serve(_dies_mid_session, str(tmp_path / "ws.sock")):
+        async with unix_serve(_dies_mid_session, str(tmp_path / "ws.sock"),
+                              process_request=_answer_polls):
             started.set()
             await asyncio.Event().wait()
 
@@ -224,10 +215,9 @@ def test_a_replica_dying_mid_session_gives_an_error_event_and_1012(tmp_path):
     assert started.wait(5)
     replicas = {"W": Replica(id="W", socket_path=tmp_path / "ws.sock")}
     frontend = Frontend(replicas, Router({"W": 8}, rng=random.Random(0)), tmp_path / "voices",
-                        24000, FrontendSettings(), poll_interval_s=1000)
+                        24000, FrontendSettings(), poll_interval_s=0.05)
     with frontend_thread(frontend, tmp_path) as url:
-        replicas["W"].ready = True  # the stand-in serves WebSocket only: no polls
-        frontend.router.set_healthy("W", True)
+        wait_until(lambda: frontend.ready_replicas(), what="the stand-in ready")
         with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
             ws.send(json.dumps({"type": "session.config", "voice": "x" * 10}))
             assert json.loads(ws.recv(timeout=5))["type"] == "session.created"

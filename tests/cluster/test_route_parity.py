@@ -1,5 +1,5 @@
 """Every route of the single server is served by the data-parallel front end: the single app's
-(method, path) set is compared with the relay's own routes (cluster/relay.py: speech) and the
+(method, path) set is compared with the relay's own routes (cluster/relay/listener.py: speech) and the
 control plane app's (HTTP from the OpenAPI documents, WebSocket routes from the route tables), so a route added to the single server later fails here until the front end
 serves it or it is listed below (and in docs/api.md, "Several replicas behind one endpoint")."""
 
@@ -12,7 +12,7 @@ from fastapi.routing import APIWebSocketRoute
 
 from higgs_serve.cluster.control import build_control_app
 from higgs_serve.cluster.frontend import Frontend, FrontendSettings
-from higgs_serve.cluster.relay import ROUTED
+from higgs_serve.cluster.relay.listener import ROUTED
 from higgs_serve.cluster.replicas import Replica
 from higgs_serve.cluster.routing import Router
 from higgs_serve.server.app import build_app

@@ -18,11 +18,11 @@ import time
 import httpx
 import pytest
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from support.frontend_thread import frontend_thread, serve_app_on_socket, wait_until
+from support.frontend_thread import frontend_thread, serve_app_on_socket, stand_in_app, wait_until
 
 from higgs_serve import __version__
 from higgs_serve.audio.provenance import CLAIM_HEADER, claim_json
@@ -35,19 +35,7 @@ CLAIM = claim_json(__version__)
 
 
 def _upstream(name: str, events: list) -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/ready")
-    async def ready():
-        return JSONResponse({"status": "ready"})
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse("")
-
-    @app.get("/v1/audio/voices")
-    async def voices():
-        return JSONResponse({"object": "list", "data": []})
+    app = stand_in_app()
 
     @app.post("/v1/audio/speech/batch")
     async def batch():  # replica A is shutting down: retryable before the first byte

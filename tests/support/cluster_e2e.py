@@ -61,3 +61,23 @@ def assert_marked_and_detected(http: httpx.Client) -> None:
     assert found.json()["detected"] is True and found.json()["score"] >= 0.9
     refused = http.post("/v1/audio/watermark/detect", files={"file": ("junk.wav", b"not audio" * 10)})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "file"
+
+
+def replica_processes(under: Path) -> dict[str, tuple[int, str]]:
+    """The live replicas of the front end whose work directory is below `under` (its TMPDIR):
+    replica id -> (pid, private socket path), read from the processes' command lines (the
+    front end's public /health does not give them)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"higgs_serve.cli_replica" not in args or b"--uds" not in args:
+            continue
+        socket_path = args[args.index(b"--uds") + 1].decode()
+        if Path(socket_path).is_relative_to(under):
+            found[Path(socket_path).stem.removeprefix("replica-")] = (int(proc.name), socket_path)
+    return found

@@ -1,5 +1,6 @@
 """The data-parallel front end (relay + control plane, cluster/frontend.py) served in a thread
-of the test process on a free port, over replicas the test provides (Unix sockets)."""
+of the test process on a free port, over replicas the test provides (Unix sockets): stand-in
+apps (`stand_in_app`) served by uvicorn, or servers of the test's own."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
 
-from higgs_serve.cluster.frontend import Frontend, serve_frontend
+from higgs_serve.cluster.frontend import Frontend, FrontendSettings, serve_frontend
+from higgs_serve.cluster.replicas import Replica
+from higgs_serve.cluster.routing import Router
 
 
 @contextmanager
@@ -64,3 +69,41 @@ def wait_until(predicate, timeout_s: float = 10.0, what: str = "the condition") 
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def stand_in_app() -> FastAPI:
+    """A stand-in replica with what the supervisor polls and syncs (/ready, /metrics, an empty
+    voice list); the test adds the routes it drives."""
+    app = FastAPI()
+
+    @app.get("/ready")
+    async def ready():
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse("")
+
+    @app.get("/v1/audio/voices")
+    async def voices():
+        return JSONResponse({"object": "list", "data": []})
+
+    return app
+
+
+@contextmanager
+def front_end_over(app: FastAPI, work: Path, capacity: int = 8,
+                   **settings) -> Iterator[tuple[str, Frontend]]:
+    """(url, front end) over one stand-in replica "A" serving `app`, once it is ready;
+    `settings`: FrontendSettings fields."""
+    server, thread = serve_app_on_socket(app, work / "A.sock")
+    replicas = {"A": Replica(id="A", socket_path=work / "A.sock")}
+    frontend = Frontend(replicas, Router({"A": capacity}), work / "voices", 24000,
+                        FrontendSettings(**settings), poll_interval_s=0.05)
+    try:
+        with frontend_thread(frontend, work) as url:
+            wait_until(lambda: frontend.ready_replicas(), what="the replica ready")
+            yield url, frontend
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -17,8 +17,8 @@ CORE_MAX_LINES = 230  # engine/core.py is the loop only (DESIGN.md); what grows 
 # The server's rooms, lowest first: a room may import its own or a lower one. "server" is the
 # package's top-level modules, split by what they hold.
 SERVER_ROOMS = {
-    "settings": 0, "peer_fields": 0,  # frozen settings; the peers' field meanings; who may call
-    "errors": 1, "schemas": 1, "limits": 1,  # the wire's shapes and bounds
+    "settings": 0, "peer_fields": 0,  # frozen settings; what the peers' fields mean
+    "errors": 1, "schemas": 1, "limits": 1, "auth": 1,  # the wire's shapes and bounds; who may call
     "last_mile": 2,  # audio out
     "state": 3,  # what the routers share (holds the last mile's pools)
     "plan": 4,  # request in -> SpeechPlan

@@ -1,4 +1,4 @@
-"""cluster/ws_relay.session_key: a first frame's shape is measured before the front end parses
+"""cluster/relay/ws_relay.session_key: a first frame's shape is measured before the front end parses
 it (server/limits/json_limits.py), so a frame too costly to parse never reaches json.loads on the loop
 that relays every session; ordinary frames still give their voice as the affinity key."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from higgs_serve.cluster import ws_relay
+from higgs_serve.cluster.relay import ws_relay
 from higgs_serve.server.limits.json_limits import MAX_CONTAINERS, MAX_MEMBERS
 
 

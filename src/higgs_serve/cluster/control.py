@@ -1,11 +1,12 @@
 """The front end's control plane: a FastAPI app on a private Unix socket, behind the relay.
 
-The relay (cluster/relay.py, the data plane) takes every request on the public port; it answers
-speech itself and passes everything else here unchanged, after its API-key and body-limit checks:
+The relay (cluster/relay/, the data plane) takes every request on the public port; it answers
+speech itself and passes everything else here unchanged, after its API-key and body-limit checks
+(the key is checked here again, by the same policy: server/auth.py):
 the voice endpoints (the single server's router over the fan-out registry, cluster/voice_sync.py),
 watermark detection (the single server's router with a CPU detector of its own: detection needs
 no engine), /health, /ready, /v1/models, the merged /metrics, and the WebSocket relay
-(cluster/ws_relay.py).
+(cluster/relay/ws_relay.py).
 Its lifespan starts the replicas and the supervisor (cluster/replicas.py) and stops them.
 """
 
@@ -22,11 +23,13 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from higgs_serve.audio.watermark_detect import LazyDetector
-from higgs_serve.cluster import metrics_merge, ws_relay
+from higgs_serve.cluster import metrics_merge
+from higgs_serve.cluster.relay import ws_relay
 from higgs_serve.cluster.replicas import POLL_TIMEOUT_S, Replica
 from higgs_serve.cluster.voice_sync import FanOutRegistry
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers
+from higgs_serve.server.auth import ApiKeyMiddleware
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.routers import watermark as watermark_router
@@ -57,10 +60,11 @@ def build_control_app(frontend: Frontend) -> FastAPI:
     install_error_handlers(app)
     app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
         max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector())
-    app.include_router(voices_router.router)  # the key and body limits were checked by the relay
+    app.include_router(voices_router.router)  # the body limits were checked by the relay
     app.include_router(watermark_router.router)
     _add_health(app, frontend)
     ws_relay.add_websocket(app, frontend)
+    app.add_middleware(ApiKeyMiddleware, api_key=frontend.settings.api_key)
     return app
 
 
@@ -88,12 +92,11 @@ def no_replica(frontend: Frontend) -> ApiError:
 def _add_health(app: FastAPI, frontend: Frontend) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while the front end runs; lists each replica (ready, restarts, pid, in flight).
-        `ready` is checked against the process at this moment: a replica that died is not
-        ready from the instant it exited, before the supervisor's next poll."""
-        replicas = [{"id": r.id, "socket": str(r.socket_path), "ready": r.serving,
-                     "restarts": r.restarts,
-                     "pid": r.process.pid if r.process is not None and not r.exited else None,
+        """200 while the front end runs; lists each replica (ready, restarts, in flight), never
+        its private socket or process id (the route is public: server/auth.py). `ready` is
+        checked against the process at this moment: a replica that died is not ready from the
+        instant it exited, before the supervisor's next poll."""
+        replicas = [{"id": r.id, "ready": r.serving, "restarts": r.restarts,
                      "in_flight": frontend.router.replicas[r.id].in_flight}
                     for r in frontend.replicas.values()]
         return JSONResponse({"status": "ok", "replicas_ready": len(frontend.ready_replicas()),

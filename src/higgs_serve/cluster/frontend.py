@@ -1,11 +1,11 @@
 """The one-host front end over N engine replicas: a data plane and a control plane, one process.
 
-- Data plane (cluster/relay.py): the public HTTP/1.1 listener. Checks the key and body limits,
+- Data plane (cluster/relay/): the public HTTP/1.1 listener. Checks the key and body limits,
   routes speech by cluster/routing.py and relays it byte for byte over each replica's private
   Unix socket; passes everything else to the control plane.
 - Control plane (cluster/control.py): a FastAPI app on a private Unix socket in the work
   directory: voices (cluster/voice_sync.py), health, metrics, models, the WebSocket relay
-  (cluster/ws_relay.py); its lifespan runs the replicas and their supervisor (cluster/replicas.py).
+  (cluster/relay/ws_relay.py); its lifespan runs the replicas and their supervisor (cluster/replicas.py).
 
 Both run on one event loop and share one `Router`, so routing state is exact (no copies to keep
 in step). Either side can be measured alone (benchmarks/cluster/bench_relay.py drives the data plane over
@@ -25,7 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from higgs_serve.cluster.control import build_control_app
-from higgs_serve.cluster.relay import Relay
+from higgs_serve.cluster.relay.listener import Relay
 from higgs_serve.cluster.state import Frontend, FrontendSettings
 
 __all__ = ["Frontend", "FrontendSettings", "serve_frontend"]

@@ -37,7 +37,6 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.replicas import Replica, parse_load
 from higgs_serve.cluster.routing import (
     DEFAULT_LOAD_BOUND,
@@ -48,6 +47,7 @@ from higgs_serve.cluster.routing import (
 )
 from higgs_serve.cluster.voice_sync import reconcile, stored_audio_or_none, voice_json
 from higgs_serve.errors import ConflictError, HiggsServeError, InvalidRequestError
+from higgs_serve.server import auth
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers.voices import read_upload, voice_exists, voice_missing
 from higgs_serve.server.routers.watermark import DETECT_PATH
@@ -242,12 +242,12 @@ class HiggsIngress:
         self.api_key = api_key
 
     def _check_key(self, request: Request) -> None:
+        """The single server's key rule (server/auth.py), on each /v1 route of this ingress."""
         if self.api_key is None:
             return
-        if not bearer_ok(request.headers.get("authorization", "").encode("latin-1"),
-                         self.api_key.encode()):
-            raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+        if not auth.bearer_ok(request.headers.get("authorization", "").encode("latin-1"),
+                              self.api_key.encode()):
+            raise auth.unauthorized()
 
     @api.post("/v1/audio/speech")
     async def speech(self, request: Request) -> Response:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from higgs_serve.cluster.http1 import fetch
+from higgs_serve.cluster.relay.responses import fetch
 from higgs_serve.cluster.routing import Router
 
 logger = logging.getLogger(__name__)

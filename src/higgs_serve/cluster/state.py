@@ -35,6 +35,9 @@ class FrontendSettings:
     max_detect_bytes: int = DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES  # watermark detection
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
+    # open client connections the relay allows; None: as many as the open-file limit allows
+    # (cluster/relay/connections.py)
+    max_connections: int | None = None
     # the replicas sign files (--c2pa-cert): a WebSocket session's upgrade, which the front end
     # answers itself, carries the manifest's claim as theirs do (audio/provenance.py)
     c2pa_claim: str | None = None

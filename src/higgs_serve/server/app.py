@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -20,14 +19,15 @@ from dataclasses import replace
 
 import uvicorn
 from fastapi import FastAPI, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.async_engine import AsyncEngine
 from higgs_serve.engine.builder import RuntimeOptions
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.metrics import ServerMetrics
-from higgs_serve.server.errors import ApiError, install_error_handlers
+from higgs_serve.server.auth import ApiKeyMiddleware
+from higgs_serve.server.errors import install_error_handlers
 from higgs_serve.server.limits.body_limit import BodyLimitMiddleware
 from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
@@ -42,6 +42,7 @@ from higgs_serve.voices.reference_encoder import ReferenceEncoder as CodecRefere
 __all__ = ["ServerSettings", "build_app", "run_server"]
 
 logger = logging.getLogger(__name__)
+_BEARER = HTTPBearer(auto_error=False, description="the server's --api-key")
 
 
 def build_app(engine: SpeechEngine, settings: ServerSettings, *,
@@ -91,15 +92,17 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
     app.add_middleware(BodyLimitMiddleware, default_bytes=settings.max_json_body_bytes,
                        limits={"/v1/audio/voices": MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES,
                                watermark.DETECT_PATH: DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES})
-    # every /v1 route needs the key (tests/server/test_reliability.py enumerates app.routes)
-    protected = [Security(_api_key_checker(settings.api_key))] if settings.api_key else []
+    # the key is checked by ApiKeyMiddleware (server/auth.py) for every route but the public
+    # ones; the /v1 routes declare the bearer scheme so the OpenAPI document (and /docs'
+    # Authorize button) can send it
+    protected = [Security(_BEARER)] if settings.api_key else []
     documented = {status: ERROR_RESPONSES[status] for status in (401, 500)
                   if status != 401 or settings.api_key}
     for router in (speech.router, speech_batch.router, voices.router, watermark.router, health.models_router):
         app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
-    # WebSocket: checks the API key itself (header or api_key query parameter)
     app.include_router(speech_stream.router)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)  # outermost: before any body
     return app
 
 
@@ -127,21 +130,6 @@ async def _start_engine(state: ServerState, on_failure: Callable[[], None] | Non
         return
     state.engine_started = True
     logger.info("engine ready: serving %s", state.settings.served_model_name)
-
-
-def _api_key_checker(api_key: str):
-    """The bearer-token check, declared as an HTTP bearer security scheme so the OpenAPI
-    document (and /docs' Authorize button) can send the key."""
-    expected = api_key.encode()  # ASCII (settings.py)
-    bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
-
-    async def check(credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
-        # Header values arrive as latin-1 text: compare bytes, so any header is a 401, never a 500
-        supplied = credentials.credentials.strip().encode("latin-1") if credentials else b""
-        if not secrets.compare_digest(supplied, expected):
-            raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-    return check
 
 
 def run_server(model: str, settings: ServerSettings, deploy: DeployConfig,

@@ -9,24 +9,17 @@ The protocol (vllm-omni's "Streaming Text Input", with sglang-omni's variant beh
             session.done (per utterance)  error
 
 Auth: with --api-key, `Authorization: Bearer <key>` or the `api_key` query parameter; a wrong or
-missing key gets an `error` event and close code 1008. A server still warming up (or whose engine
-died) answers `error` and close code 1013. How a session ends: server/websocket/session.py.
+missing key gets an `error` event and close code 1008 (server/auth.py, before this route). A
+server still warming up (or whose engine died) answers `error` and close code 1013. How a session ends: server/websocket/session.py.
 """
 
 from __future__ import annotations
-
-import secrets
 
 from fastapi import APIRouter, WebSocket
 
 from higgs_serve.server.run import speech_run
 from higgs_serve.server.state import ServerState
-from higgs_serve.server.websocket.session import (
-    CLOSE_POLICY,
-    CLOSE_TRY_AGAIN,
-    Ending,
-    SpeechStreamSession,
-)
+from higgs_serve.server.websocket.session import CLOSE_TRY_AGAIN, Ending, SpeechStreamSession
 
 router = APIRouter(tags=["audio"])
 
@@ -38,11 +31,6 @@ async def speech_stream(ws: WebSocket) -> None:
     claim = speech_run.claim_headers(state)
     await ws.accept(headers=[(k.lower().encode(), v.encode()) for k, v in claim.items()])
     session = SpeechStreamSession(ws, state)
-    if not _authorized(ws, state.settings.api_key):
-        await session.end(Ending.failed(
-            "invalid_api_key", "missing or invalid API key: send 'Authorization: Bearer <key>' "
-            "or the api_key query parameter", CLOSE_POLICY, type="invalid_request_error"))
-        return
     if not state.engine_ready():
         dead = state.engine_dead()
         await session.end(Ending.failed(
@@ -56,12 +44,3 @@ async def speech_stream(ws: WebSocket) -> None:
     finally:
         state.metrics.ws_sessions.dec()
 
-
-def _authorized(ws: WebSocket, api_key: str | None) -> bool:
-    if api_key is None:
-        return True
-    scheme, _, token = ws.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode()):
-        return True
-    query = ws.query_params.get("api_key", "")
-    return bool(query) and secrets.compare_digest(query.encode(), api_key.encode())

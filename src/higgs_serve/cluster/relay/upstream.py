@@ -1,4 +1,4 @@
-"""Connections from the relay (cluster/relay.py) to a replica or the control plane, pooled.
+"""Connections from the relay (listener.py) to a replica or the control plane, pooled.
 
 An `Upstream` is an asyncio protocol, not a stream: once its answer's head is in, every piece of
 the body the socket delivers is written straight to the client's transport from
@@ -6,8 +6,8 @@ the body the socket delivers is written straight to the client's transport from
 only when the body ends, the upstream goes away, or the client falls behind (then reading pauses
 until the client's buffer drains: backpressure). Measured against the stream-based relay on the
 same run (benchmarks/results/README.md, issue 44) this cut the front end's CPU per relayed
-chunk. The body passes unchanged; `BodyFollower` (cluster/http1.py) says where it ends, so the
-connection can be reused for the next request.
+chunk. The body passes unchanged (decoded from chunked only for an HTTP/1.0 client); `ResponseBody`
+(responses.py, llhttp) says where it ends, so the connection can be reused for the next request.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from higgs_serve.cluster.http1 import MAX_HEAD_BYTES, BodyFollower, ResponseHead, parse_response_head
+from higgs_serve.cluster.relay.responses import MAX_HEAD_BYTES, ResponseBody, ResponseHead, parse_head
 
 IDLE_REUSE_S = 3.0  # pooled connections older than this are not reused (uvicorn closes at 5 s)
 WRITE_HIGH_BYTES = 1024 * 1024  # past this much unsent to the client, stop reading upstream
@@ -49,8 +49,9 @@ class Upstream(asyncio.Protocol):
         self.since = time.monotonic()
         self._head = bytearray()
         self._head_waiter: asyncio.Future | None = None
+        self._decode = False  # parse the answer's body for an HTTP/1.0 client (responses.py)
         self._sink = None
-        self._follower: BodyFollower | None = None
+        self._follower: ResponseBody | None = None
         self._waiter: asyncio.Future | None = None
         self.sent = 0
 
@@ -68,7 +69,7 @@ class Upstream(asyncio.Protocol):
                 raw, rest = bytes(self._head[:end + 4]), bytes(self._head[end + 4:])
                 self._head.clear()
                 try:
-                    self._head_waiter.set_result((parse_response_head(raw), rest))
+                    self._head_waiter.set_result((parse_head(raw, self._decode), rest))
                 except ConnectionError as error:
                     self._head_waiter.set_exception(error)
             elif len(self._head) > MAX_HEAD_BYTES:
@@ -89,8 +90,11 @@ class Upstream(asyncio.Protocol):
         pass
 
     # ------------------------------------------------------------------ the relay's side
-    async def exchange(self, head_bytes: bytes, body: bytes) -> tuple[ResponseHead, bytes]:
-        """Send a request; its answer's head and the body bytes that came with it."""
+    async def exchange(self, head_bytes: bytes, body: bytes,
+                       decode: bool = False) -> tuple[ResponseHead, bytes]:
+        """Send a request; its answer's head and the body bytes that came with it. `decode`: the
+        answer's body will be wanted unchunked."""
+        self._decode = decode
         self._head_waiter = asyncio.get_running_loop().create_future()
         self.transport.writelines((head_bytes, body))
         try:
@@ -98,7 +102,7 @@ class Upstream(asyncio.Protocol):
         finally:
             self._head_waiter = None
 
-    async def forward(self, sink, follower: BodyFollower, first: bytes, drain,
+    async def forward(self, sink, follower: ResponseBody, first: bytes, drain,
                       timeout_s: float) -> bool:
         """Pass the body to `sink` (a transport) until it ends: True when it ended whole (or,
         for a body delimited by the close, when the upstream closed); False when cut. `drain()`
@@ -133,9 +137,11 @@ class Upstream(asyncio.Protocol):
         if sink.is_closing():  # the client left: end the upstream request (the replica aborts)
             self.abort()
             return
-        sink.write(data)
+        follower = self._follower
+        if not follower.decoded:  # else it writes the data it decodes
+            sink.write(data)
         self.sent += len(data)
-        if self._follower.feed(data):
+        if follower.feed(data):
             self._sink = None
             self._wake(DONE)
         elif sink.get_write_buffer_size() > WRITE_HIGH_BYTES:

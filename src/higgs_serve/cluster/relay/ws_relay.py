@@ -1,8 +1,8 @@
 """WebSocket `/v1/audio/speech/stream` through the front end: one replica per session.
 
-Served by the control plane (the relay tunnels the upgrade here). The relay does not interpret
-the session protocol. It checks the key as the single server does (an `error` event and close
-1008), waits for the client's first frame (the session's configuration) for at most
+Served by the control plane (the relay tunnels the upgrade here: tunnel.py). It does not interpret
+the session protocol. The key is checked before it, by the control plane's ApiKeyMiddleware
+(server/auth.py: an `error` event and close 1008, as on one server). It waits for the client's first frame (the session's configuration) for at most
 ws_idle_timeout_s (then an `idle_timeout` error and a normal close, as the single server closes an
 idle session), takes its voice as the affinity key when it is JSON that names one, opens the same
 path on the chosen replica's socket, and from then on copies frames both ways unchanged (text
@@ -24,14 +24,12 @@ from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from higgs_serve.audio.provenance import CLAIM_HEADER
-from higgs_serve.cluster.http1 import bearer_ok
 from higgs_serve.cluster.routing import routing_key
 from higgs_serve.server.limits.json_limits import JsonShapeError, check_json_shape
 
 logger = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/stream"
 CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
 CLOSE_INTERNAL = 1011
 CLOSE_RESTART = 1012  # the replica went away: try again
 CLOSE_TRY_AGAIN = 1013  # no capacity now
@@ -72,11 +70,6 @@ def add_websocket(app: FastAPI, frontend) -> None:
     async def relay(client: WebSocket) -> None:
         claim = frontend.settings.c2pa_claim
         await client.accept(headers=[(CLAIM_HEADER.lower().encode(), claim.encode())] if claim else None)
-        if not _authorized(client, frontend.settings.api_key):
-            await _end(client, error_event("missing or invalid API key: send 'Authorization: "
-                                           "Bearer <key>' or the api_key query parameter",
-                                           "invalid_api_key"), CLOSE_POLICY)
-            return
         try:
             first = await asyncio.wait_for(_receive(client), frontend.settings.ws_idle_timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
@@ -88,18 +81,6 @@ def add_websocket(app: FastAPI, frontend) -> None:
         if first is None:
             return
         await _session(frontend, client, first)
-
-
-def _authorized(client: WebSocket, api_key: str | None) -> bool:
-    """The single server's rule: `Authorization: Bearer KEY` or the `api_key` query parameter
-    (browsers cannot set headers on a WebSocket), compared as bytes."""
-    if api_key is None:
-        return True
-    expected = api_key.encode()
-    if bearer_ok(client.headers.get("authorization", "").encode("latin-1"), expected):
-        return True
-    query = client.query_params.get("api_key", "")
-    return bool(query) and bearer_ok(b"Bearer " + query.encode(), expected)
 
 
 async def _receive(client: WebSocket) -> str | bytes | None:

@@ -29,6 +29,7 @@ from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.run.generation import Generation
+from higgs_serve.server.run.read_ahead import read_ahead
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
 from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
@@ -142,7 +143,13 @@ async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
 async def _encoded(generation: Generation, state: ServerState,
                    tap: WordTimestampTap | None = None) -> AsyncIterator[bytes]:
     """The response format's bytes, chunk by chunk, as the pipeline releases them (the tap,
-    if any, sees each chunk's 24 kHz audio first)."""
+    if any, sees each chunk's 24 kHz audio first), made ahead of a slow reader."""
+    async for data in read_ahead(_encoded_in_order(generation, state, tap), generation.close):
+        yield data  # the slot is freed when the engine's audio is all encoded (read_ahead.py)
+
+
+async def _encoded_in_order(generation: Generation, state: ServerState,
+                            tap: WordTimestampTap | None) -> AsyncIterator[bytes]:
     out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,))
     try:
         async for chunk in generation.chunks():

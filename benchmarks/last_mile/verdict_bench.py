@@ -24,7 +24,7 @@ from higgs_serve.audio import speech_evidence
 
 SHORT_S = 5.0
 # per split: made-here clips per kind, real speech clips, espeak-ng clips, marked clips of each source
-SIZES = {"calibration": (25, 60, 30, 30), "evaluation": (60, 120, 60, 60)}
+SIZES = {"calibration": (25, 60, 30, 30), "evaluation": (55, 120, 60, 40)}
 
 
 def negatives(split: str) -> tuple[list[Clip], list[str]]:

@@ -39,8 +39,8 @@ DIP_SPACING_FRAMES = 8  # two dips at least 80 ms apart
 # The minimum before "marked" can be answered (chosen on the calibration split; the results
 # README and docs/model.md#what-the-detector-judges give the margins).
 MIN_ACTIVE_S = 1.5
-MIN_DEPTH_DB = 6.0
-MIN_DIPS_PER_S = 1.0
+MIN_DEPTH_DB = 9.0
+MIN_DIPS_PER_S = 0.7
 MIN_RICH_BINS = 12.0
 
 _FREQS = np.fft.rfftfreq(N_FFT, 1.0 / RATE_HZ)

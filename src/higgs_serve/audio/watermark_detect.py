@@ -37,7 +37,7 @@ HEADERLESS_DEFAULT_RATE_HZ = {"pcm": 24_000, "ulaw": 8_000, "alaw": 8_000}
 # Of the frames the network judges, the share its 1x stack must score as marked before the
 # verdict is `marked` (audio/perth_score.py). Chosen with the speech minimum on the calibration
 # split of benchmarks/results/watermark_negatives_cpu.json.
-MIN_MARKED_FRAME_FRACTION = 0.7
+MIN_MARKED_FRAME_FRACTION = 0.65
 MARKED, NOT_MARKED, INCONCLUSIVE = "marked", "not_marked", "inconclusive"
 # samples handed to the resampler and the scorers at a time (after decoding's own blocks)
 _PUSH_SAMPLES = 65_536
@@ -117,7 +117,7 @@ class LazyDetector:
         from higgs_serve.audio.perth_score import ClipScorer  # torch: loaded with the model
 
         watermark = self._model()
-        scorer, evidence = ClipScorer(watermark), SpeechEvidence()
+        scorer, evidence = ClipScorer(watermark, DETECT_MAX_SECONDS), SpeechEvidence()
         target = watermark.sample_rate_hz
         resampler = soxr.ResampleStream(rate_hz, target, 1, dtype="float32") if rate_hz != target else None
         seen = 0

@@ -71,10 +71,12 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
                "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
-        return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
+        # bodies made ahead of a slow reader: the slot is freed when the engine's audio is all
+        # encoded, not when a stalled client has read it (server/run/read_ahead.py)
+        return ClosingStreamingResponse(read_ahead(_sse_events(generation, state)), media_type=sse.MEDIA_TYPE,
                                         headers={**headers, "X-Accel-Buffering": "no"},
                                         background=BackgroundTask(generation.close))
-    return ClosingStreamingResponse(_raw_audio(generation, state),
+    return ClosingStreamingResponse(read_ahead(_raw_audio(generation, state)),
                                     media_type=formats.MEDIA_TYPES[plan.response_format],
                                     headers=headers, background=BackgroundTask(generation.close))
 
@@ -143,13 +145,7 @@ async def _audio(generation: Generation) -> AsyncIterator[np.ndarray]:
 async def _encoded(generation: Generation, state: ServerState,
                    tap: WordTimestampTap | None = None) -> AsyncIterator[bytes]:
     """The response format's bytes, chunk by chunk, as the pipeline releases them (the tap,
-    if any, sees each chunk's 24 kHz audio first), made ahead of a slow reader."""
-    async for data in read_ahead(_encoded_in_order(generation, state, tap), generation.close):
-        yield data  # the slot is freed when the engine's audio is all encoded (read_ahead.py)
-
-
-async def _encoded_in_order(generation: Generation, state: ServerState,
-                            tap: WordTimestampTap | None) -> AsyncIterator[bytes]:
+    if any, sees each chunk's 24 kHz audio first)."""
     out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,))
     try:
         async for chunk in generation.chunks():

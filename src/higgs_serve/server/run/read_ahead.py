@@ -19,16 +19,19 @@ from collections.abc import AsyncIterator, Callable
 _END = object()
 
 
-async def read_ahead(source: AsyncIterator[bytes], when_done: Callable[[], None]) -> AsyncIterator[bytes]:
+async def read_ahead(source: AsyncIterator[bytes],
+                     when_done: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """source's items in order; an exception of source's is raised here, where it happened in
-    the order. Closing this generator early cancels the pull (source's own cleanup runs)."""
+    the order. Closing this generator early cancels the pull (source's own cleanup runs, which
+    for a response body closes its generation: the engine request aborted, the slot freed)."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pull() -> None:
         try:
             async for item in source:
                 queue.put_nowait(item)
-            when_done()
+            if when_done is not None:
+                when_done()
             queue.put_nowait(_END)
         except BaseException as error:  # handed to the reader, in order
             queue.put_nowait(error)

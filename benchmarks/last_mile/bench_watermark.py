@@ -32,7 +32,8 @@ Sections (`--sections`, all by default):
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections cost --threads 1 --out benchmarks/results/watermark_cost_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
-  python3 benchmarks/last_mile/bench_watermark.py --sections verdict --out benchmarks/results/watermark_negatives_cpu.json
+  python3 benchmarks/last_mile/bench_watermark.py --sections verdict --splits calibration --threads 1 --out benchmarks/results/watermark_negatives_calibration_cpu.json
+  python3 benchmarks/last_mile/bench_watermark.py --sections verdict --splits evaluation --threads 1 --out benchmarks/results/watermark_negatives_evaluation_cpu.json
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ a few floats a frame):
   within DIP_REACH_FRAMES): speech alternates vowels and consonants a few times a second;
   tones, hum, noise and sustained music do not.
 
-`Evidence.speech_like` holds the calibrated minimum (benchmarks/results/watermark_negatives_cpu.json).
+`Evidence.speech_like` holds the calibrated minimum (benchmarks/results/watermark_negatives_calibration_cpu.json).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ DETECT_MAX_SECONDS = 300.0
 HEADERLESS_DEFAULT_RATE_HZ = {"pcm": 24_000, "ulaw": 8_000, "alaw": 8_000}
 # Of the frames the network judges, the share its 1x stack must score as marked before the
 # verdict is `marked` (audio/perth_score.py). Chosen with the speech minimum on the calibration
-# split of benchmarks/results/watermark_negatives_cpu.json.
+# split (benchmarks/results/watermark_negatives_calibration_cpu.json; docs/model.md#what-the-detector-judges).
 MIN_MARKED_FRAME_FRACTION = 0.65
 MARKED, NOT_MARKED, INCONCLUSIVE = "marked", "not_marked", "inconclusive"
 # samples handed to the resampler and the scorers at a time (after decoding's own blocks)

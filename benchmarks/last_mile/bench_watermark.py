@@ -15,6 +15,13 @@ Sections (`--sections`, all by default):
   seed): every clip's score marked and unmarked under every transformation, and for candidate
   thresholds the false positives and the detection rates they give. audio/watermark.py's
   THRESHOLD is the one chosen from this table (docs/model.md#watermark says how).
+- verdict: the user-facing answer (`detected` / `verdict`, audio/watermark_detect.py) on a
+  negative set of over 1,000 clips (tones, pulsed tones, chords, sweeps, silence, white, pink and
+  brown noise, noise bursts, synthetic melodies and drums, clipped audio, real human speech and
+  real music and ambience not made here, unmarked espeak-ng speech) and on marked speech
+  (espeak-ng and real recorded speech, unchanged, mp3 64 kbit/s, opus 32 kbit/s, mu-law 8 kHz),
+  in a calibration and an evaluation split (benchmarks/last_mile/verdict_clips.py). Per clip: the
+  score, the share of judged frames marked, the speech evidence and the verdict.
 - cost: CPU seconds (process time: all threads) and wall seconds per call of one stream's chunk
   at each chunk size of the schedule (window = 220 ms context + chunk), per audio second for a
   whole stream on the streaming schedule, and per audio second for batches of B 1 s chunks
@@ -33,8 +40,13 @@ Sections (`--sections`, all by default):
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections cost --threads 1 --out benchmarks/results/watermark_cost_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
-  python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections batched --repeats 20 --out watermark_batched_h100.json
-  python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections batched --smoke   # a quick check anywhere
+    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold", "batched", "verdict"],
+                   default=["quality", "cost"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                   help="streams per mark-stage pass (batched)")
+    p.add_argument("--smoke", action="store_true", help="batched: 1 and 3 streams, 2 repeats (a quick check)")
+    p.add_argument("--splits", nargs="+", choices=["calibration", "evaluation"], default=["calibration", "evaluation"],
+                   help="the verdict section's splits")
 """
 
 from __future__ import annotations
@@ -370,11 +382,13 @@ def batched(device: str, batch_sizes: list[int], repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="torch device of the watermark (cpu, cuda, cuda:N)")
-    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold", "batched"],
+    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold", "batched", "verdict"],
                    default=["quality", "cost"])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                    help="streams per mark-stage pass (batched)")
     p.add_argument("--smoke", action="store_true", help="batched: 1 and 3 streams, 2 repeats (a quick check)")
+    p.add_argument("--splits", nargs="+", choices=["calibration", "evaluation"], default=["calibration", "evaluation"],
+                   help="the verdict section's splits")
     p.add_argument("--clips", type=int, default=150, help="speech clips for the quality section")
     p.add_argument("--calibration-clips", type=int, default=100, help="speech clips for the threshold section")
     p.add_argument("--repeats", type=int, default=50, help="timed calls per chunk size (cost)")
@@ -399,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         result["threshold"] = threshold_table(wm, args.calibration_clips)
     if "quality" in args.sections:
         result["quality"] = quality(wm, args.clips)
+    if "verdict" in args.sections:
+        from verdict_bench import verdict_section
+
+        result["verdict"] = verdict_section(wm, args.splits)
     result["loadavg_end"] = os.getloadavg()
     result["finished_at"] = now_iso()
     if args.out:
@@ -410,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             {"threshold": row["threshold"], "false_positives": row["false_positives"],
              "noise_20db_at_least_5s": row["detection_at_least_5s"]["noise_20db"],
              "worst_at_least_5s": min(row["detection_at_least_5s"].values())} for row in result["threshold"]["candidates"]]
+    if "verdict" in result:
+        summary["verdict"] = {split: {k: v for k, v in part.items() if k != "per_clip"}
+                              for split, part in result["verdict"].items() if split != "sources"}
     if "quality" in result:
         q = result["quality"]
         summary["detection_>=5s"] = {k: v["at_least_5s"].get("rate") for k, v in q["detection"].items()}

@@ -295,26 +295,36 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- detect
 def _cmd_detect(args: argparse.Namespace) -> int:
-    """Every file read and decoded first (a bad one fails before the detector loads), then one
-    line per file: whether it carries the watermark, and the detector's score."""
-    from higgs_serve.audio.watermark_detect import LazyDetector, decode_for_detection
+    """Every file checked first (exists, size, header: a bad one fails before the detector
+    loads), then each decoded and scored in turn, holding one file's detection at a time
+    (audio/watermark_detect.py): one line per file, its verdict and the detector's score."""
+    from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES, LazyDetector, open_for_detection
 
     if args.sample_rate is not None and args.format is None:
         raise ConfigError("--sample-rate is the rate of headerless FILEs: give --format too")
     if args.sample_rate is not None and not 8000 <= args.sample_rate <= 192_000:
         raise ConfigError(f"--sample-rate {args.sample_rate}: give a rate from 8000 to 192000 Hz")
-    clips = []
     for path in args.files:
-        data = preflight.check_input_file(path, "FILE").read_bytes()
-        clips.append((path, *decode_for_detection(data, f"FILE {path}", args.format, args.sample_rate)))
+        file = preflight.check_input_file(path, "FILE")
+        if file.stat().st_size > DETECT_MAX_BYTES:  # refused before a byte is read
+            raise ConfigError(f"FILE {path}: {file.stat().st_size} bytes; detection reads files of at most "
+                              f"{DETECT_MAX_BYTES // 2**20} MiB")
+        with open(file, "rb") as handle:
+            open_for_detection(handle, f"FILE {path}", args.format, args.sample_rate).close()
     detector = LazyDetector()
-    for path, audio, rate_hz in clips:
-        found = detector.detect(audio, rate_hz)
+    for path in args.files:
+        with open(Path(path).expanduser(), "rb") as handle:
+            found = detector.detect_file(handle, f"FILE {path}", args.format, args.sample_rate)
         if args.json:
-            print(json.dumps({"file": path, "detected": found.detected, "score": round(found.score, 6)}), flush=True)
+            print(json.dumps({"file": path, "detected": found.detected, "verdict": found.verdict,
+                              "score": round(found.score, 6)}), flush=True)
         else:
-            print(f"{path}: {'marked' if found.detected else 'not marked'} (score {found.score:.3f})", flush=True)
+            print(f"{path}: {_VERDICT_LINES[found.verdict]} (score {found.score:.3f})", flush=True)
     return 0
+
+
+_VERDICT_LINES = {"marked": "marked", "not_marked": "not marked",
+                  "inconclusive": "inconclusive: too little speech to judge, or marked in part only"}
 
 
 # ---------------------------------------------------------------------------- config show

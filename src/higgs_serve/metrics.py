@@ -167,6 +167,18 @@ class _EncoderStats(Collector):
             yield family(f"{PREFIX}_{name}", help_text, value=stats[key])
 
 
+class _CertificateExpiry(Collector):
+    """Seconds until the C2PA signing certificate expires (audio/provenance.py), at scrape time."""
+
+    def __init__(self, seconds_to_expiry: Callable[[], float]):
+        self._seconds_to_expiry = seconds_to_expiry
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(f"{PREFIX}_c2pa_certificate_expiry_seconds",
+                                "Seconds until the C2PA signing certificate expires (negative: "
+                                "expired; files are then sent unsigned).", value=self._seconds_to_expiry())
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], int], reference_encoder: object | None = None):
@@ -214,6 +226,10 @@ class ServerMetrics:
     def watch_encoders(self, stats: Callable[[], Mapping[str, float]]) -> None:
         """Export the encoder processes' stats (ENCODER_STATS) at scrape time."""
         self.registry.register(_EncoderStats(stats))
+
+    def watch_certificate(self, seconds_to_expiry: Callable[[], float]) -> None:
+        """Export the signing certificate's time to expiry at scrape time (--c2pa-cert)."""
+        self.registry.register(_CertificateExpiry(seconds_to_expiry))
 
     def observe_step(self, step_seconds: float, num_seqs: int, num_rows: int) -> None:
         """Engine step hook: (seconds, num_seqs, num_rows); called from the engine thread."""

@@ -152,6 +152,7 @@ def load_provenance(settings):
     identity = SigningIdentity.from_files(settings.c2pa_cert, settings.c2pa_key, settings.c2pa_tsa_url)
     provenance = Provenance(identity, __version__)
     provenance.check()
+    provenance.warn_if_expiring()
     return provenance
 
 

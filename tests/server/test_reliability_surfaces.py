@@ -218,6 +218,39 @@ def test_a_client_that_stops_reading_ends_its_session_with_sentences_queued(live
     assert faults(log) == []
 
 
+def test_a_client_that_reads_again_after_the_send_timeout_gets_the_error_and_a_close(live):
+    """Issue 52: a client that stopped reading was closed with 1006 and no `error` event (the
+    ending's frames were given 50 ms behind a full socket). Now its sentence is aborted and its
+    slot freed at the send timeout, and the error and close frame wait one more send timeout
+    behind the audio already queued: a client that reads again gets them, and a valid close."""
+    gate = live.app.state.server.gate
+
+    async def run():
+        ws = await websockets.connect(_ws_url(live), sock=_unread_socket(live.url), max_size=None)
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm",
+                                  "sample_rate": 48000, "max_new_tokens": 200}))
+        ws.transport.pause_reading()  # from now on nothing is taken off the socket
+        await ws.send(json.dumps({"type": "input.text", "text": "One long sentence that goes on and on."}))
+        await ws.send(json.dumps({"type": "input.flush"}))
+        deadline = time.monotonic() + 30
+        while not gate.in_flight:  # the sentence is being spoken
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        while gate.in_flight:  # ... until the send timeout aborts it (its audio cannot all be sent)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(SEND_TIMEOUT_S / 2)  # a while later (within one more send timeout)
+        ws.transport.resume_reading()
+        events, _ = await _events(ws, timeout_s=10)
+        return events, ws.close_code
+
+    with server_log() as log:
+        events, close_code = asyncio.run(run())
+    assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "send_timeout", events[-3:]
+    assert close_code == 1008
+    assert faults(log) == []
+
+
 def test_idle_after_an_utterance_ends_with_one_error_and_close(live):
     async def run():
         async with websockets.connect(_ws_url(live)) as ws:

@@ -57,6 +57,37 @@ def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(tmp_p
         live.stop()
 
 
+def test_stalled_sse_readers_free_their_slots_when_the_engine_is_done(tmp_path):
+    """Issue 52: four SSE clients that stopped reading kept their slots until the send timeout,
+    though the engine had finished their audio: a fifth request was refused (429) meanwhile.
+    Now a stream's bytes are made ahead of its reader (server/run/read_ahead.py) and its slot is
+    freed when the engine's audio is all encoded; the send timeout (60 s here) still ends the
+    stalled responses later."""
+    from live_server import plain_uvicorn, run_in_thread, small_buffer_listener
+
+    from higgs_serve.server.app import build_app
+
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=4, max_tokens=20000), chunk_frames=10)
+    app = build_app(engine, fake_settings(tmp_path, max_queue=0, max_input_chars=10000, send_timeout_s=60.0))
+    live = run_in_thread(app, engine, plain_uvicorn(app), lambda: app.state.server.engine_started, 10,
+                         sockets=[small_buffer_listener()])
+    # 800 frames of pcm each: 1.5 MB, far past the small socket buffers, so every writer blocks
+    stream = {"input": "x" * 400, "response_format": "pcm", "stream": True, "stream_format": "sse"}
+    try:
+        stalled = [_stalled_stream(live.url, stream) for _ in range(4)]
+        with httpx.Client(base_url=live.url, timeout=30) as http:
+            started = time.monotonic()
+            while (status := http.post("/v1/audio/speech", json={"input": "hi"}).status_code) == 429:
+                assert time.monotonic() - started < 20, "the stalled readers kept their slots"
+                time.sleep(0.05)
+            assert status == 200
+        assert engine.aborted == []  # their engine work was not cut: it had finished
+        for client in stalled:
+            client.close()
+    finally:
+        live.stop()
+
+
 # ----------------------------------------------------------------------------- starvation
 @pytest.fixture
 def small_limits_server(tmp_path):

@@ -5,6 +5,7 @@ key on it is checked with every /v1 route in test_auth_and_urls.py)."""
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -41,10 +42,11 @@ def test_marked_and_unmarked_files(fake_server, clips):
     for fmt in ("WAV", "FLAC", "MP3"):
         got = _post(fake_server, _file(marked, fmt))
         assert got.status_code == 200, got.text
-        assert set(got.json()) == {"detected", "score"}
+        assert set(got.json()) == {"detected", "verdict", "score"}
         assert got.json()["detected"] is True and got.json()["score"] >= THRESHOLD, fmt
+        assert got.json()["verdict"] == "marked"
         got = _post(fake_server, _file(plain, fmt)).json()
-        assert got["detected"] is False and got["score"] < THRESHOLD, fmt
+        assert got["detected"] is False and got["score"] < THRESHOLD and got["verdict"] == "not_marked", fmt
     assert _post(fake_server, av_encode(marked, 24_000, "aac", "adts", bit_rate=64_000)).json()["detected"]
 
 
@@ -58,7 +60,8 @@ def test_headerless_samples(fake_server, clips):
     assert _post(fake_server, ulaw, format="ulaw", sample_rate=24000).json()["detected"] is False
 
 
-@pytest.mark.parametrize("case", ["junk", "empty", "unknown_field", "rate_without_format", "bad_format", "too_long"])
+@pytest.mark.parametrize("case", ["junk", "empty", "unknown_field", "rate_without_format", "bad_format", "too_long",
+                                  "rate_zero"])
 def test_refusals_are_400_naming_the_field(fake_server, clips, case):
     marked, _ = clips
     data, fields, param, words = {
@@ -69,11 +72,68 @@ def test_refusals_are_400_naming_the_field(fake_server, clips, case):
         "bad_format": (_file(marked, "WAV"), {"format": "mp3"}, "format", "not a headerless encoding"),
         "too_long": (_file(np.zeros(8000 * 301, np.float32), "WAV", 8000), {}, "file",
                      "audio to check may be at most 300 s"),
+        # issue 52: 0 was read as "the default rate"
+        "rate_zero": (b"\0\0" * 24_000, {"format": "pcm", "sample_rate": 0}, "sample_rate",
+                      "give a rate from 8000 to 192000 Hz"),
     }[case]
     got = _post(fake_server, data, **fields)
     assert got.status_code == 400, got.text
     error = got.json()["error"]
     assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error"
+
+
+def _tone(freq: float, seconds: float = 5.0, rate: int = 24_000) -> np.ndarray:
+    return (0.3 * np.sin(2 * np.pi * freq * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
+
+
+def test_tones_chords_noise_and_silence_are_never_detected(fake_server):
+    """Issue 54: the network scores a plain low tone ~0.99; the verdict needs speech-like signal
+    first (audio/speech_evidence.py), so none of these is `detected`."""
+    rng = np.random.default_rng(0)
+    cases = {"tone_110": _tone(110), "tone_440": _tone(440), "tone_220_marked": embed(load_watermarker(), _tone(220)),
+             "chord": (_tone(261.6) + _tone(329.6) + _tone(392.0)) / 3, "silence": np.zeros(24_000 * 5, np.float32),
+             "white_noise": (0.1 * rng.standard_normal(24_000 * 5)).astype(np.float32),
+             "clipped_tone": np.clip(_tone(150) * 10, -0.5, 0.5)}
+    for name, audio in cases.items():
+        got = _post(fake_server, _file(audio, "WAV")).json()
+        assert got["detected"] is False and got["verdict"] == "inconclusive", (name, got)
+
+
+def test_detections_in_flight_are_bounded(fake_server, clips):
+    """Issue 52: nothing bounded the detections at once. Past the running and waiting places:
+    429 in OpenAI's shape with Retry-After, at once."""
+    import threading
+
+    from higgs_serve.server.limits.detect_slots import DetectSlots
+
+    state = fake_server.app.state.server
+    release, entered = threading.Event(), threading.Event()
+    original_slots, detector = state.detect_slots, state.detector
+    real_detect = detector.detect_file
+
+    def held(*args):
+        entered.set()
+        release.wait(30)
+        return real_detect(*args)
+
+    state.detect_slots = DetectSlots(running=1, waiting=0)
+    detector.detect_file = held
+    try:
+        marked, _ = clips
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(_post, fake_server, _file(marked, "WAV"))
+            assert entered.wait(30)
+            busy = _post(fake_server, _file(marked, "WAV"))
+            release.set()
+            assert first.result().status_code == 200
+        assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+        assert busy.json()["error"]["type"] == "overloaded_error" and "detections" in busy.json()["error"]["message"]
+        assert _post(fake_server, _file(marked, "WAV")).status_code == 200  # the place is free again
+    finally:
+        release.set()
+        detector.detect_file = real_detect
+        state.detect_slots.shutdown()
+        state.detect_slots = original_slots
 
 
 def test_a_missing_file_and_a_body_past_the_limit(fake_server):

@@ -57,8 +57,10 @@ def _detect(http: httpx.Client, data: bytes, **headerless) -> dict:
 
 
 def _assert_marked(http: httpx.Client, data: bytes, **headerless) -> None:
+    """The network finds the mark; the tiny model's audio is not speech, so the verdict is
+    `inconclusive`, never `not_marked` (audio/watermark_detect.py)."""
     found = _detect(http, data, **headerless)
-    assert found["detected"] is True and found["score"] >= 0.9, found
+    assert found["score"] >= 0.9 and found["verdict"] in ("marked", "inconclusive"), found
 
 
 def _speech(http: httpx.Client, **fields) -> httpx.Response:

@@ -46,13 +46,15 @@ def _usage(signs_certs: bool) -> x509.KeyUsage:
                          crl_sign=signs_certs, encipher_only=False, decipher_only=False)
 
 
-def make_chain(signer_is_ca: bool = False) -> TestChain:
-    """`signer_is_ca`: the signing certificate claims to be a CA (c2pa must refuse it)."""
+def make_chain(signer_is_ca: bool = False, valid_from_days: float = -1.0,
+               valid_until_days: float = 1.0) -> TestChain:
+    """`signer_is_ca`: the signing certificate claims to be a CA (c2pa must refuse it).
+    The signing certificate is valid from now + valid_from_days to now + valid_until_days."""
     now = datetime.datetime.now(datetime.timezone.utc)
     root_key = ec.generate_private_key(ec.SECP256R1())
     root = (x509.CertificateBuilder().subject_name(_name("test root")).issuer_name(_name("test root"))
             .public_key(root_key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now - datetime.timedelta(days=400)).not_valid_after(now + datetime.timedelta(days=400))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(_usage(signs_certs=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(root_key.public_key()), critical=False)
@@ -60,7 +62,8 @@ def make_chain(signer_is_ca: bool = False) -> TestChain:
     key = ec.generate_private_key(ec.SECP256R1())
     leaf = (x509.CertificateBuilder().subject_name(_name("test signer")).issuer_name(root.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now + datetime.timedelta(days=valid_from_days))
+            .not_valid_after(now + datetime.timedelta(days=valid_until_days))
             .add_extension(x509.BasicConstraints(ca=signer_is_ca, path_length=None), critical=True)
             .add_extension(_usage(signs_certs=signer_is_ca), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.EMAIL_PROTECTION]), critical=False)

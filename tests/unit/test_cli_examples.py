@@ -79,7 +79,10 @@ def test_help_examples_run_as_written(workdir):
         proc = subprocess.run(_argv(example), cwd=workdir, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{example}\n{proc.stderr}"
         if shlex.split(example)[1] == "detect":  # synth's audio carries the watermark (on by default)
-            assert re.fullmatch(r"out/0000\.wav: marked \(score [\d.]+\)\n", proc.stdout), proc.stdout
+            # the tiny model's audio is not speech: the network finds the mark (score), the
+            # verdict is inconclusive (audio/watermark_detect.py)
+            assert re.fullmatch(r"out/0000\.wav: inconclusive: [^(]+\(score (0\.9\d\d|1\.000)\)\n",
+                                proc.stdout), proc.stdout
     assert (workdir / "tiny-model" / "config.json").is_file()
     assert sf.info(workdir / "out" / "0000.wav").samplerate == 24000
     assert np.load(workdir / "codes.npy").shape == (25, 8)

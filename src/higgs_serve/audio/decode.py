@@ -17,12 +17,19 @@ kilobytes; decoding it in full and checking afterwards lets one request take gig
 
 Peak memory is therefore about max_seconds x MAX_RATE_HZ x 4 bytes (23 MB for 30 s) plus one
 block, whatever the file says. Every refusal is an InvalidRequestError naming `param`.
+
+`open_clip` / `open_headerless` give the same decoding as blocks, for a reader that keeps less
+than the whole clip (watermark detection: audio/watermark_detect.py); the source may be bytes or
+a seekable binary file (an upload spooled to disk is never read into memory whole).
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -47,20 +54,44 @@ _OTHER_FORMATS = ((b"#!AMR", "amr"), (b"MThd", "midi"), (b"FORM", "aiff/iff"), (
                   (b"caff", "caf"), (b"wvpk", "wavpack"), (b"MAC ", "monkey's audio"))
 
 
+@dataclass
+class DecodedClip:
+    """A clip being decoded: its rate (checked), the header's length when it gives one, and its
+    mono float32 blocks; iterating raises InvalidRequestError past the length limit or on a
+    damaged stream. Close it (or exhaust it) to free the decoder."""
+
+    rate_hz: int
+    header_s: float | None
+    blocks: Iterator[np.ndarray]
+
+    def close(self) -> None:
+        self.blocks.close()
+
+
+Source = bytes | BinaryIO
+
+
+def open_clip(source: Source, param: str, max_seconds: float,
+              what: str = "reference audio") -> DecodedClip:
+    """A file (bytes, or a seekable binary file at its start), header checked, ready to decode."""
+    source = _as_file(source)
+    head = source.read(16)
+    source.seek(0)
+    if not head:
+        raise InvalidRequestError(f"{param} is empty", param=param)
+    demuxer = _container_demuxer(head) or _mp3_demuxer(source, head)
+    if demuxer is not None:
+        blocks = _av_blocks(source, demuxer, param, max_seconds, what)
+    else:
+        blocks = _soundfile_blocks(source, head, param, max_seconds, what)
+    return _started(blocks, param, max_seconds, what)
+
+
 def read_clip(data: bytes, param: str, max_seconds: float,
               what: str = "reference audio") -> tuple[np.ndarray, int]:
     """File bytes -> ([n] float32 mono, its sample rate in Hz), at most `max_seconds` long
     (`what` names the audio in the refusal)."""
-    if not data:
-        raise InvalidRequestError(f"{param} is empty", param=param)
-    demuxer = _container_demuxer(data)
-    if demuxer is not None:
-        mono, rate_hz = _read_with_av(data, demuxer, param, max_seconds, what)
-    else:
-        mono, rate_hz = _read_with_soundfile(data, param, max_seconds, what)
-    if mono.size == 0:
-        raise InvalidRequestError(f"{param} contains no audio samples", param=param)
-    return mono, rate_hz
+    return _collect(open_clip(data, param, max_seconds, what), param, max_seconds, what)
 
 
 # Headerless encodings (our own pcm, ulaw and alaw outputs): the caller names the encoding and the
@@ -68,18 +99,30 @@ def read_clip(data: bytes, param: str, max_seconds: float,
 HEADERLESS = {"pcm": "s16le", "ulaw": "mulaw", "alaw": "alaw"}
 
 
+def open_headerless(source: Source, encoding: str, rate_hz: int, param: str, max_seconds: float,
+                    what: str) -> DecodedClip:
+    """Mono headerless samples (16-bit little-endian pcm or G.711) at `rate_hz`, checked by
+    their size, ready to decode."""
+    if encoding not in HEADERLESS:
+        raise InvalidRequestError(f"unknown headerless encoding {encoding!r}; one of {', '.join(HEADERLESS)}",
+                                  param=param)
+    source = _as_file(source)
+    size = source.seek(0, io.SEEK_END)
+    source.seek(0)
+    if not size:
+        raise InvalidRequestError(f"{param} is empty", param=param)
+    _check_header(param, rate_hz, 1, size / rate_hz / (2 if encoding == "pcm" else 1), max_seconds, what)
+    blocks = _av_blocks(source, HEADERLESS[encoding], param, max_seconds, what,
+                        options={"sample_rate": str(rate_hz), "ch_layout": "mono"})
+    return _started(blocks, param, max_seconds, what)
+
+
 def read_headerless(data: bytes, encoding: str, rate_hz: int, param: str, max_seconds: float,
                     what: str) -> tuple[np.ndarray, int]:
     """Mono headerless samples (16-bit little-endian pcm or G.711) at `rate_hz` -> ([n] float32,
     rate_hz), at most `max_seconds` long."""
-    if encoding not in HEADERLESS:
-        raise InvalidRequestError(f"unknown headerless encoding {encoding!r}; one of {', '.join(HEADERLESS)}",
-                                  param=param)
-    if not data:
-        raise InvalidRequestError(f"{param} is empty", param=param)
-    _check_header(param, rate_hz, 1, len(data) / rate_hz / (2 if encoding == "pcm" else 1), max_seconds, what)
-    return _read_with_av(data, HEADERLESS[encoding], param, max_seconds, what,
-                         options={"sample_rate": str(rate_hz), "ch_layout": "mono"})
+    return _collect(open_headerless(data, encoding, rate_hz, param, max_seconds, what), param,
+                    max_seconds, what)
 
 
 def load_clip(data: bytes, param: str, rate_hz: int, min_seconds: float,
@@ -112,35 +155,81 @@ def _check_header(param: str, rate_hz: int, channels: int, seconds: float | None
             param=param)
 
 
-# ----------------------------------------------------------------------------- soundfile
-def _read_with_soundfile(data: bytes, param: str, max_seconds: float, what: str) -> tuple[np.ndarray, int]:
+# ----------------------------------------------------------------------------- blocks
+# The block generators below yield the checked header first, (rate_hz, header_s), then mono
+# float32 blocks; `_started` takes the header and hands out the blocks with the length limit.
+def _as_file(source: Source) -> BinaryIO:
+    return io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
+
+
+def _started(blocks: Iterator, param: str, max_seconds: float, what: str) -> DecodedClip:
     try:
-        handle = sf.SoundFile(io.BytesIO(data))
+        rate_hz, header_s = next(blocks)
+    except BaseException:
+        blocks.close()
+        raise
+    return DecodedClip(rate_hz, header_s, _limited(blocks, rate_hz, param, max_seconds, what))
+
+
+def _limited(blocks: Iterator[np.ndarray], rate_hz: int, param: str, max_seconds: float,
+             what: str) -> Iterator[np.ndarray]:
+    """The blocks, refused (InvalidRequestError) as soon as their total passes the limit."""
+    limit, total = math.ceil(rate_hz * max_seconds), 0
+    try:
+        for block in blocks:
+            total += block.shape[0]
+            if total > limit:
+                raise InvalidRequestError(
+                    f"{param} is longer than {max_seconds:g} s; {what} may be at most {max_seconds:g} s",
+                    param=param)
+            yield block
+    finally:
+        blocks.close()
+
+
+def _collect(clip: DecodedClip, param: str, max_seconds: float, what: str) -> tuple[np.ndarray, int]:
+    out = _MonoBuffer(clip.rate_hz, max_seconds, clip.header_s)
+    try:
+        for block in clip.blocks:
+            out.append(block)
+    finally:
+        clip.close()
+    if out.size == 0:
+        raise InvalidRequestError(f"{param} contains no audio samples", param=param)
+    return out.samples(), clip.rate_hz
+
+
+# ----------------------------------------------------------------------------- soundfile
+def _soundfile_blocks(source: BinaryIO, head: bytes, param: str, max_seconds: float, what: str) -> Iterator:
+    try:
+        handle = sf.SoundFile(source)
     except (sf.LibsndfileError, RuntimeError, TypeError) as error:
         raise UnreadableAudioError(
-            f"{param} is not a supported audio file ({_name_format(data)}); accepted: {ACCEPTED}",
+            f"{param} is not a supported audio file ({_name_format(head)}); accepted: {ACCEPTED}",
             param=param) from error
     with handle:
         rate_hz, channels = int(handle.samplerate), int(handle.channels)
-        if handle.frames >= _SF_UNKNOWN_FRAMES and data.startswith(b"fLaC"):
+        if handle.frames >= _SF_UNKNOWN_FRAMES and head.startswith(b"fLaC"):
             # a FLAC stream whose total_samples is 0 ("unknown"): libsndfile cannot read it
             # block by block (its position query fails), ffmpeg's FLAC decoder can
-            return _read_with_av(data, "flac", param, max_seconds, what)
-        # the header's frame count (0 when the header leaves it open); never trusted below:
-        # decoding stops at the limit whatever the header says
+            handle.close()
+            source.seek(0)
+            yield from _av_blocks(source, "flac", param, max_seconds, what)
+            return
+        # the header's frame count (0 when the header leaves it open); never trusted: decoding
+        # stops at the limit whatever the header says (_limited)
         header_s = handle.frames / rate_hz if 0 < handle.frames and rate_hz > 0 else None
         _check_header(param, rate_hz, channels, header_s, max_seconds, what)
-        out = _MonoBuffer(rate_hz, max_seconds, header_s, param, what)
+        yield rate_hz, header_s
         try:
             while True:
                 block = handle.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
                 if block.shape[0] == 0:
-                    break
-                out.append(block.mean(axis=1, dtype=np.float32))  # [frames, ch] -> [frames]
+                    return
+                yield block.mean(axis=1, dtype=np.float32)  # [frames, ch] -> [frames]
         except (sf.LibsndfileError, RuntimeError) as error:
             raise InvalidRequestError(f"{param} could not be decoded: the audio stream is damaged",
                                       param=param) from error
-    return out.samples(), rate_hz
 
 
 # ----------------------------------------------------------------------------- PyAV containers
@@ -152,30 +241,29 @@ def _container_demuxer(data: bytes) -> str | None:
         return "matroska"  # webm, mkv
     if data[:4] == _ADIF or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xF6 == 0xF0):
         return "aac"  # ADIF or an ADTS frame sync (mp3's sync differs in the layer bits)
-    if _is_layer3_sync(_past_id3(data)):
-        return "mp3"  # an MPEG audio layer III frame sync, after an ID3 tag if any
     return None
 
 
-def _past_id3(data: bytes) -> bytes:
-    """The bytes after a leading ID3v2 tag (its size: 4 syncsafe bytes; a footer adds 10); an ID3
-    tag may also lead a FLAC (a C2PA manifest's), so what follows it decides."""
-    if data[:3] != _ID3 or len(data) < 10:
-        return data
-    size = (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F)
-    return data[10 + size + (10 if data[5] & 0x10 else 0):]
+def _mp3_demuxer(source: BinaryIO, head: bytes) -> str | None:
+    """"mp3" when an MPEG audio layer III frame sync starts the file, or follows its leading
+    ID3v2 tag (its size: 4 syncsafe bytes; a footer adds 10); an ID3 tag may also lead a FLAC (a
+    C2PA manifest's), so what follows the tag decides. The source is left at its start."""
+    start = 0
+    if head[:3] == _ID3 and len(head) >= 10:
+        size = (head[6] & 0x7F) << 21 | (head[7] & 0x7F) << 14 | (head[8] & 0x7F) << 7 | (head[9] & 0x7F)
+        start = 10 + size + (10 if head[5] & 0x10 else 0)
+    source.seek(start)
+    sync = source.read(2)
+    source.seek(0)
+    return "mp3" if len(sync) == 2 and sync[0] == 0xFF and sync[1] & 0xE6 == 0xE2 else None
 
 
-def _is_layer3_sync(data: bytes) -> bool:
-    return len(data) > 1 and data[0] == 0xFF and data[1] & 0xE6 == 0xE2
-
-
-def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, what: str,
-                  options: dict[str, str] | None = None) -> tuple[np.ndarray, int]:
+def _av_blocks(source: BinaryIO, demuxer: str, param: str, max_seconds: float, what: str,
+               options: dict[str, str] | None = None) -> Iterator:
     import av  # PyAV: loaded with the first container soundfile cannot read, not at server import
 
     try:
-        container = av.open(io.BytesIO(data), mode="r", format=demuxer, options=options or {})
+        container = av.open(source, mode="r", format=demuxer, options=options or {})
     except (av.FFmpegError, ValueError) as error:
         raise UnreadableAudioError(f"{param} is not a readable {demuxer} file", param=param) from error
     with container:
@@ -186,10 +274,9 @@ def _read_with_av(data: bytes, demuxer: str, param: str, max_seconds: float, wha
         channels = int(stream.codec_context.layout.nb_channels or 0)
         header_s = _stream_seconds(stream, container)
         _check_header(param, rate_hz, channels, header_s, max_seconds, what)
-        out = _MonoBuffer(rate_hz, max_seconds, header_s, param, what)
+        yield rate_hz, header_s
         try:
-            _decode_av_frames(container, stream, rate_hz, param, out)
-            return out.samples(), rate_hz
+            yield from _decode_av_frames(container, stream, rate_hz, param)
         except InvalidRequestError:
             raise
         except (av.FFmpegError, ValueError) as error:
@@ -205,7 +292,7 @@ def _stream_seconds(stream, container) -> float | None:
     return None
 
 
-def _decode_av_frames(container, stream, rate_hz: int, param: str, out: _MonoBuffer) -> None:
+def _decode_av_frames(container, stream, rate_hz: int, param: str) -> Iterator[np.ndarray]:
     import av
 
     to_float = av.AudioResampler(format="fltp")  # any sample format -> planar float32
@@ -215,37 +302,31 @@ def _decode_av_frames(container, stream, rate_hz: int, param: str, out: _MonoBuf
         if frame.rate != rate_hz:
             raise InvalidRequestError(f"{param} changes its sample rate mid-stream", param=param)
         for planar in to_float.resample(frame):
-            out.append(planar.to_ndarray().mean(axis=0, dtype=np.float32))  # [ch, n] -> [n]
+            yield planar.to_ndarray().mean(axis=0, dtype=np.float32)  # [ch, n] -> [n]
 
 
 class _MonoBuffer:
     """Decoded mono samples, preallocated once: the header's length when it gave one (grown if
-    it lied short), else the limit; a block past the limit is refused before it is stored."""
+    it lied short), else the limit (`_limited` refuses a block past it before it arrives)."""
 
-    def __init__(self, rate_hz: int, max_seconds: float, header_s: float | None, param: str,
-                 what: str = "reference audio"):
+    def __init__(self, rate_hz: int, max_seconds: float, header_s: float | None):
         self._limit = math.ceil(rate_hz * max_seconds)
-        self._max_seconds, self._param, self._what = max_seconds, param, what
         guess = self._limit if header_s is None else min(self._limit, math.ceil(header_s * rate_hz))
         self._data = np.empty(max(guess, 1), dtype=np.float32)
-        self._size = 0
+        self.size = 0
 
     def append(self, block: np.ndarray) -> None:
-        end = self._size + block.shape[0]
-        if end > self._limit:
-            raise InvalidRequestError(
-                f"{self._param} is longer than {self._max_seconds:g} s; {self._what} may be at "
-                f"most {self._max_seconds:g} s", param=self._param)
+        end = self.size + block.shape[0]
         if end > self._data.shape[0]:
             grown = np.empty(min(self._limit, max(end, 2 * self._data.shape[0])), np.float32)
-            grown[:self._size] = self._data[:self._size]
+            grown[:self.size] = self._data[:self.size]
             self._data = grown
-        self._data[self._size:end] = block
-        self._size = end
+        self._data[self.size:end] = block
+        self.size = end
 
     def samples(self) -> np.ndarray:
         """[n] float32: a view (no copy, so the peak stays one buffer)."""
-        return self._data[:self._size]
+        return self._data[:self.size]
 
 
 def _name_format(data: bytes) -> str:

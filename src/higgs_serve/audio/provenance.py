@@ -23,20 +23,31 @@ Certificates: c2pa accepts an X.509 v3 chain in PEM, the signing certificate fir
 signing certificate is not a CA, has the digitalSignature key usage and an extended key usage
 c2pa accepts (emailProtection, documentSigning, ...); a reader trusts it only if its root is
 on the reader's trust list (the test builds a throwaway chain: tests/unit/test_provenance.py).
+
+Expiry (docs/api.md#provenance-c2pa): a signing certificate outside its validity period is
+refused at start-up (ConfigError, one line); one that expires within EXPIRY_WARNING_S is logged
+at start-up, and `seconds_to_expiry` feeds a metric. One that expires while the server runs, or
+a signature c2pa refuses for any other reason, leaves that file unsigned (`unsigned_reason` says
+why: the response's `X-C2PA-Unsigned` header), never a failed request.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
 from higgs_serve.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 # IPTC NewsCodes digital source type for media made by a trained model (what C2PA asks of AI output)
 TRAINED_ALGORITHMIC_MEDIA = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
@@ -48,6 +59,8 @@ CLAIM_HEADER = "X-C2PA-Claim"
 # 23 min at 24 kHz (11 at 48 kHz), a FLAC about twice that, an mp3 of hours; longer long-form
 # files are sent unsigned, with the claim header.
 SIGN_MAX_BYTES = 64 << 20
+EXPIRY_WARNING_S = 30 * 86_400  # a certificate this close to its end is logged at start-up
+UNSIGNED_HEADER = "X-C2PA-Unsigned"
 
 
 def claim_json(version: str) -> str:
@@ -62,15 +75,37 @@ class SigningIdentity:
     private_key_pem: bytes
     algorithm: str  # c2pa's name: es256, es384, es512, ps256, ed25519
     tsa_url: str | None = None  # an RFC 3161 timestamp authority, or None
+    not_after: datetime | None = None  # the signing certificate's end of validity (UTC)
 
     @classmethod
-    def from_files(cls, cert_path: str | Path, key_path: str | Path, tsa_url: str | None = None) -> SigningIdentity:
-        """Read and check the operator's files (ConfigError naming the flag on any problem)."""
+    def from_files(cls, cert_path: str | Path, key_path: str | Path, tsa_url: str | None = None,
+                   now: datetime | None = None) -> SigningIdentity:
+        """Read and check the operator's files (ConfigError naming the flag on any problem,
+        a signing certificate outside its validity period included)."""
         chain = _read(cert_path, "--c2pa-cert")
         key = _read(key_path, "--c2pa-key")
         if b"-----BEGIN CERTIFICATE-----" not in chain:
             raise ConfigError(f"--c2pa-cert {cert_path}: not a PEM certificate chain")
-        return cls(chain, key, _algorithm(key, key_path), tsa_url)
+        not_after = _check_validity(chain, cert_path, now or datetime.now(timezone.utc))
+        return cls(chain, key, _algorithm(key, key_path), tsa_url, not_after)
+
+
+def _check_validity(chain: bytes, cert_path: str | Path, now: datetime) -> datetime:
+    """The signing certificate's notAfter; ConfigError when `now` is outside its validity."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(chain)  # the first certificate: the signer's
+    except ValueError as exc:
+        raise ConfigError(f"--c2pa-cert {cert_path}: its first certificate cannot be read ({exc})") from exc
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if now >= end:
+        raise ConfigError(f"--c2pa-cert {cert_path}: the signing certificate expired on "
+                          f"{end:%Y-%m-%d %H:%M} UTC; renew it (or start without --c2pa-cert)")
+    if now < start:
+        raise ConfigError(f"--c2pa-cert {cert_path}: the signing certificate is valid only from "
+                          f"{start:%Y-%m-%d %H:%M} UTC")
+    return end
 
 
 class Provenance:
@@ -81,6 +116,7 @@ class Provenance:
 
         self._c2pa = c2pa
         self.version = version
+        self.not_after = identity.not_after
         self.claim = claim_json(version)
         self._lock = threading.Lock()
         try:
@@ -99,23 +135,48 @@ class Provenance:
                 "softwareAgent": {"name": GENERATOR, "version": self.version}}]}}],
         }
 
+    def seconds_to_expiry(self) -> float:
+        """Seconds until the signing certificate expires (negative once it has); inf if unknown."""
+        if self.not_after is None:
+            return float("inf")
+        return self.not_after.timestamp() - time.time()
+
+    def warn_if_expiring(self) -> None:
+        """Log (start-up) when the certificate ends within EXPIRY_WARNING_S."""
+        left_s = self.seconds_to_expiry()
+        if left_s < EXPIRY_WARNING_S:
+            logger.warning("the C2PA signing certificate expires on %s UTC (in %.1f days): files "
+                           "will be sent unsigned from then on; renew --c2pa-cert",
+                           f"{self.not_after:%Y-%m-%d %H:%M}", left_s / 86_400)
+
     @staticmethod
     def can_sign(response_format: str, size_bytes: int) -> bool:
-        """Whether a file of this format and size gets a manifest (module note)."""
+        """Whether a file of this format and size has a place for a manifest (module note)."""
         return response_format in SIGNABLE_FORMATS and size_bytes <= SIGN_MAX_BYTES
 
-    def sign_file(self, source: BinaryIO, dest: BinaryIO, response_format: str) -> None:
+    def sign_file(self, source: BinaryIO, dest: BinaryIO, response_format: str) -> str | None:
         """The file read from `source` (at its start) written to `dest` with its manifest
-        embedded; blocking (run it off the event loop). Only for what `can_sign` allows."""
+        embedded; blocking (run it off the event loop). Only for what `can_sign` allows.
+        Returns None when signed, else why not ("certificate_expired", "signing_failed"):
+        then `dest` holds nothing meant to be sent and the file goes unsigned."""
         if response_format not in SIGNABLE_FORMATS:
             raise ValueError(f"{response_format} files have no place for a C2PA manifest")
-        with self._lock, self._c2pa.Builder(self.manifest(f"speech.{response_format}")) as builder:
-            builder.sign(self._signer, SIGNABLE_FORMATS[response_format], source, dest)
+        if self.seconds_to_expiry() <= 0:
+            return "certificate_expired"
+        try:
+            with self._lock, self._c2pa.Builder(self.manifest(f"speech.{response_format}")) as builder:
+                builder.sign(self._signer, SIGNABLE_FORMATS[response_format], source, dest)
+        except self._c2pa.C2paError as exc:  # one line, no traceback: the file goes unsigned
+            logger.warning("C2PA signing failed, the file is sent unsigned: %s", exc)
+            return "certificate_expired" if self.seconds_to_expiry() <= 0 else "signing_failed"
+        return None
 
     def sign(self, data: bytes, response_format: str) -> bytes:
         """Whole file bytes -> the same with the manifest embedded (start-up check, tests)."""
         dest = io.BytesIO()
-        self.sign_file(io.BytesIO(data), dest, response_format)
+        unsigned = self.sign_file(io.BytesIO(data), dest, response_format)
+        if unsigned is not None:
+            raise self._c2pa.C2paError(f"not signed: {unsigned}")
         return dest.getvalue()
 
     def check(self) -> None:

@@ -1,60 +1,145 @@
-"""Detecting the mark in audio from outside: any supported file (or headerless samples) decoded
-within limits, and a CPU detector loaded at its first use. Shared by
-`POST /v1/audio/watermark/detect` (server/routers/watermark.py) and `higgs-serve detect`.
+"""Detecting the mark in audio from outside: any supported file (or headerless samples), decoded
+block by block, resampled to the detector's 24 kHz as it is decoded and scored as it arrives, so
+one detection holds a few tens of MB whatever the file (docs/api.md#watermark-and-provenance).
+Shared by `POST /v1/audio/watermark/detect` (server/routers/watermark.py), the front end's
+control plane and `higgs-serve detect`.
+
+The verdict (docs/model.md#what-the-detector-judges) is one of three:
+- `marked`: the audio is speech-like enough to judge (audio/speech_evidence.py), the network's
+  score is at least THRESHOLD, and the mark is in nearly every frame it judges
+  (MIN_MARKED_FRAME_FRACTION);
+- `not_marked`: speech-like enough, and the score is under THRESHOLD;
+- `inconclusive`: too little speech-like signal to judge (tones, chords, noise, silence, music),
+  or a score above the threshold from marks in part of the frames only. `detected` is true for
+  `marked` alone.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
+import soxr
 
-from higgs_serve.audio.decode import HEADERLESS, read_clip, read_headerless
-from higgs_serve.audio.watermark import Detection, Watermarker, detect, load_watermarker
+from higgs_serve.audio.decode import HEADERLESS, DecodedClip, Source, open_clip, open_headerless
+from higgs_serve.audio.speech_evidence import Evidence, SpeechEvidence
+from higgs_serve.audio.watermark import THRESHOLD, load_watermarker
 from higgs_serve.errors import InvalidRequestError, UnreadableAudioError
 
 # What detection accepts (the endpoint and `higgs-serve detect`): a file of at most this many
-# bytes and seconds. Decoding is bounded (audio/decode.py): its peak is about DETECT_MAX_SECONDS x
-# 192 kHz x 4 bytes for a file whose header hides its length.
+# bytes and seconds.
 DETECT_MAX_BYTES = 32 * 1024 * 1024
 DETECT_MAX_SECONDS = 300.0
 # the rate a headerless input has unless told: what the speech endpoint sends in that encoding
 HEADERLESS_DEFAULT_RATE_HZ = {"pcm": 24_000, "ulaw": 8_000, "alaw": 8_000}
+# Of the frames the network judges, the share its 1x stack must score as marked before the
+# verdict is `marked` (audio/perth_score.py). Chosen with the speech minimum on the calibration
+# split (benchmarks/results/watermark_negatives_calibration_cpu.json; docs/model.md#what-the-detector-judges).
+MIN_MARKED_FRAME_FRACTION = 0.65
+MARKED, NOT_MARKED, INCONCLUSIVE = "marked", "not_marked", "inconclusive"
+# samples handed to the resampler and the scorers at a time (after decoding's own blocks)
+_PUSH_SAMPLES = 65_536
 
 
-def decode_for_detection(data: bytes, param: str, encoding: str | None = None,
-                         rate_hz: int | None = None) -> tuple[np.ndarray, int]:
-    """An audio file's bytes (any format audio/decode.py reads), or headerless samples when
-    `encoding` is pcm, ulaw or alaw (at `rate_hz`, default that encoding's usual rate) ->
-    ([n] float32 mono, its rate in Hz). InvalidRequestError names `param` on anything wrong."""
+@dataclass(frozen=True)
+class Finding:
+    verdict: str  # MARKED, NOT_MARKED or INCONCLUSIVE
+    score: float  # the network's score, 0..1
+    marked_frame_fraction: float
+    evidence: Evidence
+
+    @property
+    def detected(self) -> bool:
+        return self.verdict == MARKED
+
+
+def verdict(score: float, marked_frame_fraction: float, evidence: Evidence) -> str:
+    """The rule the module note states."""
+    if not evidence.speech_like:
+        return INCONCLUSIVE
+    if score < THRESHOLD:
+        return NOT_MARKED
+    return MARKED if marked_frame_fraction >= MIN_MARKED_FRAME_FRACTION else INCONCLUSIVE
+
+
+def open_for_detection(source: Source, param: str, encoding: str | None = None,
+                       rate_hz: int | None = None) -> DecodedClip:
+    """An audio file (bytes or a seekable binary file; any format audio/decode.py reads), or
+    headerless samples when `encoding` is pcm, ulaw or alaw (at `rate_hz`, default that
+    encoding's usual rate), header checked. InvalidRequestError names `param` (or the field)."""
     if encoding is None:
         if rate_hz is not None:
             raise InvalidRequestError("sample_rate is for headerless audio: give format (pcm, ulaw or alaw) "
                                       "too, or leave it out for a file with a header", param="sample_rate")
         try:
-            return read_clip(data, param, DETECT_MAX_SECONDS, what="audio to check")
+            return open_clip(source, param, DETECT_MAX_SECONDS, what="audio to check")
         except UnreadableAudioError as error:  # headerless samples read as a file: say how to send them
             raise InvalidRequestError(f"{error}; headerless samples (16-bit pcm, µ-law, A-law) need format: "
                                       f"{', '.join(HEADERLESS)}", param=param) from error
     if encoding not in HEADERLESS:
         raise InvalidRequestError(f"format {encoding!r} is not a headerless encoding; one of "
                                   f"{', '.join(HEADERLESS)} (files with a header need no format)", param="format")
-    return read_headerless(data, encoding, rate_hz or HEADERLESS_DEFAULT_RATE_HZ[encoding], param,
-                           DETECT_MAX_SECONDS, what="audio to check")
+    if rate_hz is None:
+        rate_hz = HEADERLESS_DEFAULT_RATE_HZ[encoding]
+    return open_headerless(source, encoding, rate_hz, param, DETECT_MAX_SECONDS, what="audio to check")
 
 
 class LazyDetector:
     """Detection on the CPU, its model loaded at the first use (thread-safe): the endpoint and
-    the CLI need no device, and never compete with the engine's mark stage for one."""
+    the CLI need no device, and never compete with the engine's mark stage for one. Any number
+    of threads may detect at once (a scorer only reads the model); the server bounds how many
+    (server/limits/detect_slots.py)."""
 
     def __init__(self, name: str = "perth"):
         self.name = name
-        self._watermark: Watermarker | None = None
+        self._watermark = None
         self._lock = threading.Lock()
 
-    def detect(self, audio: np.ndarray, rate_hz: int) -> Detection:
-        """[n] float32 mono at rate_hz -> Detection; WatermarkUnavailableError without the model."""
+    def _model(self):
         with self._lock:
             if self._watermark is None:
                 self._watermark = load_watermarker(self.name, "cpu")
-        return detect(self._watermark, audio, rate_hz)
+            return self._watermark
+
+    def detect_file(self, source: Source | BinaryIO, param: str, encoding: str | None = None,
+                    rate_hz: int | None = None) -> Finding:
+        """Decode, resample and score `source` in one pass (open_for_detection's arguments)."""
+        clip = open_for_detection(source, param, encoding, rate_hz)
+        try:
+            return self.detect_blocks(clip.blocks, clip.rate_hz, param)
+        finally:
+            clip.close()
+
+    def detect(self, audio: np.ndarray, rate_hz: int) -> Finding:
+        """[n] float32 mono at rate_hz -> its Finding."""
+        return self.detect_blocks(iter([np.asarray(audio, dtype=np.float32)]), rate_hz, "audio")
+
+    def detect_blocks(self, blocks, rate_hz: int, param: str) -> Finding:
+        """Mono float32 blocks at rate_hz, resampled to the model's rate as they come."""
+        from higgs_serve.audio.perth_score import ClipScorer  # torch: loaded with the model
+
+        watermark = self._model()
+        scorer, evidence = ClipScorer(watermark, DETECT_MAX_SECONDS), SpeechEvidence()
+        target = watermark.sample_rate_hz
+        resampler = soxr.ResampleStream(rate_hz, target, 1, dtype="float32") if rate_hz != target else None
+        seen = 0
+        for block in blocks:
+            seen += block.size
+            for start in range(0, block.size, _PUSH_SAMPLES):
+                piece = block[start: start + _PUSH_SAMPLES]
+                _feed(scorer, evidence, piece if resampler is None else resampler.resample_chunk(piece))
+        if seen == 0:
+            raise InvalidRequestError(f"{param} contains no audio samples", param=param)
+        if resampler is not None:
+            _feed(scorer, evidence, resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        detail, found = scorer.finish(), evidence.finish()
+        return Finding(verdict(detail.score, detail.marked_frame_fraction, found), detail.score,
+                       detail.marked_frame_fraction, found)
+
+
+def _feed(scorer, evidence: SpeechEvidence, samples: np.ndarray) -> None:
+    samples = np.asarray(samples, dtype=np.float32)
+    scorer.push(samples)
+    evidence.push(samples)

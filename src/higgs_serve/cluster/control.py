@@ -30,6 +30,7 @@ from higgs_serve.cluster.voice_sync import FanOutRegistry
 from higgs_serve.metrics import CONTENT_TYPE
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.server.auth import ApiKeyMiddleware
+from higgs_serve.server.limits.detect_slots import DetectSlots
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.routers import watermark as watermark_router
@@ -59,8 +60,8 @@ def build_control_app(frontend: Frontend) -> FastAPI:
     app.state.frontend = frontend
     install_error_handlers(app)
     app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
-        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector())
-    app.include_router(voices_router.router)  # the body limits were checked by the relay
+        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector(), DetectSlots())
+    app.include_router(voices_router.router)  # the key and body limits were checked by the relay
     app.include_router(watermark_router.router)
     _add_health(app, frontend)
     ws_relay.add_websocket(app, frontend)
@@ -78,6 +79,7 @@ class _VoiceRoutes:
     settings: ServerSettings
     audio_workers: AudioWorkers
     detector: LazyDetector
+    detect_slots: DetectSlots  # detections in flight, as the single server's
 
 
 def no_replica(frontend: Frontend) -> ApiError:

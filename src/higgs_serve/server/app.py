@@ -67,6 +67,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                         provenance=provenance)
     if state.encode_pool is not None:
         metrics.watch_encoders(state.encode_pool.stats)
+    if provenance is not None:
+        metrics.watch_certificate(provenance.seconds_to_expiry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -80,6 +82,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
             if state.encode_pool is not None:
                 await state.encode_pool.shutdown()
             state.audio_workers.shutdown()
+            state.detect_slots.shutdown()
             state.encode_workers.shutdown()
             if state.aligner_pool is not None:
                 await asyncio.to_thread(state.aligner_pool.shutdown)

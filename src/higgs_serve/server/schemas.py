@@ -335,9 +335,14 @@ class ModelList(BaseModel):
 
 
 class WatermarkDetection(BaseModel):
-    detected: bool = Field(description="true when the audio carries the higgs-serve watermark "
-                                       "(score >= 0.4)")
-    score: float = Field(description="the detector's confidence, 0 (unmarked) to 1 (marked)")
+    detected: bool = Field(description="true when the audio carries the higgs-serve watermark: "
+                                       "verdict is `marked`")
+    verdict: Literal["marked", "not_marked", "inconclusive"] = Field(
+        description="marked; not_marked (speech, no mark); inconclusive (too little speech-like "
+                    "signal to judge, e.g. tones, noise, silence or music, or a mark in part of "
+                    "the audio only)")
+    score: float = Field(description="the detector network's output, 0 (unmarked) to 1 (marked): "
+                                     "meaningful for speech only (see verdict)")
 
 
 ERROR_RESPONSES = {

@@ -22,6 +22,7 @@ from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.server.last_mile.encode_pool import EncodePool
+from higgs_serve.server.limits.detect_slots import DetectSlots
 from higgs_serve.server.settings import AUDIO_WORKERS, ServerSettings
 from higgs_serve.voices.registry import VoiceRegistry
 
@@ -86,6 +87,7 @@ class ServerState:
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
     # POST /v1/audio/watermark/detect: on the CPU, loaded at its first request
     detector: LazyDetector = field(default_factory=LazyDetector)
+    detect_slots: DetectSlots = field(default_factory=DetectSlots)  # detections in flight
     # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
     provenance: Provenance | None = None
     # response encoding (server/last_mile/audio_out.py), apart from reference work: --encode-threads

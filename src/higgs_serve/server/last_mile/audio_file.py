@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from starlette.background import BackgroundTask
 
-from higgs_serve.audio.provenance import CLAIM_HEADER, Provenance
+from higgs_serve.audio.provenance import CLAIM_HEADER, UNSIGNED_HEADER, Provenance
 from higgs_serve.server.last_mile.audio_out import AudioOut
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
@@ -55,6 +55,7 @@ class AudioFile:
         self.size_bytes = 0
         self.finished = False
         self.signed = False  # carries a C2PA manifest
+        self.unsigned_reason: str | None = None  # signing was tried and failed: why
 
     async def add(self, audio: np.ndarray) -> None:
         """audio: [n] float32 at the model's rate."""
@@ -76,11 +77,15 @@ class AudioFile:
     async def _sign(self, signing: FileSigning) -> None:
         signed = _spool()
         try:
-            await signing.workers.run(signing.provenance.sign_file, self._file, signed,
-                                      signing.response_format)
+            self.unsigned_reason = await signing.workers.run(signing.provenance.sign_file, self._file,
+                                                             signed, signing.response_format)
         except BaseException:
             signed.close()
             raise
+        if self.unsigned_reason is not None:  # sent unsigned, with the claim and why (module note)
+            signed.close()
+            self._file.seek(0)
+            return
         self._file.close()
         self._file = signed
         self.size_bytes = signed.seek(0, 2)
@@ -89,10 +94,12 @@ class AudioFile:
 
     @property
     def claim_headers(self) -> dict[str, str]:
-        """The claim header when the server signs but this file carries no manifest."""
+        """The claim header when the server signs but this file carries no manifest, and why
+        not when signing it failed (an expired certificate: docs/api.md#provenance-c2pa)."""
         if self._signing is None or self.signed:
             return {}
-        return {CLAIM_HEADER: self._signing.provenance.claim}
+        why = {} if self.unsigned_reason is None else {UNSIGNED_HEADER: self.unsigned_reason}
+        return {CLAIM_HEADER: self._signing.provenance.claim, **why}
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)

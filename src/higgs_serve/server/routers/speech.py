@@ -29,6 +29,7 @@ from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.run.generation import Generation
+from higgs_serve.server.run.read_ahead import read_ahead
 from higgs_serve.server.schemas import ERROR_RESPONSES, SpeechRequestBody
 from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.state import ServerState, server_state
@@ -70,10 +71,12 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
                "Cache-Control": "no-cache",
                "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
     if plan.mode == "sse":
-        return ClosingStreamingResponse(_sse_events(generation, state), media_type=sse.MEDIA_TYPE,
+        # bodies made ahead of a slow reader: the slot is freed when the engine's audio is all
+        # encoded, not when a stalled client has read it (server/run/read_ahead.py)
+        return ClosingStreamingResponse(read_ahead(_sse_events(generation, state)), media_type=sse.MEDIA_TYPE,
                                         headers={**headers, "X-Accel-Buffering": "no"},
                                         background=BackgroundTask(generation.close))
-    return ClosingStreamingResponse(_raw_audio(generation, state),
+    return ClosingStreamingResponse(read_ahead(_raw_audio(generation, state)),
                                     media_type=formats.MEDIA_TYPES[plan.response_format],
                                     headers=headers, background=BackgroundTask(generation.close))
 

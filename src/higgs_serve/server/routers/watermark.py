@@ -2,10 +2,12 @@
 
 Multipart form: `file` (any format the server reads: wav, flac, ogg/opus, mp3, aac, m4a/mp4,
 webm; or headerless samples with `format` pcm, ulaw or alaw and optionally `sample_rate`).
-Answer: `{"detected": bool, "score": float}`. The same API key as every /v1 route; the body is
-bounded by the body-limit middleware and by DETECT_MAX_BYTES here; decoding is bounded
-(audio/decode.py) and runs on the audio worker pool, detection on the CPU
-(audio/watermark_detect.py), never on the engine's device.
+Answer: `{"detected": bool, "verdict": "marked" | "not_marked" | "inconclusive", "score": float}`
+(docs/api.md#watermark-and-provenance). The same API key as every /v1 route; the body is bounded
+by the body-limit middleware and by DETECT_MAX_BYTES here. The upload is read from the form
+parser's spool (disk past 1 MB) block by block, resampled to the detector's rate and scored as
+it is decoded (audio/watermark_detect.py), on the detection threads; at most a few detections
+run and a few wait, past that a 429 (server/limits/detect_slots.py). Never on the engine's device.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
-from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES, DETECT_MAX_SECONDS, decode_for_detection
+from higgs_serve.audio.decode import MAX_RATE_HZ, MIN_RATE_HZ
+from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES, DETECT_MAX_SECONDS
 from higgs_serve.server.errors import ApiError
 from higgs_serve.server.schemas import ERROR_RESPONSES, WatermarkDetection
 from higgs_serve.server.state import server_state
@@ -33,17 +36,28 @@ async def detect_watermark(
                                                  "with `format`.")],
     format: Annotated[str | None, Form(description="For headerless samples only: pcm (16-bit little-endian), "
                                                    "ulaw or alaw.")] = None,
-    sample_rate: Annotated[int | None, Form(description="The rate of headerless samples (default: 24000 for "
-                                                        "pcm, 8000 for ulaw and alaw).")] = None,
+    sample_rate: Annotated[int | None, Form(description=f"The rate of headerless samples, {MIN_RATE_HZ}-"
+                                                        f"{MAX_RATE_HZ} Hz (default: 24000 for pcm, 8000 "
+                                                        "for ulaw and alaw).")] = None,
 ) -> WatermarkDetection:
     unknown = sorted(set((await request.form()).keys()) - set(FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=",".join(unknown))
-    data = await file.read(DETECT_MAX_BYTES + 1)
-    if len(data) > DETECT_MAX_BYTES:
+    if sample_rate is not None and not MIN_RATE_HZ <= sample_rate <= MAX_RATE_HZ:
+        raise ApiError(400, f"sample_rate {sample_rate}: give a rate from {MIN_RATE_HZ} to {MAX_RATE_HZ} Hz "
+                            "(or leave it out for the format's usual rate)", param="sample_rate")
+    if _size(file) > DETECT_MAX_BYTES:
         raise ApiError(413, f"file exceeds the limit of {DETECT_MAX_BYTES} bytes", param="file",
                        code="file_too_large")
     state = server_state(request)
-    audio, rate_hz = await state.audio_workers.run(decode_for_detection, data, "file", format, sample_rate)
-    detection = await state.audio_workers.run(state.detector.detect, audio, rate_hz)
-    return WatermarkDetection(detected=detection.detected, score=round(detection.score, 6))
+    found = await state.detect_slots.run(state.detector.detect_file, file.file, "file", format, sample_rate)
+    return WatermarkDetection(detected=found.detected, verdict=found.verdict, score=round(found.score, 6))
+
+
+def _size(file: UploadFile) -> int:
+    """The upload's size in bytes (the form parser counted it; else its spool's end)."""
+    if file.size is not None:
+        return file.size
+    size = file.file.seek(0, 2)
+    file.file.seek(0)
+    return size

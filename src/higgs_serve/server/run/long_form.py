@@ -39,6 +39,7 @@ from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import error_object, to_api_error
 from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
+from higgs_serve.server.run.read_ahead import read_ahead
 from higgs_serve.server.settings import ServerSettings
 from higgs_serve.server.plan.speech_plan import SpeechPlan
 from higgs_serve.server.state import ServerState
@@ -204,11 +205,12 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
     headers.update(speech_run.claim_headers(state))  # a stream carries no manifest
     if plan.mode == "sse":
         # no proxy buffering, as for a single request's events
-        return ClosingStreamingResponse(_sse(run, state), media_type=sse.MEDIA_TYPE,
+        # made ahead of a slow reader, as a single request's (server/run/read_ahead.py)
+        return ClosingStreamingResponse(read_ahead(_sse(run, state)), media_type=sse.MEDIA_TYPE,
                                         headers={**headers, "Cache-Control": "no-cache",
                                                  "X-Accel-Buffering": "no"},
                                         background=BackgroundTask(run.close))
-    return ClosingStreamingResponse(_raw(run, state),
+    return ClosingStreamingResponse(read_ahead(_raw(run, state)),
                                     media_type=formats.MEDIA_TYPES[plan.response_format],
                                     headers={**headers, "Cache-Control": "no-cache"},
                                     background=BackgroundTask(run.close))

@@ -64,9 +64,12 @@ CLOSE_POLICY = 1008  # bad API key; a client that stopped reading
 CLOSE_INTERNAL = 1011  # the engine stopped
 CLOSE_TRY_AGAIN = 1013  # engine not ready
 # The last error event and close frame of a session ending on a fault: never waited on longer
-# (a client that stopped reading would hold them forever); after a send timeout, barely at all.
+# (a client that stopped reading would hold them forever). After a send timeout they wait up to
+# send_timeout_s once more (the session's sentence is already aborted and its slot freed): a
+# client that reads again in that time gets the rest of its audio, then the `send_timeout` error
+# and a 1008 close, never a bare 1006 (issue 52); one that never reads again is closed after it.
 FINAL_SEND_S = 1.0
-UNREAD_FINAL_SEND_S = 0.05
+UNREAD_FINAL_SEND_S = float("inf")  # capped by send_timeout_s in `end`
 # Text past this many characters is segmented on a worker thread (sentencex takes about 1 s per
 # million characters): the event loop is never held for more than a few milliseconds by it.
 SEGMENT_ON_LOOP_CHARS = 4096
@@ -215,8 +218,7 @@ class SpeechStreamSession:
         if not ended.timed_out:
             return GONE
         timeout_s = self.state.settings.send_timeout_s
-        # the client is not reading: the event and close frame go out only if the socket
-        # takes them at once
+        # the client is not reading: the event and close frame wait one more send timeout
         return Ending.failed("send_timeout", f"the client read nothing for {timeout_s:g} s; the "
                              "session is closed", CLOSE_POLICY, type="invalid_request_error",
                              wait_s=UNREAD_FINAL_SEND_S)

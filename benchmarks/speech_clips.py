@@ -151,6 +151,9 @@ class _ESpeak:
         return np.frombuffer(answer[4 + size:], dtype="<i2")
 
     def _speak_here(self, text: str, voice: str, rate_wpm: int, pitch: int) -> bytes:
+        # the library keeps one callback per process: another copy of this module (loaded under
+        # another name) may have set its own since, so the child sets this one's again
+        self.lib.espeak_SetSynthCallback(self._callback)
         # as the command line picks `-v VOICE`: a voice by name, else by language (+variant)
         if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
             spec = _VoiceSpec(languages=voice.encode())

@@ -6,6 +6,10 @@ import httpx
 import hypothesis
 import requests
 import schemathesis
+# loaded when the tests are collected, not in the middle of one: pytest rewrites schemathesis's
+# modules (it is a pytest plugin) as they load, and CPython 3.11's parser has failed that rewrite
+# ("AST constructor recursion depth mismatch") when a collection ran finalizers during it
+import schemathesis.specs.openapi.schemas  # noqa: F401
 from schemathesis.checks import not_a_server_error
 
 

@@ -28,14 +28,19 @@ def frontend_thread(frontend: Frontend, work: Path) -> Iterator[str]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(256)
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    loop = asyncio.new_event_loop()
+    loops: list[asyncio.AbstractEventLoop] = []
     stop = asyncio.Event()
     started = threading.Event()
     failed: list[BaseException] = []
 
     def run() -> None:
+        # a Runner, as `higgs-serve` runs it: at the end it cancels what is left (a supervisor
+        # poll in flight) and closes the loop; a loop left open leaves tasks for the garbage
+        # collector to destroy later, in whatever test runs then
         try:
-            loop.run_until_complete(serve_frontend(frontend, listener, work, stop, started.set))
+            with asyncio.Runner() as runner:
+                loops.append(runner.get_loop())
+                runner.run(serve_frontend(frontend, listener, work, stop, started.set))
         except BaseException as error:  # shown by the test
             failed.append(error)
             started.set()
@@ -46,7 +51,7 @@ def frontend_thread(frontend: Frontend, work: Path) -> Iterator[str]:
     try:
         yield url
     finally:
-        loop.call_soon_threadsafe(stop.set)
+        loops[0].call_soon_threadsafe(stop.set)
         thread.join(timeout=30)
         assert not thread.is_alive(), "the front end did not stop"
         assert not failed, failed

@@ -4,6 +4,7 @@ speaks, the same every run, and is the eSpeak NG that made the committed aligner
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 from support.aligned_speech import DATA
@@ -37,3 +38,16 @@ def test_it_is_the_speech_of_the_committed_fixture():
     for (word, start, end), committed in zip(sentence.truth, fixture["words"], strict=True):
         assert word == committed["word"]
         assert abs(start - committed["start_s"]) < 0.05 and abs(end - committed["end_s"]) < 0.05, word
+
+
+def test_two_copies_of_the_module_each_speak(monkeypatch):
+    """The library holds one callback per process; a second copy of speech_clips (a benchmark
+    imports it under its own name) set its own, and the first copy's clips came out empty."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speech_clips_copy", clips.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "speech_clips_copy", copy)
+    spec.loader.exec_module(copy)
+    for module in (clips, copy, clips):
+        assert module.speak("Hello.", "en-us", 170, 50).size > 0.2 * module.SAMPLE_RATE_HZ

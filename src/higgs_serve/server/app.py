@@ -66,6 +66,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
                         provenance=provenance)
     if state.encode_pool is not None:
         metrics.watch_encoders(state.encode_pool.stats)
+    if state.aligner_pool is not None:
+        metrics.watch_aligners(state.aligner_pool.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

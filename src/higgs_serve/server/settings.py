@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from higgs_serve.config.worker_processes import WorkerPlacement
 from higgs_serve.errors import ConfigError
 
 # Long inputs are split into segments and spoken as one recording (server/run/long_form.py).
@@ -38,6 +39,16 @@ DEFAULT_ALIGNMENT_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 # more audio per second than one GPU makes: benchmarks/results/README.md, bench_encode_gil).
 SERVER_RESERVED_CORES = 2
 MAX_DEFAULT_ENCODE_PROCESSES = 32
+# Worker processes (encoders, aligners) that owe an answer and give none for this long (plus an
+# allowance per second of audio in the work) are killed and replaced: 200x the costliest encoder
+# chunk and 10x the longest sentence's alignment measured (docs/operations.md#worker-processes).
+DEFAULT_WORKER_TIMEOUT_S = 10.0
+# ... and run below the engine's process (config/worker_processes.py): this much nicer, and on
+# "auto" cores (the server's less SERVER_RESERVED_CORES a server, when enough are left).
+DEFAULT_WORKER_NICE = 10
+# Audio waiting for one aligner process, in seconds: past it a sentence's words are refused as
+# overload (0.1 MB per second of 24 kHz float32; ~2 s of one process's work).
+DEFAULT_ALIGNMENT_QUEUE_S = 120.0
 
 
 def host_cores() -> int:
@@ -46,6 +57,13 @@ def host_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_worker_cpus(servers: int) -> str:
+    """`worker_cpus` for each of `servers` servers sharing the host: "auto" keeps
+    SERVER_RESERVED_CORES for each server's own process (the same cores for all of them)."""
+    placement = WorkerPlacement.resolve("auto", 0, SERVER_RESERVED_CORES * servers)
+    return "all" if placement.cpus is None else ",".join(map(str, sorted(placement.cpus)))
 
 
 def default_encode_processes(servers: int = 1) -> int:
@@ -103,6 +121,15 @@ class ServerSettings:
     voice_aliases: tuple[tuple[str, str], ...] = ()
     # aligner worker processes for `word_timestamps` (0: the field is refused with a 400)
     alignment_workers: int = DEFAULT_ALIGNMENT_WORKERS
+    # seconds of audio that may wait for one aligner process (past it: a words overload error)
+    alignment_queue_s: float = DEFAULT_ALIGNMENT_QUEUE_S
+    # a worker process (encoder, aligner) owing an answer this long is killed and replaced
+    worker_timeout_s: float = DEFAULT_WORKER_TIMEOUT_S
+    # the worker processes' cores ("auto", "all" or a list such as "2-7") and added niceness;
+    # resolved once into `worker_placement`
+    worker_cpus: str = "auto"
+    worker_nice: int = DEFAULT_WORKER_NICE
+    worker_placement: WorkerPlacement = field(init=False, repr=False, compare=False)
 
     @property
     def max_json_body_bytes(self) -> int:
@@ -122,7 +149,9 @@ class ServerSettings:
                     "send_timeout_s": self.send_timeout_s,
                     "segment_max_chars": self.segment_max_chars, "max_audio_s": self.max_audio_s,
                     "ws_idle_timeout_s": self.ws_idle_timeout_s,
-                    "encode_threads": self.encode_threads}
+                    "encode_threads": self.encode_threads,
+                    "alignment_queue_s": self.alignment_queue_s,
+                    "worker_timeout_s": self.worker_timeout_s}
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"server setting {name} must be positive, got {value}")
@@ -156,6 +185,8 @@ class ServerSettings:
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))
         self._check_voice_aliases()
+        object.__setattr__(self, "worker_placement", WorkerPlacement.resolve(
+            self.worker_cpus, self.worker_nice, SERVER_RESERVED_CORES))
 
     def _check_voice_aliases(self) -> None:
         seen: dict[str, str] = {}

@@ -45,7 +45,6 @@ import numpy as np
 from higgs_serve.audio import encode_wire as wire
 from higgs_serve.audio.encode_pipeline import EncodeSpec
 from higgs_serve.audio.encoders.base import Patch
-from higgs_serve.audio.formats import float_to_int16
 from higgs_serve.config.worker_processes import NO_PLACEMENT, WorkerPlacement
 from higgs_serve.errors import EncoderFailedError
 from higgs_serve.server.last_mile.encoder_process import EncoderProcess
@@ -85,8 +84,6 @@ class EncoderStream:
             raise RuntimeError("EncoderStream used after close")
         if self._busy:
             raise RuntimeError("EncoderStream: one call at a time (await each chunk)")
-        samples = (np.ascontiguousarray(audio, dtype=wire.FLOAT_DTYPE) if self.spec.float_stages
-                   else float_to_int16(audio))  # the pipeline's own first step, done here
         self._busy = True
         try:
             opening = None
@@ -95,8 +92,10 @@ class EncoderStream:
                 self._process = await self._pool.assign()
                 opening = self.spec.to_json()
             op = wire.CLOSE if last else wire.PUSH
-            reply = await self._process.call(self.id, op, samples, len(audio) / self.spec.model_rate_hz,
-                                             opening)
+            # without float stages the pipeline's first step, float_to_int16, is done here
+            # (with the other streams' chunks of this loop turn: encoder_process.py)
+            reply = await self._process.call(self.id, op, audio, not self.spec.float_stages,
+                                             len(audio) / self.spec.model_rate_hz, opening)
         finally:
             self._busy = False
         if last:

@@ -182,9 +182,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                         "(its audio is unaffected); 0.1 MB a second")
     p.add_argument("--worker-timeout-s", type=float, default=ServerSettings.worker_timeout_s,
                    help="an encoder or aligner process that owes an answer and gives none for "
-                        "this long (plus 0.5 s per second of audio in its work) is killed and "
-                        "replaced; its responses end with an error (encoders) or retry once "
-                        "(aligners)")
+                        "this long (plus 0.1 s, aligners 0.2 s, per second of audio in its work) "
+                        "is killed and replaced; its responses end with an error (encoders) or "
+                        "its sentence is retried once (aligners)")
     p.add_argument("--worker-cpus", default=ServerSettings.worker_cpus, metavar="CPUS",
                    help="the cores of the encoder and aligner processes: 'auto' (the server's "
                         "cores less 2 left to the engine's process, when at least 2 remain; "

@@ -35,17 +35,18 @@ import numpy as np
 
 from higgs_serve.alignment.aligner import WordTiming
 from higgs_serve.alignment.aligner_process import STOP_TIMEOUT_S, AlignerProcess, AlignJob
-from higgs_serve.config.worker_processes import NO_PLACEMENT, WorkerPlacement
+from higgs_serve.config.worker_processes import DEFAULT_WORKER_TIMEOUT_S, NO_PLACEMENT, WorkerPlacement
 from higgs_serve.errors import AlignerFailedError, AlignerOverloadedError, AlignmentError
 
-DEFAULT_TIMEOUT_S = 10.0  # ServerSettings.worker_timeout_s
-DEFAULT_QUEUE_S = 120.0  # ServerSettings.alignment_queue_s
+# ServerSettings.alignment_queue_s: audio that may wait for one process, 0.1 MB a second of it
+# (24 kHz float32); 2.4-6.4 s of its work at 0.02-0.053 CPU-s per audio second
+DEFAULT_QUEUE_S = 120.0
 
 
 class AlignerPool:
     """`workers` aligner processes, each started at its first work (or `start`)."""
 
-    def __init__(self, workers: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, workers: int, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
                  queue_s: float = DEFAULT_QUEUE_S, placement: WorkerPlacement = NO_PLACEMENT):
         """timeout_s and queue_s: see the module doc; placement: the processes' CPU set and
         niceness (config/worker_processes.py)."""

@@ -28,6 +28,12 @@ from dataclasses import dataclass
 from higgs_serve.errors import ConfigError
 
 MAX_NICE = 19  # the kernel's lowest priority
+# A worker that owes an answer and gives none for this long (plus an allowance per second of
+# audio in its work: encoder_process.py, aligner_process.py) is killed and replaced: 200x the
+# costliest 1 s encoder chunk and ~10x the longest sentence's alignment measured
+# (docs/operations.md#worker-processes). ServerSettings.worker_timeout_s.
+DEFAULT_WORKER_TIMEOUT_S = 10.0
+DEFAULT_WORKER_NICE = 10  # ServerSettings.worker_nice: the workers yield to the engine's process
 _PR_SET_PDEATHSIG = 1
 
 

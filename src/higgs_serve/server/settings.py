@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from higgs_serve.config.worker_processes import WorkerPlacement
+from higgs_serve.alignment.pool import DEFAULT_QUEUE_S as DEFAULT_ALIGNMENT_QUEUE_S
+from higgs_serve.config.worker_processes import DEFAULT_WORKER_NICE, DEFAULT_WORKER_TIMEOUT_S, WorkerPlacement
 from higgs_serve.errors import ConfigError
 
 # Long inputs are split into segments and spoken as one recording (server/run/long_form.py).
@@ -39,16 +40,6 @@ DEFAULT_ALIGNMENT_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 # more audio per second than one GPU makes: benchmarks/results/README.md, bench_encode_gil).
 SERVER_RESERVED_CORES = 2
 MAX_DEFAULT_ENCODE_PROCESSES = 32
-# Worker processes (encoders, aligners) that owe an answer and give none for this long (plus an
-# allowance per second of audio in the work) are killed and replaced: 200x the costliest encoder
-# chunk and 10x the longest sentence's alignment measured (docs/operations.md#worker-processes).
-DEFAULT_WORKER_TIMEOUT_S = 10.0
-# ... and run below the engine's process (config/worker_processes.py): this much nicer, and on
-# "auto" cores (the server's less SERVER_RESERVED_CORES a server, when enough are left).
-DEFAULT_WORKER_NICE = 10
-# Audio waiting for one aligner process, in seconds: past it a sentence's words are refused as
-# overload (0.1 MB per second of 24 kHz float32; ~2 s of one process's work).
-DEFAULT_ALIGNMENT_QUEUE_S = 120.0
 
 
 def host_cores() -> int:
@@ -125,8 +116,9 @@ class ServerSettings:
     alignment_queue_s: float = DEFAULT_ALIGNMENT_QUEUE_S
     # a worker process (encoder, aligner) owing an answer this long is killed and replaced
     worker_timeout_s: float = DEFAULT_WORKER_TIMEOUT_S
-    # the worker processes' cores ("auto", "all" or a list such as "2-7") and added niceness;
-    # resolved once into `worker_placement`
+    # the worker processes' cores ("auto", "all" or a list such as "2-7") and added niceness
+    # (config/worker_processes.py: "auto" leaves SERVER_RESERVED_CORES to the engine's process
+    # when enough are left); resolved once into `worker_placement`
     worker_cpus: str = "auto"
     worker_nice: int = DEFAULT_WORKER_NICE
     worker_placement: WorkerPlacement = field(init=False, repr=False, compare=False)

@@ -3,9 +3,8 @@
 audio/encode_worker.py, their messages audio/encode_wire.py).
 
 - Batched writes: a call is queued and the queue written once per turn of the event loop, so
-  the chunks several responses push after one engine step cost one socket write, and those
-  that travel as int16 are converted together, in one float_to_int16 call: per chunk it cost
-  the event loop more than the float32 bytes it saves (a fixed ~30 us a call, 1 ns a sample;
+  the chunks several responses push after one engine step cost one socket write (with the
+  process's batched replies, 20-25 % less event-loop CPU per audio second for mp3 at K = 256:
   benchmarks/results/README.md, bench_encode_loop).
 - Answering: replies come in call order, so a process that owes replies and has sent none for
   longer than one call can take is not answering (`silent_s`, `patience_s`): the pool's
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from higgs_serve.audio import encode_wire as wire
-from higgs_serve.audio.formats import float_to_int16
 from higgs_serve.config.worker_processes import WorkerPlacement
 from higgs_serve.errors import EncoderFailedError
 
@@ -81,21 +79,6 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.writable.set()  # writers wake and find the process gone
         self._process.lost()
-
-
-def _as_int16_together(parts: list) -> list[bytes | memoryview]:
-    """`parts` with each float32 ndarray replaced by its float_to_int16, all converted in one
-    call (elementwise: the same samples as one call each)."""
-    floats = [part for part in parts if isinstance(part, np.ndarray)]
-    if not floats:
-        return parts
-    samples = float_to_int16(floats[0] if len(floats) == 1 else np.concatenate(floats))
-    ready, at = [], 0
-    for part in parts:
-        if isinstance(part, np.ndarray):
-            part, at = samples[at:at + part.size].data, at + part.size
-        ready.append(part)
-    return ready
 
 
 @dataclass
@@ -164,11 +147,11 @@ class EncoderProcess:
         self.alive = True
 
     # ------------------------------------------------------------------ calls
-    async def call(self, stream_id: int, op: int, audio: np.ndarray, as_int16: bool,
-                   audio_s: float, opening: bytes | None = None) -> bytes:
+    async def call(self, stream_id: int, op: int, samples: np.ndarray, audio_s: float,
+                   opening: bytes | None = None) -> bytes:
         """One PUSH or CLOSE (preceded, in the same write, by the stream's OPEN spec): the
-        reply's payload, or EncoderFailedError. audio: [n] float32, sent as float_to_int16 of
-        it when `as_int16` (the stream's wire dtype, audio/encode_wire.py)."""
+        reply's payload, or EncoderFailedError. samples: in the stream's wire dtype
+        (audio/encode_wire.py), contiguous."""
         connection = self._connection
         while not connection.writable.is_set():  # backpressure: the process is behind
             await connection.writable.wait()
@@ -182,9 +165,7 @@ class EncoderProcess:
         if not self._calls:
             self._answered_at = time.monotonic()  # it owed nothing: its patience starts now
         self._calls[call_id] = _Call(future, audio_s)
-        audio = np.ascontiguousarray(audio, dtype=wire.FLOAT_DTYPE)
-        payload, size = (audio, 2 * audio.size) if as_int16 else (audio.data, audio.nbytes)
-        self._queue(wire.CALL.pack(call_id, stream_id, op, size), payload)  # int16: at _flush
+        self._queue(wire.CALL.pack(call_id, stream_id, op, samples.nbytes), samples.data)
         try:
             return await future
         finally:
@@ -194,8 +175,7 @@ class EncoderProcess:
         if self.alive:
             self._queue(wire.CALL.pack(0, stream_id, wire.DROP, 0))
 
-    def _queue(self, *parts: bytes | memoryview | np.ndarray) -> None:
-        """Parts of the next write; an ndarray is float32 audio to send as int16."""
+    def _queue(self, *parts: bytes | memoryview) -> None:
         if not self._outbox:
             self._loop.call_soon(self._flush)
         self._outbox += parts
@@ -203,7 +183,7 @@ class EncoderProcess:
     def _flush(self) -> None:
         parts, self._outbox = self._outbox, []
         if self.alive and self._connection.transport is not None:
-            self._connection.transport.writelines(_as_int16_together(parts))
+            self._connection.transport.writelines(parts)
 
     def answered(self, call_id: int, status: int, payload: bytes) -> None:
         if call_id == wire.READY_CALL_ID:

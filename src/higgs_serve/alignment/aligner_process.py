@@ -87,9 +87,9 @@ class AlignerProcess:
     def __init__(self, pool: AlignerHost, index: int):
         self.pool = pool
         self.index = index
-        self.queue: deque[_Job] = deque()
+        self.queue: deque[AlignJob] = deque()
         self.waiting_s = 0.0  # audio of the queued jobs and the one in flight
-        self.current: _Job | None = None
+        self.current: AlignJob | None = None
         self.current_since = 0.0
         self.answering = True  # False from a kill until its replacement is up
         self.process: subprocess.Popen | None = None
@@ -107,7 +107,7 @@ class AlignerProcess:
         return now - self.current_since > (min(ASSIGN_SILENCE_S, self.pool.timeout_s / 4)
                                            + EXPECTED_S_PER_AUDIO_S * job.audio_s)
 
-    def put(self, job: _Job) -> None:
+    def put(self, job: AlignJob) -> None:
         self.queue.append(job)
         self.waiting_s += job.audio_s
         self.wake.notify()
@@ -126,7 +126,7 @@ class AlignerProcess:
                 self._up()  # the replacement, now: it takes work again once its models load
         self._stop_process()
 
-    def _next(self) -> _Job | None:
+    def _next(self) -> AlignJob | None:
         with self.pool.lock:
             while True:
                 while not self.queue and not self.pool.closing:
@@ -139,7 +139,7 @@ class AlignerProcess:
                     return job
                 self.waiting_s -= job.audio_s  # cancelled while queued (its response ended)
 
-    def _work(self, job: _Job) -> list[WordTiming] | None:
+    def _work(self, job: AlignJob) -> list[WordTiming] | None:
         if not self._up():
             raise AlignerFailedError("no aligner process could be started (see the server log)")
         if job.name not in self.built:

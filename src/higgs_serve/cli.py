@@ -230,7 +230,9 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
-        alignment_workers=args.alignment_workers,
+        alignment_workers=args.alignment_workers, alignment_queue_s=args.alignment_queue_s,
+        worker_timeout_s=args.worker_timeout_s, worker_cpus=args.worker_cpus,
+        worker_nice=args.worker_nice,
         **({} if args.encode_processes is None else {"encode_processes": args.encode_processes}),
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
@@ -246,7 +248,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     from higgs_serve.cluster.launch import ClusterPlan, plan_devices, run_cluster
     from higgs_serve.cluster.mps import check_mps
     from higgs_serve.model.hf_config import load_model_spec
-    from higgs_serve.server.settings import ServerSettings, default_encode_processes
+    from higgs_serve.server.settings import ServerSettings, default_encode_processes, default_worker_cpus
 
     if args.uds:
         raise HiggsServeError("--uds: the data-parallel front end listens on --host/--port (its "
@@ -271,9 +273,14 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--allowed-local-media-path": args.allowed_local_media_path,
               "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
               "--alignment-workers": args.alignment_workers,
-              # the replicas share the host's cores (each its own encoder processes)
+              "--alignment-queue-s": args.alignment_queue_s, "--worker-timeout-s": args.worker_timeout_s,
+              "--worker-nice": args.worker_nice,
+              # the replicas share the host's cores (each its own encoder processes; "auto"
+              # leaves each replica's engine process its own cores)
               "--encode-processes": (default_encode_processes(len(devices))
                                      if args.encode_processes is None else args.encode_processes),
+              "--worker-cpus": (default_worker_cpus(len(devices)) if args.worker_cpus == "auto"
+                                else args.worker_cpus),
               "--load-format": args.load_format, "--dtype": args.dtype,
               "--deploy-config": args.deploy_config, "--stage-overrides": args.stage_overrides,
               "--max-num-seqs": args.max_num_seqs, "--kv-cache-dtype": args.kv_cache_dtype,

@@ -177,6 +177,22 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alignment-workers", type=int, default=ServerSettings.alignment_workers,
                    help="aligner processes for word_timestamps requests, started at the first such "
                         "request; the default is a quarter of the cores, 1 to 4; 0 refuses word_timestamps")
+    p.add_argument("--alignment-queue-s", type=float, default=ServerSettings.alignment_queue_s,
+                   help="seconds of audio that may wait for one aligner process; past it a "
+                        "sentence's words are skipped with an aligner_overloaded words error "
+                        "(its audio is unaffected); 0.1 MB a second")
+    p.add_argument("--worker-timeout-s", type=float, default=ServerSettings.worker_timeout_s,
+                   help="an encoder or aligner process that owes an answer and gives none for "
+                        "this long (plus 0.1 s, aligners 0.2 s, per second of audio in its work) "
+                        "is killed and replaced; its responses end with an error (encoders) or "
+                        "its sentence is retried once (aligners)")
+    p.add_argument("--worker-cpus", default=ServerSettings.worker_cpus, metavar="CPUS",
+                   help="the cores of the encoder and aligner processes: 'auto' (the server's "
+                        "cores less 2 left to the engine's process, when at least 2 remain; "
+                        "otherwise all), 'all', or a list such as 2-7,12")
+    p.add_argument("--worker-nice", type=int, default=ServerSettings.worker_nice,
+                   help="niceness added to the encoder and aligner processes (0-19), so side "
+                        "work never slows an engine step")
     p.add_argument("--voice-alias", action="append", default=None, metavar="NAME=VOICE",
                    help="let requests name VOICE (a registered voice or 'default') as NAME, e.g. "
                         "alloy=default for OpenAI-only clients; repeatable, or @FILE of NAME=VOICE "

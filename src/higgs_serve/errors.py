@@ -54,6 +54,22 @@ class AlignmentError(HiggsServeError):
     """Word timestamps could not be computed for some audio (alignment/): the audio is still
     delivered; its timestamps are reported as missing."""
 
+    code = "alignment_failed"  # the words error's code (docs/api.md#word-timestamps)
+
+
+class AlignerOverloadedError(AlignmentError):
+    """The aligner processes are too far behind to take a sentence's audio (their queue is
+    bounded): its words are skipped, its audio is unaffected."""
+
+    code = "aligner_overloaded"
+
+
+class AlignerFailedError(AlignmentError):
+    """The aligner process of a sentence died or stopped answering, twice (the first time the
+    sentence is retried on another process)."""
+
+    code = "aligner_failed"
+
 
 class WatermarkUnavailableError(HiggsServeError):
     """The watermark is on but its model cannot be loaded (package missing, file absent or

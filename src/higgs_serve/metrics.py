@@ -30,6 +30,7 @@ disable_created_metrics()
 PREFIX = "higgs_serve"
 
 _ALIGNMENT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_WORDS_LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TTFA_BUCKETS_S = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _STEP_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.5)
@@ -151,18 +152,33 @@ class _ReferenceCounters(Collector):
 ENCODER_STATS: dict[str, tuple[str, str, bool]] = {
     "encoder_processes": ("encoder_processes", "Encoder processes running (--encode-processes).", False),
     "encoder_streams": ("encoder_streams", "Responses whose encoding is assigned to an encoder process.", False),
-    "encoder_restarts": ("encoder_restarts", "Encoder processes replaced after they died (their "
-                         "responses ended with an error).", True),
+    "encoder_restarts": ("encoder_restarts", "Encoder processes replaced after they died or "
+                         "stopped answering (their responses ended with an error).", True),
+}
+# The aligner processes' stats (alignment/pool.py AlignerPool.stats), the same way.
+ALIGNER_STATS: dict[str, tuple[str, str, bool]] = {
+    "aligner_processes": ("aligner_processes", "Aligner processes running (--alignment-workers; "
+                          "each starts at its first sentence).", False),
+    "aligner_waiting_audio_seconds": ("aligner_waiting_audio_seconds", "Seconds of audio queued "
+                                      "for (or being aligned by) the aligner processes.", False),
+    "aligner_restarts": ("aligner_restarts", "Aligner processes replaced after they died or "
+                         "stopped answering.", True),
+    "aligner_overloads": ("aligner_overloads", "Sentences whose words were skipped because every "
+                          "aligner process had --alignment-queue-s of audio waiting.", True),
 }
 
 
-class _EncoderStats(Collector):
-    def __init__(self, stats: Callable[[], Mapping[str, float]]):
+class _PoolStats(Collector):
+    """A worker pool's stats() at scrape time: ENCODER_STATS or ALIGNER_STATS."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, float]],
+                 table: dict[str, tuple[str, str, bool]]):
         self._stats = stats
+        self._table = table
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         stats = self._stats()
-        for key, (name, help_text, counter) in ENCODER_STATS.items():
+        for key, (name, help_text, counter) in self._table.items():
             family = CounterMetricFamily if counter else GaugeMetricFamily
             yield family(f"{PREFIX}_{name}", help_text, value=stats[key])
 
@@ -219,13 +235,22 @@ class ServerMetrics:
         self.alignment_failures = Counter(
             f"{PREFIX}_alignment_failures", "Sentences whose word timestamps could not be "
             "computed (sent as missing; their audio is unaffected).", registry=self.registry)
+        self.words_lag_seconds = Histogram(
+            f"{PREFIX}_words_lag_seconds", "Time from a sentence's last audio to its word "
+            "timestamps handed to its response (the aligners run below the engine's priority, "
+            "so under load the words come later, never the audio).",
+            buckets=_WORDS_LAG_BUCKETS_S, registry=self.registry)
         self.registry.register(_EngineStats(engine_stats, in_flight))
         if reference_encoder is not None:
             self.registry.register(_ReferenceCounters(reference_encoder))
 
     def watch_encoders(self, stats: Callable[[], Mapping[str, float]]) -> None:
         """Export the encoder processes' stats (ENCODER_STATS) at scrape time."""
-        self.registry.register(_EncoderStats(stats))
+        self.registry.register(_PoolStats(stats, ENCODER_STATS))
+
+    def watch_aligners(self, stats: Callable[[], Mapping[str, float]]) -> None:
+        """Export the aligner processes' stats (ALIGNER_STATS) at scrape time."""
+        self.registry.register(_PoolStats(stats, ALIGNER_STATS))
 
     def watch_certificate(self, seconds_to_expiry: Callable[[], float]) -> None:
         """Export the signing certificate's time to expiry at scrape time (--c2pa-cert)."""
@@ -240,6 +265,9 @@ class ServerMetrics:
         self.alignment_seconds.observe(seconds)
         if failed:
             self.alignment_failures.inc()
+
+    def observe_words_lag(self, seconds: float) -> None:
+        self.words_lag_seconds.observe(seconds)
 
     def count(self, outcome: str) -> None:
         if outcome not in OUTCOMES:

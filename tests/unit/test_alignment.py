@@ -57,6 +57,20 @@ def test_language_choice():
         aligner_for("auto", "你好，世界")
 
 
+def test_latin_script_includes_its_accented_and_extended_letters():
+    """`auto` reads German, Polish, Danish ... text as Latin script (aligned with the English
+    model, as docs/api.md#word-timestamps says), and the letters NFKD cannot fold are spelled
+    the way an English reader would sound them out."""
+    for text in ("Straße Größe Fußball", "Łódź żółw", "Ærø øl", "Œuvre été"):
+        assert aligner_for("auto", text) == "pocketsphinx-en", text
+    assert [spoken_tokens(w) for w in "Straße Größe Fußball".split()] == [["strasse"], ["grosse"], ["fussball"]]
+    assert spoken_tokens("Łódź") == ["lodz"] and spoken_tokens("Ærø") == ["aero"]
+    with pytest.raises(InvalidRequestError, match="not in Latin script"):
+        aligner_for("auto", "Straße Привет мир Москва")  # mostly Cyrillic
+    with pytest.raises(InvalidRequestError, match="not available for German"):
+        aligner_for("German", "Straße")
+
+
 def test_real_speech_within_the_acceptance_error(aligner):
     speech = aligned_speech()
     words = user_words(speech.text)

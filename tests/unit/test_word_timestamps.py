@@ -153,10 +153,11 @@ def test_close_cancels_what_is_queued():
 
 def test_speed_scales_every_time_and_metrics_see_each_alignment():
     """speed 2: the tap sees the engine's audio before the stretch, so offsets, durations and
-    words are halved (the response's timeline); each alignment is reported once, failures flagged."""
+    words are halved (the response's timeline); each alignment is reported once, failures flagged
+    (and said why on SSE), each delivery's lag too."""
     from higgs_serve.alignment import WordTiming
 
-    reports = []
+    reports, lags = [], []
 
     class DonePool:
         def __init__(self):
@@ -173,7 +174,8 @@ def test_speed_scales_every_time_and_metrics_see_each_alignment():
 
     async def scenario():
         tap = WordTimestampTap(DonePool(), ALIGNER, 24000, speed=2.0,
-                               on_aligned=lambda s, failed: reports.append(failed))
+                               on_aligned=lambda s, failed: reports.append(failed),
+                               on_delivered=lags.append)
         for text in ("one two", "three"):
             tap.push(np.zeros(48000, np.float32))  # 2 s of engine audio, 1 s stretched
             tap.end_sentence(text)
@@ -183,7 +185,9 @@ def test_speed_scales_every_time_and_metrics_see_each_alignment():
     assert (first.offset_s, first.duration_s, second.offset_s) == (0.0, 1.0, 1.0)
     assert [t for w in first.on_timeline() for t in (w.start_s, w.end_s)] == pytest.approx([0.0, 0.05, 0.1, 0.15])
     assert second.words is None and reports == [False, True]
-    assert second.to_json() == {"index": 1, "start_ms": 1000, "end_ms": 2000, "words": None}
+    assert second.to_json() == {"index": 1, "start_ms": 1000, "end_ms": 2000, "words": None,
+                                "error": {"code": "alignment_failed", "message": "too short"}}
+    assert len(lags) == 2 and all(0 <= lag < 5 for lag in lags)
 
 
 def test_header_keeps_every_word_and_follows_vllm_omnis_size_rule():

@@ -39,10 +39,17 @@ _PIECE = re.compile(
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
 
 
+# Latin letters that carry no accent to drop, written as an English reader would sound them out
+# ("Straße" -> "strasse"); NFKD leaves them whole.
+_LATIN_LETTERS = str.maketrans({"ß": "ss", "æ": "ae", "œ": "oe", "ø": "o", "ł": "l", "đ": "d",
+                                "ð": "d", "þ": "th", "ı": "i", "ŋ": "ng", "ħ": "h", "ŧ": "t"})
+
+
 def fold(word: str) -> str:
-    """Lower case, accents removed (NFKD, combining marks dropped), curly apostrophes straight."""
+    """Lower case, accents removed (NFKD, combining marks dropped), the Latin letters without a
+    decomposition spelled in ASCII (ß -> ss), curly apostrophes straight."""
     decomposed = unicodedata.normalize("NFKD", word.replace("\u2019", "'"))
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).lower()
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).lower().translate(_LATIN_LETTERS)
 
 
 def spoken_tokens(word: str) -> list[str]:

@@ -17,7 +17,7 @@ only the word's edges: docs/api.md#word-timestamps gives the measured error for 
 
 A Decoder is not thread-safe and holds the GIL while it decodes (about 12 ms of CPU per second
 of audio on a 2-core box, benchmarks/results/alignment_accuracy.json), so the server runs it in
-a separate process (server/aligner_pool.py); one PocketsphinxAligner per thread or process.
+a separate process (alignment/pool.py); one PocketsphinxAligner per thread or process.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from higgs_serve.errors import AlignmentError
 
 DECODER_RATE_HZ = 16000  # the bundled acoustic model's sample rate
 FRAME_S = 0.010  # one PocketSphinx frame
+MIN_FRAMES = 3  # the least audio the decoder is given (its feature window spans a few frames)
 SINGLE_LETTER_COST = 4  # a one-letter piece counts as this many pieces when spelling an unknown word
 MAX_SPELLED_ACRONYM = 5
 MAX_PIECE_LETTERS = 24  # longer dictionary pieces are not tried: spelling stays O(24 n) lookups
@@ -91,12 +92,19 @@ class PocketsphinxAligner(Aligner):
         signal = np.asarray(audio, dtype=np.float32)
         if sample_rate_hz != DECODER_RATE_HZ:
             signal = soxr.resample(signal, sample_rate_hz, DECODER_RATE_HZ, quality="HQ")
+        if len(signal) < MIN_FRAMES * FRAME_S * DECODER_RATE_HZ:
+            # less than the decoder's first analysis frames: it fails inside the utterance
+            # (an IndexError) and keeps it open, refusing every later alignment
+            raise AlignmentError(f"{len(audio) / sample_rate_hz:.3f} s of audio is too short to "
+                                 f"align {len(tokens)} words with")
         decoder = self._decoder
         try:
             decoder.set_align_text(" ".join(tokens))
             decoder.start_utt()
-            decoder.process_raw(float_to_int16(signal).tobytes(), full_utt=True)
-            decoder.end_utt()
+            try:
+                decoder.process_raw(float_to_int16(signal).tobytes(), full_utt=True)
+            finally:
+                decoder.end_utt()  # whatever happened: the next alignment starts a new utterance
         except RuntimeError as error:
             raise AlignmentError(f"the aligner could not align the text: {error}") from error
         if decoder.hyp() is None:

@@ -2,20 +2,23 @@
 
 `language` is the request's, as server/peer_fields.py normalises it: an English language name
 (peer_fields.LANGUAGES' values) or "auto". An aligner is named here and built where it runs (a
-worker process builds its own: server/aligner_pool.py), so the choice travels as a string.
+worker process builds its own: alignment/worker.py), so the choice travels as a string.
 
 "auto": Higgs-Audio V3 infers the language from the text, and so does this choice. With one
 aligner (English, Latin script) that means: text whose letters are at least LATIN_SHARE Latin
-is aligned as English; other text is refused with a message asking for a `language`. Where the
-text is not known yet (a WebSocket session's config), "auto" picks the English aligner.
+script is aligned as English (docs/api.md#word-timestamps promises it: German, French, ...
+written in Latin letters are aligned with the English model, their times rough); other text is
+refused with a message asking for a `language`. Latin script is Unicode's: ASCII letters and
+the Latin-1 and Latin Extended ones (ß, ä, ø, ł, œ, ...), whatever their accents. Where the text
+is not known yet (a WebSocket session's config), "auto" picks the English aligner.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 
 from higgs_serve.alignment.aligner import Aligner
-from higgs_serve.alignment.english_text import fold
 from higgs_serve.errors import InvalidRequestError
 
 AUTO = "auto"
@@ -44,9 +47,11 @@ def aligner_for(language: str, text: str | None = None) -> str:
     if language == AUTO:
         if text is not None and not _mostly_latin(text):
             raise InvalidRequestError(
-                "word_timestamps: the text is not in Latin script, and word timestamps are "
-                f"available for {', '.join(supported_languages())} only; with language 'auto' "
-                "the text must be English (or leave word_timestamps out)", param="language")
+                f"word_timestamps: the text is not in Latin script (fewer than {LATIN_SHARE:.0%} "
+                f"of its letters), and word timestamps are available for "
+                f"{', '.join(supported_languages())} only: with language 'auto', text in Latin "
+                "letters is aligned with the English model, text in other scripts is refused "
+                "(leave word_timestamps out)", param="language")
         language = "English"
     for name, (languages, _) in ALIGNERS.items():
         if language in languages:
@@ -63,5 +68,10 @@ def build_aligner(name: str) -> Aligner:
 
 
 def _mostly_latin(text: str) -> bool:
-    letters = [c for c in fold(text) if c.isalpha()]
-    return not letters or sum(c.isascii() for c in letters) >= LATIN_SHARE * len(letters)
+    letters = [c for c in text if c.isalpha()]
+    return not letters or sum(_latin(c) for c in letters) >= LATIN_SHARE * len(letters)
+
+
+def _latin(letter: str) -> bool:
+    """A letter of the Latin script (Unicode names them all LATIN ...: a, ß, Ø, ł, ǆ, ...)."""
+    return letter.isascii() or unicodedata.name(letter, "").startswith("LATIN ")

@@ -4,6 +4,11 @@ bytes out (docs/architecture.md#the-last-mile).
     chunk ─▶ time stretch (speed != 1) ─▶ resample ─▶ float_to_int16 (the one conversion)
           ─▶ incremental encoder ─▶ bytes
 
+A pipeline without float stages (speed 1 at the model's rate: the resampler is the identity)
+starts at float_to_int16, so its caller may convert first and hand over int16 (`encode`): the
+same function on the same samples, so the same bytes. The server does that for the encoder
+processes, which then receive half the bytes (audio/encode_wire.py).
+
 The server's `AudioOut` runs it in its own process (cheap formats), on a thread, or in an encoder
 process (audio/encode_worker.py), whichever it was given; the stages are the same everywhere, so
 where a response is encoded cannot change its bytes.
@@ -33,6 +38,12 @@ class EncodeSpec:
     seekable: bool = False  # the bytes become a file whose header is patched at the end
 
     @property
+    def float_stages(self) -> bool:
+        """The time stretch or a resampler runs before the int16 conversion: the pipeline must
+        be given float32 (`convert`); without them int16 (`encode`) gives the same bytes."""
+        return self.speed != 1.0 or self.model_rate_hz != self.sample_rate_hz
+
+    @property
     def cpu_heavy(self) -> bool:
         """A codec or the time stretch: real CPU per chunk, which the server keeps away from its
         event loop; pcm, wav and G.711 at speed 1 cost a copy or a table lookup."""
@@ -57,16 +68,35 @@ class EncodePipeline:
     def convert(self, audio: np.ndarray, last: bool) -> bytes:
         """audio: [n] float32 at the model's rate -> the bytes ready so far; `last` flushes
         everything still held (resampler tail, the codec's buffered frames, the trailer)."""
-        if self.closed:
-            raise RuntimeError("EncodePipeline used after close")
-        self.closed = last
+        self._check_open(last)
         signal = audio
         if self._stretcher is not None:
             signal = self._stretcher.push(signal)
             if last:
                 signal = np.concatenate([signal, self._stretcher.close()])
-        data = self._encoder.push(float_to_int16(self._resampler.push(signal, last=last)))
+        return self._encode(float_to_int16(self._resampler.push(signal, last=last)), last)
+
+    def encode(self, samples: np.ndarray, last: bool) -> bytes:
+        """samples: [n] int16, float_to_int16 of the chunk -> what `convert` gives for the
+        chunk. Only for a spec without `float_stages` (ValueError otherwise)."""
+        if self.spec.float_stages:
+            raise ValueError("this pipeline stretches or resamples: give it float32 (convert)")
+        self._check_open(last)
+        return self._encode(samples, last)
+
+    def _check_open(self, last: bool) -> None:
+        if self.closed:
+            raise RuntimeError("EncodePipeline used after close")
+        self.closed = last
+
+    def _encode(self, samples: np.ndarray, last: bool) -> bytes:
+        data = self._encoder.push(samples)
         return data + self._encoder.close() if last else data
+
+    def abandon(self) -> None:
+        """The response ended without a last chunk: the codec's memory is freed now."""
+        self.closed = True
+        self._encoder.abandon()
 
     def patches(self) -> list[Patch]:
         """After the last convert: header rewrites for a file (see audio/encoders)."""

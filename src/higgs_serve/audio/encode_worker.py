@@ -1,7 +1,7 @@
 """An encoder process: the server's CPU-heavy response encoding, away from its GIL
 (docs/architecture.md#encoder-processes).
 
-    python -m higgs_serve.audio.encode_worker --fd FD --parent-pid PID
+    python -m higgs_serve.audio.encode_worker --fd FD --parent-pid PID [--nice N --cpus LIST]
 
 The server (server/last_mile/encode_pool.py) starts a few of these, each on one end of a Unix socket pair
 (FD). A process holds the `EncodePipeline` of every response assigned to it (sticky: a
@@ -10,14 +10,19 @@ the order it came (audio/encode_wire.py). One thread: the process is one core's 
 encoding, and the pool has as many processes as the host should spend on it.
 
 It ends when the server closes its socket (shutdown), when the server dies (the socket reads
-EOF; on Linux the kernel also sends SIGTERM: PR_SET_PDEATHSIG), or when its start-up check
-fails (every codec opened and fed 40 ms, before it says it is ready).
+EOF; on Linux the kernel also sends SIGTERM: PR_SET_PDEATHSIG), when its start-up check fails
+(every codec opened and fed 40 ms, before it says it is ready), or when the server kills it for
+not answering (encode_pool.py's watchdog).
+
+Its first act is its placement (config/worker_processes.py: a lower priority, maybe a CPU set
+away from the engine's cores). It answers what has arrived in one write: the calls read in one
+receive are encoded in order and their replies sent together, unless the first has waited
+REPLY_HOLD_S (a batch of cheap first chunks costs the server one read, not one each).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -30,9 +35,10 @@ import numpy as np
 from higgs_serve.audio import encode_wire as wire
 from higgs_serve.audio.encode_pipeline import EncodePipeline, EncodeSpec
 from higgs_serve.audio.encoders import CPU_HEAVY_FORMATS
+from higgs_serve.config.worker_processes import WorkerPlacement, end_with_parent
 
-_PR_SET_PDEATHSIG = 1
-_READ_BUFFER_BYTES = 256 << 10
+_RECEIVE_BYTES = 256 << 10
+REPLY_HOLD_S = 0.005  # the longest a reply waits for the ones after it
 CHECK_RATE_HZ = 24_000
 
 
@@ -40,20 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m higgs_serve.audio.encode_worker")
     parser.add_argument("--fd", type=int, required=True, help="this process's end of the socket pair")
     parser.add_argument("--parent-pid", type=int, required=True, help="the server's pid")
+    parser.add_argument("--nice", type=int, default=0, help="added to the server's niceness")
+    parser.add_argument("--cpus", default="all", help="the cores to run on ('all' or a list)")
     args = parser.parse_args(argv)
-    _end_with_parent(args.parent_pid)
+    WorkerPlacement.from_args(args.nice, args.cpus).apply_here()
+    end_with_parent(args.parent_pid)  # from the thread that started it: the event loop's
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server says when to stop (EOF)
     with socket.socket(fileno=args.fd) as sock:
         return serve(sock)
-
-
-def _end_with_parent(parent_pid: int) -> None:
-    """SIGTERM this process when the thread that started it (the server's event loop) ends, and
-    end now if the server is already gone (it died before the request was made)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:
-        sys.exit(0)
 
 
 def serve(sock: socket.socket) -> int:
@@ -64,19 +64,38 @@ def serve(sock: socket.socket) -> int:
         _send(sock, wire.READY_CALL_ID, wire.FAILED, _describe(error).encode())
         return 1
     _send(sock, wire.READY_CALL_ID, wire.OK, json.dumps(report).encode())
-    streams = Streams()
-    with sock.makefile("rb", buffering=_READ_BUFFER_BYTES) as reader:
-        while True:
-            header = reader.read(wire.CALL.size)
-            if len(header) < wire.CALL.size:
-                return 0  # EOF: the server closed the socket or is gone
-            call_id, stream_id, op, size = wire.CALL.unpack(header)
-            payload = reader.read(size) if size else b""
-            if len(payload) < size:
-                return 0
-            answer = streams.handle(stream_id, op, payload)
-            if answer is not None:
-                _send(sock, call_id, *answer)
+    streams, inbox = Streams(), bytearray()
+    while True:
+        received = sock.recv(_RECEIVE_BYTES)
+        if not received:
+            return 0  # EOF: the server closed the socket or is gone
+        inbox += received
+        del inbox[:answer_arrived(sock, inbox, streams)]
+
+
+def answer_arrived(sock: socket.socket, inbox: bytearray, streams: Streams) -> int:
+    """Answer every whole call in `inbox`, in order, the replies in as few writes as
+    REPLY_HOLD_S allows; returns the bytes consumed."""
+    at, replies, held_since = 0, [], 0.0
+    while len(inbox) - at >= wire.CALL.size:
+        call_id, stream_id, op, size = wire.CALL.unpack_from(inbox, at)
+        end = at + wire.CALL.size + size
+        if len(inbox) < end:
+            break
+        answer = streams.handle(stream_id, op, bytes(inbox[at + wire.CALL.size:end]))
+        at = end
+        if answer is None:
+            continue
+        status, payload = answer
+        replies += [wire.REPLY.pack(call_id, status, len(payload)), payload]
+        now = time.monotonic()
+        held_since = held_since or now
+        if now - held_since >= REPLY_HOLD_S:
+            sock.sendall(b"".join(replies))
+            replies, held_since = [], 0.0
+    if replies:
+        sock.sendall(b"".join(replies))
+    return at
 
 
 class Streams:
@@ -95,7 +114,9 @@ class Streams:
                 self._failed[stream_id] = _describe(error)
             return None
         if op == wire.DROP:
-            self._pipelines.pop(stream_id, None)
+            dropped = self._pipelines.pop(stream_id, None)
+            if dropped is not None:
+                _abandon_quietly(dropped)  # the codec's native memory, now (not when collected)
             self._failed.pop(stream_id, None)
             return None
         if stream_id in self._failed:
@@ -105,11 +126,14 @@ class Streams:
             return wire.FAILED, f"no open stream {stream_id} for op {op}".encode()
         last = op == wire.CLOSE
         try:
-            data = pipeline.convert(np.frombuffer(payload, dtype=wire.SAMPLE_DTYPE), last)
+            samples = np.frombuffer(payload, dtype=wire.samples_dtype(pipeline.spec))
+            data = (pipeline.convert(samples, last) if pipeline.spec.float_stages
+                    else pipeline.encode(samples, last))
             if last:
                 data = wire.close_reply(data, pipeline.patches())
         except Exception as error:  # noqa: BLE001: this response fails; the others go on
             self._pipelines.pop(stream_id, None)
+            _abandon_quietly(pipeline)
             return wire.FAILED, _describe(error).encode()
         if last:
             del self._pipelines[stream_id]
@@ -135,6 +159,15 @@ def startup_check() -> dict:
 
 def _send(sock: socket.socket, call_id: int, status: int, payload: bytes) -> None:
     sock.sendall(wire.REPLY.pack(call_id, status, len(payload)) + payload)
+
+
+def _abandon_quietly(pipeline: EncodePipeline) -> None:
+    """Free a pipeline nobody will close. A codec that fails even to close (it failed a call
+    already, or was never fed) is left to the collector: the process serves the others on."""
+    try:
+        pipeline.abandon()
+    except Exception:  # noqa: BLE001,S110: nobody waits on this stream any more
+        pass
 
 
 def _describe(error: BaseException) -> str:

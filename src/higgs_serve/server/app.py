@@ -69,6 +69,8 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
         metrics.watch_encoders(state.encode_pool.stats)
     if provenance is not None:
         metrics.watch_certificate(provenance.seconds_to_expiry)
+    if state.aligner_pool is not None:
+        metrics.watch_aligners(state.aligner_pool.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

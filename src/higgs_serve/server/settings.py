@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from higgs_serve.alignment.pool import DEFAULT_QUEUE_S as DEFAULT_ALIGNMENT_QUEUE_S
+from higgs_serve.config.worker_processes import DEFAULT_WORKER_NICE, DEFAULT_WORKER_TIMEOUT_S, WorkerPlacement
 from higgs_serve.errors import ConfigError
 
 # Long inputs are split into segments and spoken as one recording (server/run/long_form.py).
@@ -46,6 +48,13 @@ def host_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_worker_cpus(servers: int) -> str:
+    """`worker_cpus` for each of `servers` servers sharing the host: "auto" keeps
+    SERVER_RESERVED_CORES for each server's own process (the same cores for all of them)."""
+    placement = WorkerPlacement.resolve("auto", 0, SERVER_RESERVED_CORES * servers)
+    return "all" if placement.cpus is None else ",".join(map(str, sorted(placement.cpus)))
 
 
 def default_encode_processes(servers: int = 1) -> int:
@@ -103,6 +112,16 @@ class ServerSettings:
     voice_aliases: tuple[tuple[str, str], ...] = ()
     # aligner worker processes for `word_timestamps` (0: the field is refused with a 400)
     alignment_workers: int = DEFAULT_ALIGNMENT_WORKERS
+    # seconds of audio that may wait for one aligner process (past it: a words overload error)
+    alignment_queue_s: float = DEFAULT_ALIGNMENT_QUEUE_S
+    # a worker process (encoder, aligner) owing an answer this long is killed and replaced
+    worker_timeout_s: float = DEFAULT_WORKER_TIMEOUT_S
+    # the worker processes' cores ("auto", "all" or a list such as "2-7") and added niceness
+    # (config/worker_processes.py: "auto" leaves SERVER_RESERVED_CORES to the engine's process
+    # when enough are left); resolved once into `worker_placement`
+    worker_cpus: str = "auto"
+    worker_nice: int = DEFAULT_WORKER_NICE
+    worker_placement: WorkerPlacement = field(init=False, repr=False, compare=False)
 
     @property
     def max_json_body_bytes(self) -> int:
@@ -124,7 +143,9 @@ class ServerSettings:
                     "--send-timeout-s": self.send_timeout_s,
                     "--segment-max-chars": self.segment_max_chars, "--max-audio-s": self.max_audio_s,
                     "--ws-idle-timeout-s": self.ws_idle_timeout_s,
-                    "--encode-threads": self.encode_threads}
+                    "--encode-threads": self.encode_threads,
+                    "--alignment-queue-s": self.alignment_queue_s,
+                    "--worker-timeout-s": self.worker_timeout_s}
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
@@ -158,6 +179,8 @@ class ServerSettings:
         object.__setattr__(self, "allowed_ref_audio_domains",
                            tuple(host.lower() for host in self.allowed_ref_audio_domains))
         self._check_voice_aliases()
+        object.__setattr__(self, "worker_placement", WorkerPlacement.resolve(
+            self.worker_cpus, self.worker_nice, SERVER_RESERVED_CORES))
 
     def _check_voice_aliases(self) -> None:
         seen: dict[str, str] = {}

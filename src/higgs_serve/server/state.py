@@ -109,10 +109,14 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.encode_workers is None:
             self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
-        if self.aligner_pool is None and self.settings.alignment_workers > 0:
-            self.aligner_pool = AlignerPool(self.settings.alignment_workers)
-        if self.encode_pool is None and self.settings.encode_processes > 0:
-            self.encode_pool = EncodePool(self.settings.encode_processes)
+        settings = self.settings
+        if self.aligner_pool is None and settings.alignment_workers > 0:
+            self.aligner_pool = AlignerPool(settings.alignment_workers, timeout_s=settings.worker_timeout_s,
+                                            queue_s=settings.alignment_queue_s,
+                                            placement=settings.worker_placement)
+        if self.encode_pool is None and settings.encode_processes > 0:
+            self.encode_pool = EncodePool(settings.encode_processes, timeout_s=settings.worker_timeout_s,
+                                          placement=settings.worker_placement)
 
     @property
     def encoders(self) -> EncodePool | AudioWorkers:

@@ -24,3 +24,7 @@ class StreamEncoder(ABC):
     def patches(self) -> list[Patch]:
         """After close: bytes already returned that a file should overwrite (its header)."""
         return []
+
+    def abandon(self) -> None:
+        """The response ended without a close: free what the codec holds now (no bytes are
+        made). Idempotent; nothing to free for an encoder that holds only Python objects."""

@@ -120,3 +120,12 @@ class MuxedEncoder(StreamEncoder):
 
     def patches(self) -> list[Patch]:
         return list(self._sink.patches)
+
+    def abandon(self) -> None:
+        """Close the container without flushing the codec. An output container dropped unclosed
+        keeps FFmpeg's muxer and codec buffers until the collector frees it, if ever: an
+        encoder process grew by 44 MB over 60 abandoned streams, by 130 MB over 60 FLAC ones
+        (benchmarks/limits/bench_abandoned_streams.py measures it flat now)."""
+        if not self._closed:
+            self._closed = True
+            self._container.close()

@@ -4,17 +4,26 @@ stretch) in processes of their own, so that encoding never holds the server's GI
 
 Encoding inside the server process slowed its engine loop even with cores to spare: each chunk
 still runs Python (frames, packets, NumPy) under the GIL the scheduler and the codec stage
-need. Here the server only moves bytes: per chunk one header and one socket write on the event
-loop, one reply read by the same loop (audio/encode_wire.py); nothing blocks it.
+need. Here the server only moves bytes: per chunk one header on the event loop, the chunks of
+one loop turn in one socket write, the replies read by the same loop (audio/encode_wire.py,
+server/last_mile/encoder_process.py); nothing blocks it. A stream without float stages (speed 1
+at the model's rate: the common case) is sent as int16, converted here by the pipeline's own
+float_to_int16, so its bytes are the ones the process would have made.
 
-- Sticky: a response is assigned to the process with the fewest open responses at its first
-  chunk, and its pipeline (codec state) lives there until its last (`EncoderStream`).
+- Sticky: a response is assigned to the answering process with the fewest open responses at its
+  first chunk, and its pipeline (codec state) lives there until its last (`EncoderStream`).
 - Bounded: a response has at most one call in flight (its caller awaits each chunk), so a
   process's queue holds at most one chunk per response assigned to it, and the admission gate
-  bounds the responses; writes wait while a socket's buffer is past WRITE_HIGH_WATER_BYTES.
+  bounds the responses; writes wait while a socket's buffer is past WRITE_HIGH_WATER_BYTES
+  (encoder_process.py).
 - Failure: a process that dies (its socket reads EOF) fails the calls and the later chunks of
   its own responses with `EncoderFailedError` (a stream ends truncated or with an error event, a
   file is a 500) and is replaced; the others never notice.
+- Not answering: a process that owes a reply and has sent none for `timeout_s` (plus its
+  current call's allowance, encoder_process.py) is stopped or stuck: the watchdog SIGKILLs it and
+  it fails and is replaced as a dead one is. Meanwhile it gets no new response once it has been
+  silent for ASSIGN_SILENCE_S (while another process answers). The timeout (--worker-timeout-s) is 200x the costliest chunk's
+  work (docs/operations.md#worker-processes).
 - Start-up check: a process answers READY only after opening every codec and encoding 40 ms with
   each (audio/encode_worker.py). `start()` waits for all of them: the real server (run_server)
   starts them with the engine and refuses to start without them; an app built otherwise (tests)
@@ -27,12 +36,7 @@ loop, one reply read by the same loop (audio/encode_wire.py); nothing blocks it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -41,189 +45,19 @@ import numpy as np
 from higgs_serve.audio import encode_wire as wire
 from higgs_serve.audio.encode_pipeline import EncodeSpec
 from higgs_serve.audio.encoders.base import Patch
+from higgs_serve.audio.formats import float_to_int16
+from higgs_serve.config.worker_processes import DEFAULT_WORKER_TIMEOUT_S, NO_PLACEMENT, WorkerPlacement
 from higgs_serve.errors import EncoderFailedError
+from higgs_serve.server.last_mile.encoder_process import EncoderProcess
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # interpreter, NumPy, PyAV and the start-up check, on a busy host
 STOP_TIMEOUT_S = 2.0  # after its socket closes, before SIGKILL
-WRITE_HIGH_WATER_BYTES = 4 << 20  # a process's unsent calls past which writers wait
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # before the 1st, 2nd, ... replacement in a row
-_REAP_POLL_S = 0.01
-
-
-class _Connection(asyncio.Protocol):
-    """The server's end of one process's socket: replies parsed as they arrive and handed to
-    the process's waiting calls."""
-
-    def __init__(self, process: EncoderProcess):
-        self._process = process
-        self._buffer = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.writable = asyncio.Event()
-        self.writable.set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        at = 0
-        with memoryview(buffer) as view:
-            while len(buffer) - at >= wire.REPLY.size:
-                call_id, status, size = wire.REPLY.unpack_from(buffer, at)
-                end = at + wire.REPLY.size + size
-                if len(buffer) < end:
-                    break
-                self._process.answered(call_id, status, bytes(view[at + wire.REPLY.size:end]))
-                at = end
-        del buffer[:at]
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.writable.set()  # writers wake and find the process gone
-        self._process.lost()
-
-
-class EncoderProcess:
-    """One encoder process: its Popen, its socket, the calls waiting for their replies and the
-    streams (responses) assigned to it."""
-
-    def __init__(self, pool: EncodePool, index: int):
-        self._pool = pool
-        self.index = index
-        self.popen: subprocess.Popen | None = None
-        self._connection: _Connection | None = None
-        self._ready: asyncio.Future | None = None
-        self._calls: dict[int, asyncio.Future] = {}
-        self._next_call = wire.READY_CALL_ID + 1
-        self.streams = 0  # responses assigned and not yet closed or dropped
-        self.alive = False
-        self.report: dict = {}
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
-
-    async def start(self, timeout_s: float) -> None:
-        """Spawn the process and wait for its READY (its start-up check passed)."""
-        loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            # from the event loop's thread: the process's PR_SET_PDEATHSIG watches this thread,
-            # which lives as long as the server
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "higgs_serve.audio.encode_worker", "--fd", str(theirs.fileno()),
-                 "--parent-pid", str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._ready = loop.create_future()
-        self._connection = _Connection(self)
-        await loop.create_connection(lambda: self._connection, sock=ours)
-        try:
-            payload = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
-        except TimeoutError:
-            self.kill()
-            raise EncoderFailedError(f"an encoder process (pid {self.pid}) did not start within "
-                                     f"{timeout_s:.0f} s") from None
-        except BaseException:
-            self.kill()
-            raise
-        self.report = json.loads(payload)
-        self.alive = True
-
-    def answered(self, call_id: int, status: int, payload: bytes) -> None:
-        if call_id == wire.READY_CALL_ID:
-            if status == wire.OK:
-                self._ready.set_result(payload)
-            else:
-                self._ready.set_exception(EncoderFailedError(
-                    f"an encoder process failed its start-up check: {payload.decode(errors='replace')}"))
-            return
-        future = self._calls.pop(call_id, None)
-        if future is None or future.done():  # its caller was cancelled (the client left)
-            return
-        if status == wire.OK:
-            future.set_result(payload)
-        else:
-            future.set_exception(EncoderFailedError(
-                f"encoder process {self.pid}: {payload.decode(errors='replace')}"))
-
-    def lost(self) -> None:
-        """The socket closed: the process exited (or is exiting). Fail what waits on it."""
-        was_alive, self.alive = self.alive, False
-        error = EncoderFailedError(f"the encoder process (pid {self.pid}) of this response stopped")
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(EncoderFailedError(
-                f"an encoder process (pid {self.pid}) exited during its start-up check"))
-        calls, self._calls = self._calls, {}
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(error)
-        if was_alive:
-            self._pool.process_lost(self, len(calls))
-
-    async def call(self, stream_id: int, op: int, audio: np.ndarray | None,
-                   opening: EncodeSpec | None = None) -> bytes:
-        """One PUSH or CLOSE (preceded, in the same write, by the stream's OPEN): the reply's
-        payload, or EncoderFailedError."""
-        connection = self._connection
-        while not connection.writable.is_set():  # backpressure: the process is behind
-            await connection.writable.wait()
-        if not self.alive:
-            raise EncoderFailedError(f"the encoder process (pid {self.pid}) of this response stopped")
-        parts = []
-        if opening is not None:
-            spec = opening.to_json()
-            parts += [wire.CALL.pack(0, stream_id, wire.OPEN, len(spec)), spec]
-        samples = np.ascontiguousarray(audio, dtype=wire.SAMPLE_DTYPE)
-        call_id = self._next_call
-        self._next_call = call_id % 0xFFFFFFFF + 1  # never READY_CALL_ID
-        parts += [wire.CALL.pack(call_id, stream_id, op, samples.nbytes), samples.data]
-        future = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = future
-        connection.transport.writelines(parts)
-        try:
-            return await future
-        finally:
-            self._calls.pop(call_id, None)
-
-    def send_drop(self, stream_id: int) -> None:
-        if self.alive:
-            self._connection.transport.write(wire.CALL.pack(0, stream_id, wire.DROP, 0))
-
-    def close_socket(self) -> None:
-        """EOF to the process: it finishes the call it is on and exits."""
-        self.alive = False
-        if self._connection is not None and self._connection.transport is not None:
-            self._connection.transport.close()
-
-    def kill(self) -> None:
-        """SIGKILL and reap (a killed process exits at once)."""
-        self.alive = False
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-        if self._connection is not None and self._connection.transport is not None:
-            self._connection.transport.abort()
-
-    async def reaped(self, timeout_s: float) -> int | None:
-        """The exit status once the process has exited (None if it is still running)."""
-        deadline = time.monotonic() + timeout_s
-        while self.popen.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(_REAP_POLL_S)
-        return self.popen.returncode
+ASSIGN_SILENCE_S = 1.0  # at most (a quarter of the timeout when shorter): a process silent this
+# long while it owes replies gets no new response
+WATCH_INTERVAL_S = 1.0  # at most; a quarter of the timeout when that is shorter
 
 
 class EncoderStream:
@@ -250,15 +84,21 @@ class EncoderStream:
             raise RuntimeError("EncoderStream used after close")
         if self._busy:
             raise RuntimeError("EncoderStream: one call at a time (await each chunk)")
+        # without float stages the pipeline's first step, float_to_int16, is done here: the
+        # same samples in half the bytes (the event loop's CPU is the same either way:
+        # benchmarks/results/README.md, bench_encode_loop; the process's is 15 % less)
+        samples = (float_to_int16(audio) if not self.spec.float_stages
+                   else np.ascontiguousarray(audio, dtype=wire.FLOAT_DTYPE))
         self._busy = True
         try:
             opening = None
             if self._process is None:
                 self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
                 self._process = await self._pool.assign()
-                opening = self.spec
+                opening = self.spec.to_json()
             op = wire.CLOSE if last else wire.PUSH
-            reply = await self._process.call(self.id, op, audio, opening)
+            reply = await self._process.call(self.id, op, samples, len(audio) / self.spec.model_rate_hz,
+                                             opening)
         finally:
             self._busy = False
         if last:
@@ -308,11 +148,19 @@ class EncodePool:
     """`processes` encoder processes, started by `start()` (or by the first stream's first
     call) and stopped by `shutdown()`."""
 
-    def __init__(self, processes: int):
+    def __init__(self, processes: int, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
+                 placement: WorkerPlacement = NO_PLACEMENT):
+        """timeout_s: how long a process that owes a reply may stay silent (see module doc);
+        placement: the processes' CPU set and niceness (config/worker_processes.py)."""
         if processes < 1:
             raise ValueError(f"an encode pool needs at least one process, got {processes}")
+        if timeout_s <= 0:
+            raise ValueError(f"an encode pool's timeout must be positive, got {timeout_s}")
         self.size = processes
+        self.timeout_s = timeout_s
+        self.placement = placement
         self._processes: list[EncoderProcess] = []
+        self._watchdog: asyncio.Task | None = None
         self._starting: asyncio.Task | None = None
         self._replacing: set[asyncio.Task] = set()
         self._live = asyncio.Event()
@@ -331,7 +179,7 @@ class EncodePool:
 
     async def _start_all(self) -> None:
         started = time.perf_counter()
-        processes = [EncoderProcess(self, i) for i in range(self.size)]
+        processes = [EncoderProcess(i, self.placement, self.process_lost) for i in range(self.size)]
         results = await asyncio.gather(*(p.start(START_TIMEOUT_S) for p in processes),
                                        return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -341,14 +189,16 @@ class EncodePool:
             raise failure
         self._processes = processes
         self._live.set()
-        logger.info("%d encoder process(es) ready in %.2f s (pids %s)", self.size,
-                    time.perf_counter() - started, ", ".join(str(p.pid) for p in processes))
+        self._watchdog = asyncio.ensure_future(self._watch())
+        logger.info("%d encoder process(es) ready in %.2f s (pids %s; %s)", self.size,
+                    time.perf_counter() - started, ", ".join(str(p.pid) for p in processes),
+                    self.placement.describe())
 
     async def shutdown(self) -> None:
         """Close every socket, wait up to STOP_TIMEOUT_S for the processes to exit, SIGKILL the
         rest; reaps them all."""
         self._closing = True
-        for task in self._replacing:
+        for task in (*self._replacing, *([self._watchdog] if self._watchdog else [])):
             task.cancel()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
@@ -382,7 +232,9 @@ class EncodePool:
                 await asyncio.wait_for(self._live.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise EncoderFailedError("no encoder process is running") from None
-        process = min(live, key=lambda p: p.streams)
+        now, silence_s = time.monotonic(), min(ASSIGN_SILENCE_S, self.timeout_s / 4)
+        answering = [p for p in live if p.silent_s(now) < silence_s] or live
+        process = min(answering, key=lambda p: p.streams)
         process.streams += 1
         return process
 
@@ -399,6 +251,17 @@ class EncodePool:
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
+    async def _watch(self) -> None:
+        """Kill each process that owes a reply and has been silent past its patience."""
+        interval = min(WATCH_INTERVAL_S, self.timeout_s / 4)
+        while not self._closing:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for process in list(self._processes):
+                silent = process.silent_s(now)
+                if process.alive and silent > process.patience_s(self.timeout_s):
+                    process.wedged(silent)
+
     async def _replace(self, dead: EncoderProcess, calls_failed: int) -> None:
         status = await dead.reaped(1.0)
         logger.error("encoder process %d exited (status %s) with %d response(s) assigned, %d "
@@ -407,7 +270,7 @@ class EncodePool:
         while not self._closing:
             delay = RESTART_BACKOFF_S[min(self._failures_in_a_row, len(RESTART_BACKOFF_S) - 1)]
             await asyncio.sleep(delay)
-            fresh = EncoderProcess(self, dead.index)
+            fresh = EncoderProcess(dead.index, self.placement, self.process_lost)
             try:
                 await fresh.start(START_TIMEOUT_S)
             except EncoderFailedError as error:

@@ -13,8 +13,13 @@ Times: each sentence is aligned on its own (its words relative to its first samp
 vllm-omni's WebSocket reports them), and `SentenceWords.on_timeline()` shifts them by the
 sentence's offset on the response's timeline: the number of samples pushed before it, which is
 exact across long-form segments (engine/long_form.py adds and removes no sample at its joins).
-An alignment that fails (too little audio for its words, a worker that died) gives `words=None`:
-the audio is unaffected and the surface reports the sentence's timestamps as missing.
+An alignment that fails (too little audio for its words, an aligner process that died twice
+under it, aligners too far behind: alignment/pool.py) gives `words=None` and its `error`: the
+audio is unaffected and the surface reports the sentence's timestamps as missing (SSE says why).
+
+Lag: `on_delivered` is told, for each sentence handed to its surface, the seconds since the
+sentence's audio ended (`higgs_serve_words_lag_seconds`): what the isolation of the aligners
+(a lower priority, other cores: config/worker_processes.py) costs the words under load.
 
 Speed: the tap sees the engine's audio before the time stretch (server/last_mile/audio_out.py), so a
 response at `speed` s has every time (offsets, durations, words) multiplied by 1 / s, the same
@@ -38,6 +43,7 @@ import numpy as np
 
 from higgs_serve.alignment import WordTiming, user_words
 from higgs_serve.alignment.pool import AlignerPool
+from higgs_serve.errors import AlignmentError
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +55,8 @@ WORDS_EVENT = "speech.words"  # the SSE event carrying one sentence's words (our
 
 # (seconds from a sentence's end to its words, failed) for each alignment: metrics.py
 OnAligned = Callable[[float, bool], None]
+# seconds from a sentence's end to its words handed to the response: metrics.py
+OnDelivered = Callable[[float], None]
 
 
 def words_json(words: list[WordTiming] | None) -> list[dict] | None:
@@ -83,13 +91,18 @@ class SentenceWords:
     offset_s: float  # where the sentence's audio starts on the response's timeline
     duration_s: float  # its audio's length
     words: list[WordTiming] | None  # sentence-relative; None: alignment failed
+    error: AlignmentError | None = None  # why the words are missing (None when cancelled)
 
     def to_json(self) -> dict:
         """The SSE `speech.words` payload: the sentence's span and its words on the response's
-        timeline, in milliseconds; `words` null when its alignment failed."""
-        return {"index": self.index, "start_ms": round(1e3 * self.offset_s),
-                "end_ms": round(1e3 * (self.offset_s + self.duration_s)),
-                "words": words_json(self.on_timeline())}
+        timeline, in milliseconds; `words` null when its alignment failed, with an `error`
+        {code, message} saying why."""
+        payload = {"index": self.index, "start_ms": round(1e3 * self.offset_s),
+                   "end_ms": round(1e3 * (self.offset_s + self.duration_s)),
+                   "words": words_json(self.on_timeline())}
+        if self.words is None and self.error is not None:
+            payload["error"] = {"code": self.error.code, "message": str(self.error)}
+        return payload
 
     def on_timeline(self) -> list[WordTiming] | None:
         """The words on the response's timeline (shifted by the sentence's offset)."""
@@ -100,16 +113,19 @@ class SentenceWords:
 
 class WordTimestampTap:
     def __init__(self, pool: AlignerPool, aligner_name: str, sample_rate_hz: int,
-                 speed: float = 1.0, on_aligned: OnAligned | None = None):
+                 speed: float = 1.0, on_aligned: OnAligned | None = None,
+                 on_delivered: OnDelivered | None = None):
         self._pool = pool
         self._aligner = aligner_name
         self._rate = sample_rate_hz
         self._scale = 1.0 / speed  # response seconds per engine second
         self._on_aligned = on_aligned
+        self._on_delivered = on_delivered
         self._chunks: list[np.ndarray] = []  # the current sentence's audio, as pushed
         self._pushed = 0  # samples pushed before the current sentence
         self._current = 0  # samples of the current sentence
-        self._pending: deque[tuple[SentenceWords, asyncio.Future]] = deque()
+        # (the sentence without its words, its alignment, perf_counter when its audio ended)
+        self._pending: deque[tuple[SentenceWords, asyncio.Future, float]] = deque()
         self._count = 0
         self._finished = False
         self._arrived = asyncio.Event()  # set whenever a sentence is queued or the tap finished
@@ -137,7 +153,7 @@ class WordTimestampTap:
             future = asyncio.wrap_future(self._pool.submit(self._aligner, audio, self._rate, words))
             if self._on_aligned is not None:
                 future.add_done_callback(self._reporter(time.perf_counter()))
-        self._pending.append((meta, future))
+        self._pending.append((meta, future, time.perf_counter()))
         self._arrived.set()
 
     def finish(self) -> None:
@@ -149,13 +165,13 @@ class WordTimestampTap:
     @property
     def lagging(self) -> int:
         """Sentences queued whose alignment is not done yet."""
-        return sum(not future.done() for _, future in self._pending)
+        return sum(not future.done() for _, future, _ in self._pending)
 
     def ready(self) -> list[SentenceWords]:
         """The sentences aligned by now, in order, each returned once (never waits)."""
         done = []
         while self._pending and self._pending[0][1].done():
-            done.append(self._resolve(*self._pending.popleft()))
+            done.append(self._deliver(*self._pending.popleft()))
         return done
 
     async def results(self) -> AsyncIterator[SentenceWords]:
@@ -163,11 +179,10 @@ class WordTimestampTap:
         all are delivered."""
         while True:
             if self._pending:
-                meta, future = self._pending[0]
+                future = self._pending[0][1]
                 await asyncio.wait([future])
                 if self._pending and self._pending[0][1] is future:
-                    self._pending.popleft()
-                    yield self._resolve(meta, future)
+                    yield self._deliver(*self._pending.popleft())
                 continue
             if self._finished:
                 return
@@ -178,15 +193,15 @@ class WordTimestampTap:
         """Wait for every sentence queued so far; in order."""
         done = []
         while self._pending:
-            meta, future = self._pending.popleft()
+            meta, future, ended_s = self._pending.popleft()
             await asyncio.wait([future])
-            done.append(self._resolve(meta, future))
+            done.append(self._deliver(meta, future, ended_s))
         return done
 
     def close(self) -> None:
         """Drop what is not delivered (the response ended): queued alignments are cancelled
         where the pool has not started them."""
-        for _, future in self._pending:
+        for _, future, _ in self._pending:
             future.cancel()
         self._pending.clear()
         self.finish()
@@ -197,13 +212,20 @@ class WordTimestampTap:
                 self._on_aligned(time.perf_counter() - queued_s, future.exception() is not None)
         return report
 
+    def _deliver(self, meta: SentenceWords, future: asyncio.Future, ended_s: float) -> SentenceWords:
+        if self._on_delivered is not None:
+            self._on_delivered(time.perf_counter() - ended_s)
+        return self._resolve(meta, future)
+
     def _resolve(self, meta: SentenceWords, future: asyncio.Future) -> SentenceWords:
         if future.cancelled():
             return meta
         error = future.exception()
         if error is not None:
             logger.warning("word timestamps for sentence %d are missing: %s", meta.index, error)
-            return meta
+            if not isinstance(error, AlignmentError):
+                error = AlignmentError(str(error))
+            return SentenceWords(meta.index, meta.text, meta.offset_s, meta.duration_s, None, error)
         words = future.result()
         if self._scale != 1.0:
             words = [word.scaled(self._scale) for word in words]

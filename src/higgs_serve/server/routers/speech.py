@@ -12,7 +12,6 @@ engine request through `Generation.close`.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -27,6 +26,7 @@ from higgs_serve.server.run import long_form
 from higgs_serve.server.run import speech_run
 from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
+from higgs_serve.server.last_mile.raw_stream import RawAudioResponse
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_object, to_api_error
 from higgs_serve.server.run.generation import Generation
 from higgs_serve.server.run.read_ahead import read_ahead
@@ -36,7 +36,6 @@ from higgs_serve.server.state import ServerState, server_state
 from higgs_serve.server.last_mile.word_timestamps import (WORDS_EVENT, SentenceWords, WordTimestampTap,
                                                  header_of)
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["audio"])
 
 _AUDIO_CONTENT = {media: {"schema": {"type": "string", "format": "binary"}}
@@ -76,9 +75,9 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
         return ClosingStreamingResponse(read_ahead(_sse_events(generation, state)), media_type=sse.MEDIA_TYPE,
                                         headers={**headers, "X-Accel-Buffering": "no"},
                                         background=BackgroundTask(generation.close))
-    return ClosingStreamingResponse(read_ahead(_raw_audio(generation, state)),
-                                    media_type=formats.MEDIA_TYPES[plan.response_format],
-                                    headers=headers, background=BackgroundTask(generation.close))
+    return RawAudioResponse(read_ahead(_raw_audio(generation, state)), request_id=plan.request.request_id,
+                            media_type=formats.MEDIA_TYPES[plan.response_format],
+                            headers=headers, background=BackgroundTask(generation.close))
 
 
 def check_engine(state: ServerState) -> None:
@@ -165,10 +164,8 @@ async def _raw_audio(generation: Generation, state: ServerState) -> AsyncIterato
             # Aborted by the server (shutdown): end the body abruptly so it reads as truncated.
             generation.close()
             raise HiggsServeError("the request was aborted by the server before it finished")
-    except HiggsServeError:
+    except HiggsServeError:  # RawAudioResponse logs it (one line) and ends the body cut
         generation.close(outcome="error")
-        logger.warning("raw audio stream %s ended early", generation.plan.request.request_id,
-                       exc_info=True)
         raise
     finally:
         generation.close()

@@ -38,6 +38,7 @@ from higgs_serve.server.run import speech_run
 from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import error_object, to_api_error
+from higgs_serve.server.last_mile.raw_stream import RawAudioResponse
 from higgs_serve.server.limits.send_timeout import ClosingStreamingResponse
 from higgs_serve.server.run.read_ahead import read_ahead
 from higgs_serve.server.settings import ServerSettings
@@ -210,10 +211,10 @@ async def create_long_form(plan: SpeechPlan, segments: list[Segment], request: R
                                         headers={**headers, "Cache-Control": "no-cache",
                                                  "X-Accel-Buffering": "no"},
                                         background=BackgroundTask(run.close))
-    return ClosingStreamingResponse(read_ahead(_raw(run, state)),
-                                    media_type=formats.MEDIA_TYPES[plan.response_format],
-                                    headers={**headers, "Cache-Control": "no-cache"},
-                                    background=BackgroundTask(run.close))
+    return RawAudioResponse(read_ahead(_raw(run, state)), request_id=plan.request.request_id,
+                            media_type=formats.MEDIA_TYPES[plan.response_format],
+                            headers={**headers, "Cache-Control": "no-cache"},
+                            background=BackgroundTask(run.close))
 
 
 async def _file(run: LongFormRun, request: Request, state: ServerState,

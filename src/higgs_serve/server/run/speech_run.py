@@ -116,7 +116,8 @@ def word_tap(plan: SpeechPlan, state: ServerState) -> WordTimestampTap | None:
     if plan.aligner is None:
         return None
     return WordTimestampTap(state.aligner_pool, plan.aligner, state.engine.sample_rate_hz,
-                            speed=plan.speed, on_aligned=state.metrics.observe_alignment)
+                            speed=plan.speed, on_aligned=state.metrics.observe_alignment,
+                            on_delivered=state.metrics.observe_words_lag)
 
 
 async def file_of(audio: AsyncIterator[np.ndarray], plan: SpeechPlan,

@@ -226,7 +226,8 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
         extra_served_model_names=tuple(args.served_model_name[1:]),
         allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
-        model_aliases=(args.model,), max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+        ttfa_budget_s=args.ttfa_budget_s, model_aliases=(args.model,), max_queue=args.max_queue,
+        max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
         alignment_workers=args.alignment_workers,
@@ -268,7 +269,8 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
               "--ws-idle-timeout-s": args.ws_idle_timeout_s,
               "--allowed-ref-audio-domains": args.allowed_ref_audio_domains,
               "--allowed-local-media-path": args.allowed_local_media_path,
-              "--send-timeout-s": args.send_timeout_s, "--encode-threads": args.encode_threads,
+              "--send-timeout-s": args.send_timeout_s, "--ttfa-budget-s": args.ttfa_budget_s,
+              "--encode-threads": args.encode_threads,
               "--alignment-workers": args.alignment_workers,
               # the replicas share the host's cores (each its own encoder processes)
               "--encode-processes": (default_encode_processes(len(devices))

@@ -81,6 +81,19 @@ def test_the_shortest_windows_go_first_one_per_request():
     assert next_batch([items[0], end], 8) == [end]  # ends are never held behind audio
 
 
+def test_the_earliest_deadline_is_marked_first():
+    """Issue 53: a chunk carries its stream's deadline when queued (`wrap(sink, deadline)`); the
+    most urgent picks the window length, chunks without a deadline wait."""
+    sinks = [CollectingSink(None, str(i)) for i in range(4)]
+    items = [_Item(sinks[0], chunk([0] * 2), np.zeros(6), stream_id=1, deadline_us=None),
+             _Item(sinks[1], chunk([0] * 8), np.zeros(12), stream_id=2, deadline_us=900),
+             _Item(sinks[2], chunk([0] * 8), np.zeros(12), stream_id=3, deadline_us=700),
+             _Item(sinks[3], chunk([0] * 2), np.zeros(6), stream_id=4, deadline_us=5_000)]
+    assert next_batch(items, 8) == [items[2], items[1]]
+    assert next_batch(items, 1) == [items[2]]
+    assert next_batch([items[0], items[3]], 8) == [items[3], items[0]]  # a deadline, then none
+
+
 def test_a_first_chunk_overtakes_queued_long_chunks_of_other_requests():
     wm = Recording()
     stage = MarkStage(wm, max_batch_windows=8)

@@ -199,6 +199,37 @@ def file_window_params(params: WindowParams, field: tuple[int, int]) -> WindowPa
                         right_holdback_frames=field[1], initial_chunk_frames=0, chunk_doubling=False)
 
 
+def ramp_initial_frames(params: WindowParams, step_us: int, jitter_us: int, frame_us: int) -> int:
+    """The first chunk of a stream whose talker steps take `step_us` and whose windows reach the
+    listener up to `jitter_us` later than its first did (docs/architecture.md#deadlines).
+
+    A chunk of E new frames with S frames sent before it is cut (S + E − I) steps after the first
+    chunk (I frames; the held-back frames came with the first), and a player that started at the
+    first audio runs dry S frame periods after it: the ramp keeps up while
+    (S + E − I) · step_us + jitter_us ≤ S · frame_us for every chunk. With doubling (E = S) that
+    holds at any I while a step takes at most half a frame period; slower steps need a larger I.
+    Returns the smallest I (at least the profile's) whose ramp keeps up, or C: steps of a frame
+    period or more keep no ramp ahead (only admission helps)."""
+    first = params.threshold(0)
+    if step_us >= frame_us:
+        return params.chunk_frames
+    for size in range(first, params.chunk_frames):
+        if _ramp_keeps_up(params, size, step_us, jitter_us, frame_us):
+            return size
+    return params.chunk_frames
+
+
+def _ramp_keeps_up(params: WindowParams, first: int, step_us: int, jitter_us: int, frame_us: int) -> bool:
+    sent = first
+    while True:
+        new = params.threshold(sent)
+        if (sent + new - first) * step_us + jitter_us > sent * frame_us:
+            return False
+        if new == params.chunk_frames:  # steady chunks: each later one has more lead than this
+            return True
+        sent += new
+
+
 NEVER = 1 << 62  # a frame count no request reaches
 
 

@@ -8,10 +8,11 @@ request's sink, in order. So the engine loop never waits for the mark, the codec
 a copy, and the server and `synth` get the same marked audio from the same chunks.
 
 Batches: like the codec's (codec/codec_runner.py `next_batch`), only each request's oldest
-queued chunk is eligible, and among those the shortest windows go first: a request's first
-chunk (one frame) is marked ahead of the steady-state chunks of busy requests, so the mark adds
-one small call to time to first audio, not a queue. Windows of one batch have one length (no
-padding, one shape per chunk length on a GPU).
+queued chunk is eligible, and among those the most urgent goes first (`urgency`: the earliest
+deadline of a stream's listener, engine/deadlines/, read from its clock as the chunk is queued;
+without deadlines the shortest window, a request's first chunk, so the mark adds one small call
+to time to first audio, not a queue). Windows of one batch have one length (no padding, one
+shape per chunk length on a GPU): the most urgent window's, the most urgent of that length.
 
 `fail` goes through the queue as well (after the request's chunks already queued); `finish`
 goes straight through (the core calls it before the final window reaches the codec).
@@ -25,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,20 +55,28 @@ class _Item:
     window: np.ndarray | None = None  # the chunk's window; None for an empty chunk
     error: BaseException | None = None
     stream_id: int = field(default=0)  # which wrapped sink (request) it belongs to
+    deadline_us: int | None = None  # its stream's deadline when queued; None: no deadline
+
+
+def urgency(item: _Item) -> tuple[bool, int, int]:
+    """The order windows are marked in (module note): the earliest deadline, then the shortest."""
+    return item.deadline_us is None, item.deadline_us or 0, item.window.size
 
 
 class _MarkingSink:
     """A request's sink as the codec sees it: chunks are marked on the stage's thread."""
 
-    def __init__(self, stage: MarkStage, sink: ChunkSink, stream_id: int):
+    def __init__(self, stage: MarkStage, sink: ChunkSink, stream_id: int, deadline: Callable[[], int] | None):
         self._stage = stage
         self._sink = sink
         self._stream = MarkStream(stage.watermark.context_samples)
         self._id = stream_id
+        self._deadline = deadline
 
     def put(self, chunk: AudioChunk) -> None:
         window = self._stream.window(chunk.audio) if chunk.audio.size else None
-        self._stage.enqueue(_Item(self._sink, chunk, window, stream_id=self._id))
+        deadline = self._deadline() if self._deadline is not None else None
+        self._stage.enqueue(_Item(self._sink, chunk, window, stream_id=self._id, deadline_us=deadline))
 
     def fail(self, error: BaseException) -> None:
         self._stage.enqueue(_Item(self._sink, None, error=error, stream_id=self._id))
@@ -88,8 +98,8 @@ def next_batch(pending: list[_Item], max_batch: int) -> list[_Item]:
     for item in eligible:
         if item.window is None:
             return [item]
-    length = min(item.window.size for item in eligible)
-    return [item for item in eligible if item.window.size == length][:max_batch]
+    length = min(eligible, key=urgency).window.size
+    return sorted((item for item in eligible if item.window.size == length), key=urgency)[:max_batch]
 
 
 class MarkStage:
@@ -103,12 +113,13 @@ class MarkStage:
         self._next_id = 0
         self._id_lock = threading.Lock()
 
-    def wrap(self, sink: ChunkSink) -> ChunkSink:
-        """`sink` with every chunk marked on the way (one per request, opened in order)."""
+    def wrap(self, sink: ChunkSink, deadline: Callable[[], int] | None = None) -> ChunkSink:
+        """`sink` with every chunk marked on the way (one per request, opened in order);
+        `deadline()`: its stream's deadline (µs), read as each chunk is queued."""
         with self._id_lock:
             self._next_id += 1
             stream_id = self._next_id
-        return _MarkingSink(self, sink, stream_id)
+        return _MarkingSink(self, sink, stream_id, deadline)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="higgs-watermark", daemon=True)

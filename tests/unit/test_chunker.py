@@ -257,16 +257,18 @@ def test_a_file_is_cut_into_exact_chunks_of_a_few_warm_shapes():
             assert first - w.start_frame >= min(10, first) and w.end_frame - end >= min(10, total - end)
 
 
-def _player_stalls_s(params: WindowParams, step_s: float, jitter_s: float = 0.0) -> float:
+def _player_stalls_s(params: WindowParams, step_s: float, stage1_s_per_frame: float = 0.0,
+                     jitter_s: float = 0.0) -> float:
     """Seconds a 1x player that starts at the first audio waits, when the talker gains a frame
-    every `step_s` and every window after the first reaches it `jitter_s` later than the first."""
+    every `step_s`, a window reaches it `stage1_s_per_frame` later per frame it carries, and
+    every window after the first `jitter_s` later still."""
     chunker, frame_s = StreamChunker(params), 0.04
     play_end, stalled = None, 0.0
     for d in range(1, 400):
         window = chunker.push(d, finished=False)
         if window is None:
             continue
-        now = d * step_s + (jitter_s if play_end is not None else 0.0)
+        now = d * step_s + window.new_frames * stage1_s_per_frame + (jitter_s if play_end is not None else 0.0)
         if play_end is not None and now > play_end:
             stalled += now - play_end
         play_end = max(play_end or now, now) + window.new_frames * frame_s
@@ -276,17 +278,18 @@ def _player_stalls_s(params: WindowParams, step_s: float, jitter_s: float = 0.0)
 def test_the_first_chunk_grows_until_the_doubling_ramp_keeps_ahead_of_the_player():
     params = WindowParams(25, 25, 4, 1, chunk_doubling=True)
     # steps of at most half a frame period and a steady Stage 1: the profile's one frame
-    assert ramp_initial_frames(params, 8_000, 0, 40_000) == 1
-    assert ramp_initial_frames(params, 20_000, 0, 40_000) == 1
-    # a Stage 1 that varies by more than a frame period less a step, or steps past half a frame
-    # period: larger first chunks, the more the slower (TTFA bought with continuity)
-    cases = {(8_000, 35_000): 2, (16_000, 30_000): 2, (25_000, 0): 8, (30_000, 20_000): 16, (35_000, 0): 20}
-    for (step_us, jitter_us), expected in cases.items():
-        first = ramp_initial_frames(params, step_us, jitter_us, 40_000)
-        assert first == expected
-        grown = WindowParams(25, 25, 4, first, chunk_doubling=True)
-        assert _player_stalls_s(grown, step_us / 1e6, jitter_us / 1e6) == 0.0
-        smaller = WindowParams(25, 25, 4, first - 1, chunk_doubling=True)
-        assert _player_stalls_s(smaller, step_us / 1e6, jitter_us / 1e6) > 0.0  # the smallest that works
-    assert ramp_initial_frames(params, 40_000, 0, 40_000) == 25  # no ramp keeps up: the steady chunk
-    assert ramp_initial_frames(WindowParams(25, 25, 4, 3), 8_000, 0, 40_000) == 3  # never below the profile's
+    assert ramp_initial_frames(params, 8_000, 40_000) == 1
+    assert ramp_initial_frames(params, 20_000, 40_000) == 1
+    assert ramp_initial_frames(params, 12_000, 40_000, stage1_us_per_frame=8_000) == 1  # 12 + 4 <= 20
+    # slower steps, a Stage 1 that takes longer per frame or varies: larger first chunks, the
+    # more the slower (TTFA bought with continuity); each the smallest that keeps up
+    cases = {(8_000, 0, 35_000): 2, (16_000, 0, 30_000): 2, (25_000, 0, 0): 8, (30_000, 0, 20_000): 16,
+             (35_000, 0, 0): 20, (16_000, 12_000, 0): 4, (20_000, 4_000, 10_000): 4}
+    for (step_us, per_frame_us, jitter_us), expected in cases.items():
+        first = ramp_initial_frames(params, step_us, 40_000, per_frame_us, jitter_us)
+        assert first == expected, (step_us, per_frame_us, jitter_us)
+        args = (step_us / 1e6, per_frame_us / 1e6, jitter_us / 1e6)
+        assert _player_stalls_s(WindowParams(25, 25, 4, first, chunk_doubling=True), *args) == 0.0
+        assert _player_stalls_s(WindowParams(25, 25, 4, first - 1, chunk_doubling=True), *args) > 0.0
+    assert ramp_initial_frames(params, 40_000, 40_000) == 25  # no ramp keeps up: the steady chunk
+    assert ramp_initial_frames(WindowParams(25, 25, 4, 3), 8_000, 40_000) == 3  # never below the profile's

@@ -117,6 +117,8 @@ def test_bad_sampling_value_is_found_before_loading(no_load, capsys, tiny_model_
 def test_serve_settings_are_checked_before_loading(no_load, capsys, tiny_model_dir):
     err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", "--max-input-chars", "0")
     assert "max_input_chars must be positive" in err
+    err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", "--ttfa-budget-s", "0")
+    assert "ttfa_budget_s must be positive" in err
 
 
 def test_voices_dir_that_is_a_file(no_load, capsys, tiny_model_dir, tmp_path):

@@ -199,31 +199,39 @@ def file_window_params(params: WindowParams, field: tuple[int, int]) -> WindowPa
                         right_holdback_frames=field[1], initial_chunk_frames=0, chunk_doubling=False)
 
 
-def ramp_initial_frames(params: WindowParams, step_us: int, jitter_us: int, frame_us: int) -> int:
-    """The first chunk of a stream whose talker steps take `step_us` and whose windows reach the
-    listener up to `jitter_us` later than its first did (docs/architecture.md#deadlines).
+def ramp_initial_frames(params: WindowParams, step_us: int, frame_us: int, stage1_us_per_frame: int = 0,
+                        jitter_us: int = 0) -> int:
+    """The first chunk of a stream whose talker steps take `step_us`, whose windows take
+    `stage1_us_per_frame` more on their way to the listener for each frame they carry, and whose
+    way there varies by up to `jitter_us` (docs/architecture.md#deadlines).
 
     A chunk of E new frames with S frames sent before it is cut (S + E − I) steps after the first
-    chunk (I frames; the held-back frames came with the first), and a player that started at the
+    chunk (I frames; the held-back frames came with the first) and reaches the listener
+    (E − I) · stage1_us_per_frame later than the first did, while a player that started at the
     first audio runs dry S frame periods after it: the ramp keeps up while
-    (S + E − I) · step_us + jitter_us ≤ S · frame_us for every chunk. With doubling (E = S) that
-    holds at any I while a step takes at most half a frame period; slower steps need a larger I.
-    Returns the smallest I (at least the profile's) whose ramp keeps up, or C: steps of a frame
-    period or more keep no ramp ahead (only admission helps)."""
+
+        (S + E − I) · step_us + (E − I) · stage1_us_per_frame + jitter_us ≤ S · frame_us
+
+    for every chunk. With doubling (E = S) that holds at any I while a step and half a frame's
+    Stage 1 time take at most half a frame period; slower ones need a larger I. Returns the
+    smallest I (at least the profile's) whose ramp keeps up, or C: steps of a frame period or
+    more keep no ramp ahead (only admission helps)."""
     first = params.threshold(0)
     if step_us >= frame_us:
         return params.chunk_frames
     for size in range(first, params.chunk_frames):
-        if _ramp_keeps_up(params, size, step_us, jitter_us, frame_us):
+        if _ramp_keeps_up(params, size, step_us, frame_us, stage1_us_per_frame, jitter_us):
             return size
     return params.chunk_frames
 
 
-def _ramp_keeps_up(params: WindowParams, first: int, step_us: int, jitter_us: int, frame_us: int) -> bool:
+def _ramp_keeps_up(params: WindowParams, first: int, step_us: int, frame_us: int, stage1_us_per_frame: int,
+                   jitter_us: int) -> bool:
     sent = first
     while True:
         new = params.threshold(sent)
-        if (sent + new - first) * step_us + jitter_us > sent * frame_us:
+        late_us = (sent + new - first) * step_us + (new - first) * stage1_us_per_frame + jitter_us
+        if late_us > sent * frame_us:
             return False
         if new == params.chunk_frames:  # steady chunks: each later one has more lead than this
             return True

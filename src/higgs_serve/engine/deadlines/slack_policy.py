@@ -246,8 +246,9 @@ class SlackPolicy:
         if not (self.enabled and self.config.first_chunk_follows_load):
             return profile
         n = self.num_decoding + 1
-        first = ramp_initial_frames(profile, self.model.predict_us(n, n), self.stage1.latency_us,
-                                    int(FRAME_US / speed))
+        frame_us = int(FRAME_US / speed)
+        first = ramp_initial_frames(profile, self.model.predict_us(n, n), frame_us,
+                                    self.stage1.us_per_frame(frame_us), self.stage1.jitter_us)
         if first == profile.threshold(0):
             return profile
         return WindowParams(profile.chunk_frames, profile.left_context_frames, profile.right_holdback_frames,

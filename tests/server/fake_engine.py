@@ -9,7 +9,8 @@ Streaming yields `chunk_frames` frames per chunk with `step_delay_s` between chu
 Test hooks: `hold` (threading.Event): while clear, requests whose text starts with "HOLD" wait
 before their first chunk; a streamed request whose text starts with "FULL" is refused as the real
 engine refuses a stream past its first-audio budget (OverCapacityError, Retry-After
-`over_capacity_retry_s`); `kill()` makes the engine die (every request fails, alive = False).
+`over_capacity_retry_s`); one whose text holds "QUEUED" is to be withdrawn `withdraw_after_s`
+after it was submitted; `kill()` makes the engine die (every request fails, alive = False).
 `sent` records the server's `audio_sent` reports.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -65,6 +67,10 @@ class FakeEngine:
         self.sent: list[tuple[str, int, float]] = []  # audio_sent reports
         # test hook: a submit whose text starts with "FULL" is refused as over capacity (503)
         self.over_capacity_retry_s = 3
+        # test hook: a streamed request whose text holds "QUEUED" is to be withdrawn this long after
+        # it was submitted, as the real engine's streams that wait past their budget (with HOLD it
+        # never starts)
+        self.withdraw_after_s = 0.2
         self._active: set[str] = set()
         self._dead = False
         self._prompts: _FakePrompts | None = None
@@ -102,7 +108,10 @@ class FakeEngine:
             raise OverCapacityError("the fake engine is full", self.over_capacity_retry_s)
         self.requests.append(request)
         self._active.add(request.request_id)
-        return _FakeStream(self._run(request))
+        stream = _FakeStream(self._run(request))
+        if "QUEUED" in request.text and request.playback is not None:  # waits for a place that never comes
+            stream.withdraw_at_s = time.perf_counter() + self.withdraw_after_s
+        return stream
 
     async def _run(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]:
         rid = request.request_id
@@ -161,7 +170,8 @@ class _FakeStream:
         self._chunks = chunks
         self._num_frames = 0
         self.frames: np.ndarray | None = None
-        self.queue_wait_s: float | None = 0.0  # the fake never queues
+        self.queue_wait_s: float | None = 0.0  # the fake never queues ...
+        self.withdraw_at_s: float | None = None  # ... so never withdraws a stream
 
     def __aiter__(self) -> "_FakeStream":
         return self

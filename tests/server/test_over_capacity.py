@@ -1,6 +1,7 @@
 """Issue 53 at the HTTP edge: a stream the server cannot start within --ttfa-budget-s gets 503
 with Retry-After at once (OpenAI's error shape), a file never does, a stream that waited says so
-(X-Queue-Wait-Ms and /metrics), and every streamed chunk is reported to the engine as it leaves.
+(X-Queue-Wait-Ms and /metrics), one that waits past it is withdrawn with a 503, and every streamed
+chunk is reported to the engine as it leaves.
 
 The fake engine pins the mapping and the reports; two real servers (tiny model, CPU, one slot)
 pin the engine's own refusal and wait: one with a budget no queued stream can meet, one whose
@@ -35,6 +36,28 @@ def test_a_stream_over_capacity_is_a_503_with_retry_after_and_a_file_is_not(fake
                                                    "response_format": "pcm"})
         assert file.status_code == 200 and "x-queue-wait-ms" not in file.headers
         assert metric(http, 'higgs_serve_requests_total{outcome="over_capacity"}') == 1
+
+
+def test_a_stream_still_waiting_when_its_budget_runs_out_is_withdrawn_with_a_503(fake_server):
+    engine = fake_server.engine
+    engine.hold.clear()
+    try:
+        with httpx.Client(base_url=fake_server.url, timeout=10) as http:
+            started = time.perf_counter()
+            refused = http.post("/v1/audio/speech", json={"input": "HOLD QUEUED here", **PCM_STREAM})
+            took = time.perf_counter() - started
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "over_capacity"
+            assert engine.withdraw_after_s <= took < engine.withdraw_after_s + 1.0
+            withdrawn = engine.requests[-1].request_id
+            assert withdrawn in engine.aborted  # its place in the engine's queue is given up
+            # a file that waits as long is never withdrawn
+            engine.hold.set()
+            file = http.post("/v1/audio/speech", json={"input": "HOLD QUEUED file", "stream": False,
+                                                       "response_format": "pcm"})
+            assert file.status_code == 200
+    finally:
+        engine.hold.set()
 
 
 def test_each_streamed_chunk_is_reported_as_it_leaves(fake_server):

@@ -109,7 +109,7 @@ def test_slack_first_when_a_step_of_every_decode_is_too_slow():
     far = decoding("far", clock=clock, lead_ms=8000, due_in_rows=5)
     file = decoding("file", stream=False)
     step = policy.model.predict_us(5, 5)
-    slacks = {r.request_id: policy.slack_us(r, clock.now, step) for r in (late, soon, ahead, far, file)}
+    slacks = {r.request_id: policy.slack_us(r, step) for r in (late, soon, ahead, far, file)}
     assert slacks["late"] < slacks["soon"] < 1000 * MS <= slacks["ahead"] < slacks["far"] < slacks["file"] == BULK_SLACK
     # "late" and "soon" run (less slack than park_slack_ms); a third decode would make their
     # step 30 ms, within the 36 ms real-time step; a fourth (40 ms) would eat more than "late"'s
@@ -219,8 +219,14 @@ def test_a_stream_that_would_start_past_its_budget_is_refused_with_the_wait():
     assert "1.8 s" in str(refused.value)
     assert "new" not in scheduler.requests
     # with room for it, or with a budget long enough, the same request waits in the queue
-    scheduler.add_request(waiting_stream("patient", clock, budget_ms=3000))
+    patient = waiting_stream("patient", clock, budget_ms=3000)
+    scheduler.add_request(patient)
     assert ids(scheduler.waiting) == ["patient"]
+    # it must have its place by its budget less its prompt and first window (12 rows of 36 ms),
+    # or its caller withdraws it
+    assert patient.playback.withdraw_at_us == clock.now + 3000 * MS - 12 * 36 * MS - 10 * 50
+    patient.playback.admitted_us = clock.now
+    assert patient.playback.withdraw_at_us is None
 
 
 def test_an_idle_engine_never_refuses_however_slow_it_thinks_it_is():

@@ -85,6 +85,13 @@ class RequestStream(AsyncIterator[AudioChunk]):
         return self._sink.frames
 
     @property
+    def withdraw_at_s(self) -> float | None:
+        """A stream still waiting for its place at this time (time.perf_counter()) can no longer
+        have its first audio within its budget: withdraw it then (None: admitted, no budget)."""
+        at = None if self._clock is None else self._clock.withdraw_at_us
+        return None if at is None else at / US_PER_S
+
+    @property
     def queue_wait_s(self) -> float | None:
         """How long a stream waited for its place in the engine (None: not a stream, or still
         waiting); known once its first chunk arrived."""

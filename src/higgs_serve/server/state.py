@@ -49,7 +49,8 @@ class SpeechEngine(Protocol):
 
     # The stream's `frames` ([T, 8] codes) are set once its final chunk arrived: long-form
     # chains (engine/long_form.py) clone each segment from the one before. Its `queue_wait_s`
-    # (float | None) is a stream's wait for its place in the engine, known after its first chunk.
+    # (float | None) is a stream's wait for its place in the engine, known after its first chunk;
+    # its `withdraw_at_s` (float | None) when a stream still waiting is to be withdrawn.
     def generate(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]: ...
 
     def abort(self, request_id: str) -> None: ...

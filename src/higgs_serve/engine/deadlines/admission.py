@@ -45,11 +45,16 @@ class AdmissionRule:
 
     def capacity(self, step_us_of: Callable[[int], int], stage1_cost_ppm: int, limit: int,
                  max_speed: float = 1.0) -> int:
-        """The most streams (at most `limit`) that fit; `step_us_of(n)` predicts a step of n."""
-        n = 1
-        while n < limit and self.fits(n + 1, step_us_of(n + 1), stage1_cost_ppm, max_speed):
-            n += 1
-        return n
+        """The most streams (at most `limit`) that fit; `step_us_of(n)` predicts a step of n
+        (a bisection: more streams never make a step shorter)."""
+        lo, hi = 1, max(1, limit)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.fits(mid, step_us_of(mid), stage1_cost_ppm, max_speed):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def predicted_wait_us(ends_us: Sequence[int], ahead_us: Sequence[int], free: int) -> int:

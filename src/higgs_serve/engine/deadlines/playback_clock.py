@@ -70,13 +70,15 @@ def clock_for(playback: Playback | None, sample_rate_hz: int) -> PlaybackClock |
 
 
 class _Tally:
-    """Audio handed on so far: when the first of it went, and how many samples."""
+    """Audio handed on so far: when the first of it went, how many samples, and so when a
+    listener fed by it runs out (`end_us`)."""
 
-    __slots__ = ("first_us", "samples")
+    __slots__ = ("first_us", "samples", "end_us")
 
     def __init__(self) -> None:
         self.first_us: int | None = None
         self.samples = 0
+        self.end_us: int | None = None
 
 
 class PlaybackClock:
@@ -90,11 +92,19 @@ class PlaybackClock:
         self.first_audio_due_us = first_audio_due_us
         self.ttfa_budget_us = ttfa_budget_us  # refuse at arrival when the first audio would be later
         self.admitted_us: int | None = None  # when the scheduler gave it a slot
+        # still waiting for its place at this time, its first audio can no longer come within
+        # its budget (set at arrival when it may wait; the caller withdraws it then)
+        self.admit_by_us: int | None = None
         # rows (sampled) at which its next codec window is due: output processing keeps it current
         self.due_rows = 0
         self._us_per_sample = US_PER_S / (sample_rate_hz * speed)
         self._sent = _Tally()  # the server's reports
         self._delivered = _Tally()  # chunks reaching the caller's sink
+
+    @property
+    def withdraw_at_us(self) -> int | None:
+        """When a caller should withdraw it unstarted (None: admitted, or no budget)."""
+        return self.admit_by_us if self.admitted_us is None else None
 
     @property
     def queue_wait_us(self) -> int | None:
@@ -111,11 +121,14 @@ class PlaybackClock:
         return self._sent.first_us is not None or self._delivered.first_us is not None
 
     def deadline_us(self) -> int:
-        """When the listener runs out: the first audio's due time until audio has gone out."""
-        tally = self._sent if self._sent.first_us is not None else self._delivered
-        if tally.first_us is None:
+        """When the listener runs out: the first audio's due time until audio has gone out.
+        (Read once per stream per step at load: two attribute reads.)"""
+        end = self._sent.end_us
+        if end is None:
+            end = self._delivered.end_us
+        if end is None:
             return self.first_audio_due_us if self.first_audio_due_us is not None else self.submitted_us
-        return tally.first_us + self.played_us(tally.samples)
+        return end
 
     def sent(self, samples: int, at_us: int) -> int:
         """The server sent `samples` more at `at_us`; returns the lead the listener had just
@@ -134,6 +147,7 @@ class PlaybackClock:
             tally.first_us = at_us
             lead = 0
         else:
-            lead = tally.first_us + self.played_us(tally.samples) - at_us
+            lead = tally.end_us - at_us
         tally.samples += samples
+        tally.end_us = tally.first_us + self.played_us(tally.samples)
         return lead

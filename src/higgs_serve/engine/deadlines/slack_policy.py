@@ -15,14 +15,14 @@ The scheduler asks, once per step:
   stream ahead of real time (`AdmissionRule.step_target_us`): an O(1) check, the only cost at low
   load. Past it, slack first: the streams with less slack than `park_slack_ms` always; then the
   others (well-buffered streams, then bulk requests) while the step stays within the real-time
-  step, or within the step those streams need plus the smallest `step_share_us` among them (a
-  stream's slack spread over the steps before its next audio: the step may grow by that much
-  every step without making it late). A stream left out keeps its rows,
+  step, or within the step those streams need plus the smallest share among them (a stream's
+  slack spread over the steps before its next audio: the step may grow by that much every step
+  without making it late). A stream left out keeps its rows,
   slot and KV; its slack shrinks by a step each time, so it is back in before its listener runs
   dry. Sampling depends only on a request's seed and row index (docs/model.md#sampling), so
   sitting out steps never changes its audio.
 - `order_prompts`: unfinished prompts by slack (streams' first-audio deadlines first, bulk last).
-- `prompt_token_cap`: prompt tokens that fit in the smallest `step_share_us` of the step's streams
+- `prompt_token_cap`: prompt tokens that fit in the smallest share of the step's streams
   (at least `min_prefill_chunk_tokens`), so a long prompt (a clone reference, a long-form segment,
   a WebSocket sentence) is chunked rather than stalling a stream.
 - `next_admission`: the first waiting stream when one more stream fits (admission.py) and every
@@ -30,7 +30,9 @@ The scheduler asks, once per step:
   remains for every waiting stream.
 At arrival (`on_arrival`) a stream gets its first-audio deadline, and one whose predicted first
 audio (queue wait + prompt + first window) is past its `ttfa_budget` is refused at once
-(`OverCapacityError`, with the seconds until it would fit). With `enabled: false` every answer is
+(`OverCapacityError`, with the seconds until it would fit); one that may wait gets the time by
+which it must have its place (`PlaybackClock.admit_by_us`: its budget less its predicted prompt
+and first window), past which its caller withdraws it (the server: a 503 then). With `enabled: false` every answer is
 the first-come-first-served one (every decode, prompts in admission order, no cap, the queue's
 head, no refusal).
 """
@@ -89,74 +91,72 @@ class SlackPolicy:
         self.num_decoding = 0  # decodes in the last step chosen
 
     # ------------------------------------------------------------------ slack
-    def slack_us(self, request: Request, now: int, step_us: int) -> int:
-        """The module note's slack (BULK_SLACK for a request without a deadline)."""
-        clock = request.playback
-        if clock is None:
-            return BULK_SLACK
-        work = self._rows_due(request) * step_us + self._prompt_left(request) * self.model.token_us
-        return clock.deadline_us() - now - work - self.stage1.latency_us
+    def slacks(self, requests: Sequence[Request], step_us: int) -> list[tuple[int, int, int]]:
+        """(slack, share, index) of each request, now (module note). Its share is what each of
+        the steps before its next audio may run longer than predicted without making it late:
+        its slack spread over them. A request without a deadline: BULK_SLACK for both. One tight
+        pass (it runs for every stream of a step at load)."""
+        base = self.now_us() + self.stage1.latency_us
+        token_us = self.model.token_us
+        out = []
+        add = out.append
+        for i, request in enumerate(requests):
+            clock = request.playback
+            if clock is None:
+                add((BULK_SLACK, BULK_SLACK, i))
+                continue
+            rows = clock.due_rows - request.num_rows - request.num_pending_rows
+            rows = rows if rows > 0 else 0
+            prompt = request.num_prompt_tokens - request.num_computed_tokens
+            if prompt > 0:
+                slack = clock.deadline_us() - base - rows * step_us - prompt * token_us
+                add((slack, (slack if slack > 0 else 0) // (rows + 2), i))
+            else:
+                slack = clock.deadline_us() - base - rows * step_us
+                add((slack, (slack if slack > 0 else 0) // (rows + 1), i))
+        return out
 
-    def step_share_us(self, request: Request, now: int, step_us: int) -> int:
-        """What each of the steps before a stream's next audio may run longer than predicted
-        without making it late: its slack spread over them (BULK_SLACK without a deadline)."""
-        slack = self.slack_us(request, now, step_us)
-        if request.playback is None:
-            return slack
-        return max(0, slack) // (self._rows_due(request) + (self._prompt_left(request) > 0) + 1)
-
-    @staticmethod
-    def _rows_due(request: Request) -> int:
-        """Rows still to sample before its next window is due."""
-        return max(0, request.playback.due_rows - request.num_rows - request.num_pending_rows)
-
-    @staticmethod
-    def _prompt_left(request: Request) -> int:
-        return max(0, request.num_prompt_tokens - request.num_computed_tokens)
-
-    def _by_slack(self, requests: Sequence[Request], step_us: int) -> list[tuple[int, int, Request]]:
-        now = self.now_us()
-        return sorted((self.slack_us(r, now, step_us), i, r) for i, r in enumerate(requests))
+    def slack_us(self, request: Request, step_us: int) -> int:
+        """One request's slack now (BULK_SLACK without a deadline)."""
+        return self.slacks((request,), step_us)[0][0]
 
     # ------------------------------------------------------------------ the step
     def choose_decodes(self, decodes: list[Request]) -> list[Request]:
         """The running decodes this step runs (module note), in their given order."""
         n = self.num_decoding = len(decodes)
-        if not self.enabled or n == 0 or self.model.predict_us(n, n) <= self.target_us:
+        if not self.enabled or n == 0:
             return decodes
         step = self.model.predict_us(n, n)
-        keyed = self._by_slack(decodes, step)
-        chosen = [r for slack, _, r in keyed if slack < self.park_us]
-        now = self.now_us()
-        share = min((self.step_share_us(r, now, step) for r in chosen), default=BULK_SLACK)
-        limit_us = max(self.target_us, self.model.predict_us(len(chosen), len(chosen)) + share)
-        for _, _, request in keyed[len(chosen):]:
-            if self.model.predict_us(len(chosen) + 1, len(chosen) + 1) > limit_us:
-                break
-            chosen.append(request)
-        self.num_decoding = len(chosen)
-        if len(chosen) == n:
+        if step <= self.target_us:
             return decodes
-        picked = {id(r) for r in chosen}
-        return [r for r in decodes if id(r) in picked]
+        keyed = sorted(self.slacks(decodes, step))
+        must = [k for k in keyed if k[0] < self.park_us]
+        share = min((k[1] for k in must), default=BULK_SLACK)
+        limit_us = max(self.target_us, self.model.predict_us(len(must), len(must)) + share)
+        chosen = len(must)
+        while chosen < n and self.model.predict_us(chosen + 1, chosen + 1) <= limit_us:
+            chosen += 1
+        self.num_decoding = chosen
+        if chosen == n:
+            return decodes
+        picked = sorted(i for _, _, i in keyed[:chosen])
+        return [decodes[i] for i in picked]
 
     def order_prompts(self, prefilling: list[Request]) -> list[Request]:
         """Unfinished prompts, least slack first (stable: admission order among equals)."""
         if not self.enabled or len(prefilling) < 2:
             return prefilling
         step = self.model.predict_us(self.num_decoding, self.num_decoding)
-        return [r for _, _, r in self._by_slack(prefilling, step)]
+        return [prefilling[i] for _, _, i in sorted(self.slacks(prefilling, step))]
 
     def prompt_token_cap(self, decodes: list[Request]) -> int | None:
-        """Most prompt tokens this step may hold (None: no cap): what fits in the smallest
-        `step_share_us` of the streams it decodes, at least `min_prefill_chunk_tokens`."""
+        """Most prompt tokens this step may hold (None: no cap): what fits in the smallest share
+        of the streams it decodes (`slacks`), at least `min_prefill_chunk_tokens`."""
         if not self.enabled:
             return None
-        step = self.model.predict_us(len(decodes), len(decodes))
-        now = self.now_us()
-        share = min((self.step_share_us(r, now, step) for r in decodes if r.playback is not None),
-                    default=None)
-        if share is None:
+        share = min((k[1] for k in self.slacks(decodes, self.model.predict_us(len(decodes), len(decodes)))),
+                    default=BULK_SLACK)
+        if share == BULK_SLACK:  # no stream in the step
             return None
         return max(self.config.min_prefill_chunk_tokens, self.model.tokens_within(share))
 
@@ -187,8 +187,7 @@ class SlackPolicy:
         step = self.model.predict_us(n, n)
         if not self.rule.fits(n, step, self.stage1.cost_ppm(), speed):
             return False
-        now = self.now_us()
-        return all(self.slack_us(r, now, step) > 0 for r in streams)
+        return all(slack > 0 for slack, _, _ in self.slacks(streams, step))
 
     def capacity(self, running: Sequence[Request]) -> int:
         """Streams the admission rule lets run at once now (at most max_num_seqs)."""
@@ -204,9 +203,12 @@ class SlackPolicy:
             return
         if clock.first_audio_due_us is None:
             clock.first_audio_due_us = clock.submitted_us + self.config.first_audio_target_ms * 1000
-        if not self.enabled or clock.ttfa_budget_us is None:
-            return
+        if not self.enabled or clock.ttfa_budget_us is None or not any(
+                r.playback is not None for r in (*running, *waiting)):
+            return  # an engine without streams starts it at once
         wait_us, ttfa_us = self.predicted_ttfa_us(request, running, waiting)
+        # admitted later than this, its first audio (its prompt and first window) is past the budget
+        clock.admit_by_us = clock.submitted_us + clock.ttfa_budget_us - (ttfa_us - wait_us)
         # one that would start at once is never refused: waiting cannot make it sooner (and an idle
         # engine must run what it is given to learn its step time)
         if wait_us > 0 and ttfa_us > clock.ttfa_budget_us:

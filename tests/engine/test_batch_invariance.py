@@ -136,8 +136,8 @@ def test_streams_that_sit_out_steps_match_alone(engine, alone):
     choose = policy.choose_decodes  # the policy's own choice, narrowed below
     calls, sat_out = [0], {}
 
-    def sitting_out(decodes):
-        chosen = choose(decodes)
+    def sitting_out(decodes, num_streams):
+        chosen = choose(decodes, num_streams)
         calls[0] += 1
         kept = [r for k, r in enumerate(chosen) if (calls[0] + k) % 3 or len(chosen) == 1]
         for request in chosen:

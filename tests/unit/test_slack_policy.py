@@ -82,6 +82,7 @@ def running_streams(scheduler: Scheduler, clock: FakeClock, n: int, lead_ms: int
         scheduler.kv.allocate(request, [], request.num_computed_tokens, request.max_num_tokens)
         scheduler.requests[request.request_id] = request
         scheduler.running.append(request)
+        scheduler.num_running_streams += 1
         streams.append(request)
     return streams
 
@@ -95,7 +96,7 @@ def test_every_decode_runs_without_a_look_at_slack_while_steps_keep_up():
     clock = FakeClock()
     policy = make_policy(clock, {4: 12})  # 12 ms a step: three times real time
     decodes = [decoding(f"s{i}", clock=clock, lead_ms=-500) for i in range(3)] + [decoding("b", stream=False)]
-    assert policy.choose_decodes(decodes) == decodes
+    assert policy.choose_decodes(decodes, 4) == decodes
     assert clock.calls == 0  # the low-load path never computes a slack
 
 
@@ -114,7 +115,7 @@ def test_slack_first_when_a_step_of_every_decode_is_too_slow():
     # "late" and "soon" run (less slack than park_slack_ms); a third decode would make their
     # step 30 ms, within the 36 ms real-time step; a fourth (40 ms) would eat more than "late"'s
     # share of its slack per step, so "far" and the file sit this step out
-    chosen = policy.choose_decodes([file, far, ahead, soon, late])
+    chosen = policy.choose_decodes([file, far, ahead, soon, late], 4)
     assert ids(chosen) == ["ahead", "soon", "late"]  # in the order given (admission order)
 
 
@@ -122,7 +123,7 @@ def test_well_buffered_streams_and_bulk_run_when_nothing_is_tight():
     clock = FakeClock()
     policy = make_policy(clock, {n: 10 * n for n in range(1, 9)})
     decodes = [decoding(f"s{i}", clock=clock, lead_ms=5000) for i in range(4)] + [decoding("file", stream=False)]
-    assert policy.choose_decodes(decodes) == decodes  # every stream far ahead: all run
+    assert policy.choose_decodes(decodes, 4) == decodes  # every stream far ahead: all run
 
 
 def test_a_skipped_stream_comes_back_before_its_listener_runs_dry():
@@ -132,7 +133,7 @@ def test_a_skipped_stream_comes_back_before_its_listener_runs_dry():
     ahead = decoding("ahead", clock=clock, lead_ms=1300, due_in_rows=5)
     sat_out = 0
     for _ in range(100):
-        if ahead not in policy.choose_decodes(tight + [ahead]):
+        if ahead not in policy.choose_decodes(tight + [ahead], 4):
             sat_out += 1
             clock.now += 40 * MS  # a step of the others passes; its lead shrinks
             continue
@@ -190,6 +191,10 @@ def test_a_stream_starts_while_one_more_fits_real_time_and_bulk_fills_the_rest()
     assert started == ["third", "file"]
     assert ids(scheduler.waiting) == ["fourth", "file2"]
     assert len(scheduler._free_slots) == 1
+    assert scheduler.num_running_streams == 3  # the file does not count
+    scheduler.abort("third")
+    scheduler.abort("file")
+    assert scheduler.num_running_streams == 2
 
 
 def test_no_stream_starts_while_a_running_stream_is_behind():

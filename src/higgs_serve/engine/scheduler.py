@@ -106,6 +106,7 @@ class Scheduler:
         self._next_step_id = 0
         self.policy = policy if policy is not None else SlackPolicy(DeadlineConfig(), max_num_seqs)
         self._shapes: dict[int, tuple[int, int]] = {}  # step id -> (sequences, tokens) until update
+        self.num_running_streams = 0  # running requests with a playback clock (a deadline)
 
     # ----- queue state
     @property
@@ -174,10 +175,10 @@ class Scheduler:
         """The next step's plan, or None when there is nothing to compute."""
         budget = self.max_num_batched_tokens
         decodes, prefilling = self._running_by_phase()
-        decodes = self.policy.choose_decodes(decodes)
+        decodes = self.policy.choose_decodes(decodes, self.num_running_streams)
         chunks = [self._schedule_chunk(request, 1) for request in decodes]  # the previous row each
         budget -= len(chunks)
-        if prefilling or (self.waiting and self._free_slots):
+        if self.num_running_streams and (prefilling or (self.waiting and self._free_slots)):
             cap = self.policy.prompt_token_cap(decodes)
             budget = budget if cap is None else min(budget, cap)
         share = self._prefill_share(budget, len(prefilling))
@@ -295,6 +296,7 @@ class Scheduler:
         self.running.append(request)
         if request.playback is not None:
             request.playback.admitted_us = self.policy.now_us()  # its queue wait ends
+            self.num_running_streams += 1
         return num_new
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
@@ -333,6 +335,7 @@ class Scheduler:
         """Free a running request's blocks and slot; the caller removes it from `running`."""
         request.status = status
         del self.requests[request.request_id]
+        self.num_running_streams -= request.playback is not None
         self.kv.free(request.request_id)
         heapq.heappush(self._free_slots, request.slot)
         self._released_slots.append(request.slot)

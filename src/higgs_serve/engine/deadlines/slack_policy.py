@@ -121,21 +121,28 @@ class SlackPolicy:
         return self.slacks((request,), step_us)[0][0]
 
     # ------------------------------------------------------------------ the step
-    def choose_decodes(self, decodes: list[Request]) -> list[Request]:
-        """The running decodes this step runs (module note), in their given order."""
+    def choose_decodes(self, decodes: list[Request], num_streams: int) -> list[Request]:
+        """The running decodes this step runs (module note), in their given order;
+        `num_streams`: running requests with a deadline (none: nobody to serve first)."""
         n = self.num_decoding = len(decodes)
-        if not self.enabled or n == 0:
+        if not self.enabled or n == 0 or num_streams == 0:
             return decodes
         step = self.model.predict_us(n, n)
         if step <= self.target_us:
             return decodes
         keyed = sorted(self.slacks(decodes, step))
-        must = [k for k in keyed if k[0] < self.park_us]
-        share = min((k[1] for k in must), default=BULK_SLACK)
-        limit_us = max(self.target_us, self.model.predict_us(len(must), len(must)) + share)
-        chosen = len(must)
-        while chosen < n and self.model.predict_us(chosen + 1, chosen + 1) <= limit_us:
-            chosen += 1
+        must = sum(1 for k in keyed if k[0] < self.park_us)
+        if must == 0:  # every stream well ahead: nobody gains from a shorter step
+            return decodes
+        share = min(k[1] for k in keyed[:must])
+        limit_us = max(self.target_us, self.model.predict_us(must, must) + share)
+        chosen, most = must, n  # the most decodes whose step stays within the limit (a bisection)
+        while chosen < most:
+            mid = (chosen + most + 1) // 2
+            if self.model.predict_us(mid, mid) <= limit_us:
+                chosen = mid
+            else:
+                most = mid - 1
         self.num_decoding = chosen
         if chosen == n:
             return decodes

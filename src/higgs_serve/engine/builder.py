@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from higgs_serve.codec.chunker import WindowParams, file_window_params, warm_window_shapes
+from higgs_serve.codec.chunker import WindowParams, file_window_params, first_chunk_shapes, warm_window_shapes
 from higgs_serve.codec.codec_runner import CodecRunner
 from higgs_serve.codec.decoder import PRECISION_DTYPES, CodecDecoder, receptive_field_frames
 from higgs_serve.codec.encoder import CodecEncoder
@@ -253,7 +253,9 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     file_window = file_window_params(window, field)
     # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
     # two captures must never run at once, and the codec thread starts only with the engine.
-    codec.warm_up(tuple(sorted({*warm_window_shapes(window), *warm_window_shapes(file_window)})),
+    # the deadline policy may start a stream with a larger first chunk (one shape more each)
+    ramp = first_chunk_shapes(window) if s0.deadlines.enabled and s0.deadlines.first_chunk_follows_load else ()
+    codec.warm_up(tuple(sorted({*warm_window_shapes(window), *warm_window_shapes(file_window), *ramp})),
                   loaded.spec.audio.num_codebooks)
     marks = build_mark_stage(deploy, codec_device)
     stage1 = stage1_load(codec, marks, loaded.spec.codec.frame_rate)

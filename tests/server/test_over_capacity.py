@@ -16,7 +16,8 @@ import time
 
 import httpx
 import pytest
-from live_server import metric, serve_subprocess
+from fake_engine import FakeEngine, fake_deploy
+from live_server import fake_settings, metric, serve_subprocess, start_threaded_server
 
 NAME = "higgs-tiny"
 PCM_STREAM = {"response_format": "pcm", "stream": True}
@@ -78,6 +79,32 @@ def test_each_streamed_chunk_is_reported_as_it_leaves(fake_server):
         # the lead of each chunk after the first
         assert metric(http, "higgs_serve_stream_slack_seconds_count") == slack_before + len(reports) - 1
         assert metric(http, "higgs_serve_streams_stalled_total") == 0  # the fake is never late
+
+
+def test_a_long_form_streams_later_segments_are_due_when_its_listener_runs_dry(tmp_path):
+    """A long-form stream is one listener: only its first segment may be refused; each later
+    segment's first audio is due when the audio sent so far runs out (the response's meter)."""
+    engine = FakeEngine(deploy=fake_deploy(max_num_seqs=2, max_tokens=200), frames_per_char=1)
+    live = start_threaded_server(engine, fake_settings(tmp_path, segment_max_chars=40, max_input_chars=400))
+    try:
+        text = " ".join(f"Sentence number {i} is right here." for i in range(4))
+        with httpx.Client(base_url=live.url, timeout=10) as http:
+            started = time.perf_counter()
+            response = http.post("/v1/audio/speech", json={"input": text, **PCM_STREAM})
+            assert response.status_code == 200
+            segments = [r for r in engine.requests if r.request_id.startswith(response.headers["x-request-id"])]
+            assert len(segments) == 4
+            first, *later = [r.playback for r in segments]
+            assert first.ttfa_budget_s == 1.0 and first.first_audio_due_s is None
+            sent_s = sum(samples for rid, samples, _ in engine.sent if rid == segments[0].request_id) / 24000
+            for playback in later:
+                assert playback.ttfa_budget_s is None  # the response has started: never refused
+                assert started < playback.first_audio_due_s  # the listener's clock, not arrival's
+            assert later[0].first_audio_due_s >= started + sent_s - 0.5  # its audio before it played
+            # every segment's audio was reported under its own engine request
+            assert {rid for rid, _, _ in engine.sent} >= {r.request_id for r in segments}
+    finally:
+        live.stop()
 
 
 # ----------------------------------------------------------------------------- real servers

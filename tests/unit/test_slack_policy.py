@@ -276,5 +276,6 @@ def test_update_teaches_the_step_model_the_plan_it_timed():
     plan = scheduler.schedule()
     nxt = scheduler.schedule()
     scheduler.update(plan, StepResult(plan.step_id, {"a": ROW}, ()), elapsed_us=5 * MS)
-    assert policy.model.predict_us(1, 1) == 4 * MS  # the mean of 3 and 5 ms
+    assert policy.model.mean_decode_us(1) == 4 * MS  # the mean of 3 and 5 ms
+    assert policy.model.predict_us(1, 1) == 6 * MS  # planned with twice their 1 ms deviation
     assert nxt is not None

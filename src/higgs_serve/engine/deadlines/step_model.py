@@ -3,7 +3,9 @@
     predict_us(num_seqs, num_tokens) = D(num_seqs) + c · (num_tokens − num_seqs)
 
 D(n), the time of a step that decodes n sequences, is a moving average per n of the measured
-decode-only steps. Between two measured n it is interpolated linearly; above the largest measured
+decode-only steps plus SPREAD times the moving average of how far they fall from it: a host
+whose steps vary (other work on its cores or GPU) is planned for its slow steps, not its mean
+ones, and a steady GPU loses nothing. Between two measured n it is interpolated linearly; above the largest measured
 n it grows with the slope of the measured top half (the secant from the measured n nearest half
 of it, never below 0), and with the prior's slope while only one n is measured; below the
 smallest it is that one's. c, the cost of a prompt token beyond one token a sequence, is a moving
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 ALPHA = 0.1  # weight of a new measurement once a size has 10 (a plain mean before)
 MIN_PREFILL_TOKENS = 16  # steps with fewer prompt tokens teach nothing about their cost
 CAP_FACTOR = 4
+SPREAD = 2  # steps are planned at mean + SPREAD x mean deviation (module note)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ class StepPrior:
 class StepTimeModel:
     def __init__(self, max_num_seqs: int, prior: StepPrior):
         self.prior = prior
-        self._decode_us = [0.0] * (max_num_seqs + 1)  # D(n): moving average per n
+        self._mean_us = [0.0] * (max_num_seqs + 1)  # moving average per n
+        self._deviation_us = [0.0] * (max_num_seqs + 1)  # moving average of |step - mean| per n
+        self._decode_us = [0.0] * (max_num_seqs + 1)  # D(n) = mean + SPREAD x deviation
         self._counts = [0] * (max_num_seqs + 1)
         self._measured: list[int] = []  # the n with data, ascending
         self._token_us = float(prior.per_token_us)
@@ -56,7 +61,7 @@ class StepTimeModel:
         if extra == 0:
             self._observe_decode(num_seqs, elapsed_us)
         elif extra >= MIN_PREFILL_TOKENS:
-            per_token = max(0.0, elapsed_us - self.decode_us(num_seqs)) / extra
+            per_token = max(0.0, elapsed_us - self.mean_decode_us(num_seqs)) / extra
             self._token_count += 1
             alpha = max(ALPHA, 1.0 / self._token_count)
             self._token_us += alpha * (min(per_token, CAP_FACTOR * self._token_us) - self._token_us)
@@ -66,10 +71,14 @@ class StepTimeModel:
         if count == 1:
             first = float(min(elapsed_us, CAP_FACTOR * self.decode_us(n)))
             bisect.insort(self._measured, n)
-            self._decode_us[n] = first
+            self._mean_us[n] = self._decode_us[n] = first
             return
-        old = self._decode_us[n]
-        self._decode_us[n] = old + max(ALPHA, 1.0 / count) * (min(elapsed_us, CAP_FACTOR * old) - old)
+        mean = self._mean_us[n]
+        x = min(elapsed_us, CAP_FACTOR * mean)
+        alpha = max(ALPHA, 1.0 / count)
+        self._deviation_us[n] += alpha * (abs(x - mean) - self._deviation_us[n])
+        self._mean_us[n] = mean + alpha * (x - mean)
+        self._decode_us[n] = self._mean_us[n] + SPREAD * self._deviation_us[n]
 
     def predict_us(self, num_seqs: int, num_tokens: int) -> int:
         """Predicted wall time of a step of `num_seqs` sequences and `num_tokens` tokens (µs)."""
@@ -95,6 +104,10 @@ class StepTimeModel:
             hi = measured[i]
             return self._decode_us[lo] + (self._decode_us[hi] - self._decode_us[lo]) * (n - lo) / (hi - lo)
         return self._decode_us[lo] + self._slope_above() * (n - lo)
+
+    def mean_decode_us(self, n: int) -> float:
+        """The moving average alone at n where measured (D(n) elsewhere)."""
+        return self._mean_us[n] if 0 <= n < len(self._counts) and self._counts[n] else self.decode_us(n)
 
     def _slope_above(self) -> float:
         """µs per extra sequence above the largest measured size (module note)."""

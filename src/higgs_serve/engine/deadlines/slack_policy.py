@@ -1,7 +1,7 @@
 """The slack-first policy Stage 0's scheduler follows (its contract: engine/scheduler.py;
 docs/architecture.md#deadlines).
 
-Two classes of request (`request_class`):
+Two classes of request, told apart by `Request.playback` alone:
 - STREAM: heard by a real-time player (`Request.playback`, a playback clock). Its slack, µs:
       slack = deadline − now − (rows until its next window · step + prompt tokens left · token cost
                                 + Stage 1's latency)
@@ -17,10 +17,10 @@ The scheduler asks, once per step:
   others (well-buffered streams, then bulk requests) while the step stays within the real-time
   step, or within the step those streams need plus the smallest share among them (a stream's
   slack spread over the steps before its next audio: the step may grow by that much every step
-  without making it late). A stream left out keeps its rows,
-  slot and KV; its slack shrinks by a step each time, so it is back in before its listener runs
-  dry. Sampling depends only on a request's seed and row index (docs/model.md#sampling), so
-  sitting out steps never changes its audio.
+  without making it late). A stream left out keeps its rows, slot and KV; its slack shrinks by a
+  step each time, so it is back in before its listener runs dry. Sampling depends only on a
+  request's seed and row index (docs/model.md#sampling), so sitting out steps never changes its
+  audio.
 - `order_prompts`: unfinished prompts by slack (streams' first-audio deadlines first, bulk last).
 - `prompt_token_cap`: prompt tokens that fit in the smallest share of the step's streams
   (at least `min_prefill_chunk_tokens`), so a long prompt (a clone reference, a long-form segment,
@@ -32,14 +32,13 @@ At arrival (`on_arrival`) a stream gets its first-audio deadline, and one whose 
 audio (queue wait + prompt + first window) is past its `ttfa_budget` is refused at once
 (`OverCapacityError`, with the seconds until it would fit); one that may wait gets the time by
 which it must have its place (`PlaybackClock.admit_by_us`: its budget less its predicted prompt
-and first window), past which its caller withdraws it (the server: a 503 then). With `enabled: false` every answer is
-the first-come-first-served one (every decode, prompts in admission order, no cap, the queue's
-head, no refusal).
+and first window), past which its caller withdraws it (the server: a 503 then). With
+`enabled: false` every answer is the first-come-first-served one (every decode, prompts in
+admission order, no cap, the queue's head, no refusal).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -60,15 +59,6 @@ FRAME_US = 40_000  # one codec frame's playback at 1x (25 frames a second)
 BULK_SLACK = 1 << 62  # after every stream's slack
 # a running request past its expected length: assume about this many more rows (a second)
 RUNOVER_ROWS = 25
-
-
-class RequestClass(enum.Enum):
-    STREAM = "stream"  # heard by a real-time player: a playback clock, a deadline
-    BULK = "bulk"  # no deadline: fills what the streams leave
-
-
-def request_class(request: Request) -> RequestClass:
-    return RequestClass.STREAM if request.playback is not None else RequestClass.BULK
 
 
 class SlackPolicy:

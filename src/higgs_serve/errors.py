@@ -46,6 +46,16 @@ class EngineOverloadedError(HiggsServeError):
     """The waiting queue is full; the client should retry later."""
 
 
+class OverCapacityError(EngineOverloadedError):
+    """A stream whose first audio would come later than its time-to-first-audio budget: the
+    server is speaking as many streams as it can in real time (engine/deadlines/). The server
+    answers 503 with `Retry-After: retry_after_s` at once, rather than a stream that stutters."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class EngineDeadError(HiggsServeError):
     """The engine loop has stopped; no request can be served."""
 

@@ -34,9 +34,13 @@ _WORDS_LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TTFA_BUCKETS_S = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _STEP_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.5)
+_QUEUE_WAIT_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# a chunk's lead: below 0 its listener waited; below -0.1 the stream counts as stalled
+_SLACK_BUCKETS_S = (-1.0, -0.5, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 # Outcomes of a speech request (label values of requests_total).
-OUTCOMES = ("stop", "length", "abort", "invalid", "rejected", "error")
+# "over_capacity": a stream refused with 503 because its first audio would be past --ttfa-budget-s
+OUTCOMES = ("stop", "length", "abort", "invalid", "rejected", "over_capacity", "error")
 
 # Engine statistics exported as gauges: stats key -> (metric name, help).
 ENGINE_GAUGES: dict[str, tuple[str, str]] = {
@@ -44,6 +48,8 @@ ENGINE_GAUGES: dict[str, tuple[str, str]] = {
     "num_running": ("running_requests", "Requests holding a decode slot."),
     "free_kv_blocks": ("kv_blocks_free", "Free KV-cache blocks."),
     "total_kv_blocks": ("kv_blocks_total", "KV-cache blocks in the pool."),
+    "stream_capacity": ("stream_capacity", "Streams the engine can speak at once in real time now "
+                        "(the admission rule over the measured step time and Stage 1 cost)."),
 }
 
 
@@ -223,6 +229,21 @@ class ServerMetrics:
         self.stage0_rows = Counter(
             f"{PREFIX}_stage0_rows", "Delayed code rows (one per running request per step) Stage 0 sampled.",
             registry=self.registry)
+        # issue 53: stalls as the server sees them (server/last_mile/playback_meter.py), the lead
+        # each streamed chunk leaves with, and the wait for a place in the engine
+        self.queue_wait_seconds = Histogram(
+            f"{PREFIX}_queue_wait_seconds", "Time a streamed request waited for its place in the engine "
+            "(the engine speaking all the streams it can in real time).", buckets=_QUEUE_WAIT_BUCKETS_S,
+            registry=self.registry)
+        self.stream_slack_seconds = Histogram(
+            f"{PREFIX}_stream_slack_seconds", "Lead of each streamed chunk after the first as it left: the "
+            "audio sent before it (at the response's speed) less the time since the stream's first audio; "
+            "below 0 a listener's player waited.", buckets=_SLACK_BUCKETS_S, registry=self.registry)
+        self.streams = Counter(
+            f"{PREFIX}_streams", "Streamed responses that sent audio.", registry=self.registry)
+        self.streams_stalled = Counter(
+            f"{PREFIX}_streams_stalled", "Streamed responses whose listener fell more than 100 ms behind "
+            "(a player started at the first audio, at 1x).", registry=self.registry)
         self.ws_sessions = Gauge(
             f"{PREFIX}_ws_sessions", "Open WebSocket speech sessions (/v1/audio/speech/stream); "
             "each of their sentences also counts as a request.", registry=self.registry)

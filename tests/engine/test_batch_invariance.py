@@ -9,11 +9,13 @@ audio must equal those of the same request run alone.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from higgs_serve.engine.async_engine import AsyncEngine
+from higgs_serve.engine.deadlines.playback_clock import Playback
 
 from engine_harness import CPU, TEXTS, ManualEngine, assert_same_output, engine_deploy, sampling, speech
 
@@ -122,3 +124,46 @@ def test_threaded_async_engine_matches_alone(tiny_model_dir, alone):
         np.testing.assert_allclose(audio, ref, rtol=0, atol=1e-5 * float(np.max(np.abs(ref))),
                                    err_msg=f"request {i}")
     assert stats["free_kv_blocks"] == stats["total_kv_blocks"] - 1  # block 0 is never handed out
+
+
+def test_streams_that_sit_out_steps_match_alone(engine, alone):
+    """Issue 53: the deadline policy may leave a running stream out of a step
+    (engine/deadlines/slack_policy.py); its codes must not change. The policy's own choice is
+    narrowed further, deterministically, so every request sits out steps while the others run;
+    the requests are streams (playback clocks, deadlines to the codec) and their rows and frames
+    must equal those of each request alone."""
+    policy = engine.core.scheduler.policy
+    choose = policy.choose_decodes  # the policy's own choice, narrowed below
+    calls, sat_out = [0], {}
+
+    def sitting_out(decodes, num_streams):
+        chosen = choose(decodes, num_streams)
+        calls[0] += 1
+        kept = [r for k, r in enumerate(chosen) if (calls[0] + k) % 3 or len(chosen) == 1]
+        for request in chosen:
+            if request not in kept:
+                sat_out[request.request_id] = sat_out.get(request.request_id, 0) + 1
+        return kept
+
+    policy.choose_decodes = sitting_out
+    policy._one_more_fits = lambda running, candidate: True  # admission wide open: all overlap
+    try:
+        sinks = {}
+        step = 0
+        for at_step, indices in WAVES:
+            engine.steps(at_step - step)
+            step = at_step
+            for i in indices:
+                request = replace(_request(i, prefix="skip"), stream=True, playback=Playback())
+                sinks[i] = engine.submit(request)
+        engine.run()
+        engine.wait(list(sinks.values()))
+    finally:
+        del policy.choose_decodes, policy._one_more_fits  # the class's methods again
+    assert len(sat_out) >= 12 and min(sat_out.values()) >= 2  # most sat out steps, repeatedly
+    for i in range(NUM_REQUESTS):
+        got, ref = sinks[i], alone[i]
+        assert got.finish_reason == ref.finish_reason, f"request {i}"
+        np.testing.assert_array_equal(got.rows, ref.rows, err_msg=f"request {i}: rows differ")
+        np.testing.assert_array_equal(got.frames, ref.frames, err_msg=f"request {i}: frames differ")
+        assert len(got.audio) == len(ref.audio)

@@ -3,6 +3,8 @@ runner replays its warmed-up shapes without capturing anything new (skipped with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,8 @@ import torch
 from support.codec_fixtures import random_codec_tensors
 from support.split_conv_checks import check_conv_split
 
-from higgs_serve.codec.chunker import WindowShape
+from higgs_serve.codec.chunker import (StreamChunker, WindowParams, WindowShape, first_chunk_shapes, ramp_first_chunks,
+                                      warm_window_shapes)
 from higgs_serve.codec.codec_config import CodecConfig
 from higgs_serve.codec.codec_graphs import CodecGraphs
 from higgs_serve.codec.codec_runner import CodecRunner
@@ -212,3 +215,24 @@ def test_bf16x3_decodes_the_float64_audio_and_replays_in_a_graph(min_channels):
         replayed = graphs.replay(codes.cpu(), shape).clone()
     stream.synchronize()
     assert float((replayed - got).abs().max()) <= 1e-6 * max(peak, 1.0)
+
+
+def test_a_stream_whose_first_chunk_grew_with_the_load_replays_only_warmed_graphs():
+    """Issue 53: the deadline policy may start a stream with a larger first chunk
+    (codec/chunker.py `ramp_first_chunks`); the engine warms up `first_chunk_shapes` beside the
+    profile's, so every window of such a stream replays a captured graph (none plans a new shape
+    while other streams wait)."""
+    params = WindowParams()  # the shipped window
+    shapes = tuple(sorted({*warm_window_shapes(params), *first_chunk_shapes(params)}))
+    runner = CodecRunner(_decoder(), torch.device("cuda"), max_batch_windows=2, samples_per_frame=HOP,
+                         cuda_graphs=True)
+    runner.warm_up(shapes, num_codebooks=8)
+    captured = runner.graphs.num_captures
+    for first in ramp_first_chunks(params):
+        chunker = StreamChunker(replace(params, initial_chunk_frames=first))
+        replays = runner.graphs.num_replays
+        windows = [w for d in range(1, 120) if (w := chunker.push(d, finished=False)) is not None]
+        for window in windows:
+            runner.decode_batch(_codes(1, window.num_frames, first), window.shape)
+        assert runner.graphs.num_replays == replays + len(windows), first
+    assert runner.graphs.num_captures == captured

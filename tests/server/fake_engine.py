@@ -7,7 +7,11 @@ the concatenated signal. The number of frames is min(max_new_tokens, frames_per_
 Streaming yields `chunk_frames` frames per chunk with `step_delay_s` between chunks.
 
 Test hooks: `hold` (threading.Event): while clear, requests whose text starts with "HOLD" wait
-before their first chunk; `kill()` makes the engine die (every request fails, alive = False).
+before their first chunk; a streamed request whose text starts with "FULL" is refused as the real
+engine refuses a stream past its first-audio budget (OverCapacityError, Retry-After
+`over_capacity_retry_s`); one whose text holds "QUEUED" is to be withdrawn `withdraw_after_s`
+after it was submitted; `kill()` makes the engine die (every request fails, alive = False).
+`sent` records the server's `audio_sent` reports.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -22,7 +27,7 @@ import numpy as np
 from higgs_serve.config.deploy import DeployConfig, DefaultSamplingParams, TalkerStageConfig
 from higgs_serve.engine.core import EngineHooks
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
-from higgs_serve.errors import EngineDeadError, EngineOverloadedError
+from higgs_serve.errors import EngineDeadError, EngineOverloadedError, OverCapacityError
 
 SAMPLES_PER_FRAME = 960
 
@@ -59,6 +64,13 @@ class FakeEngine:
         self.hold.set()
         self.requests: list[SpeechRequest] = []  # every request received, for assertions
         self.aborted: list[str] = []
+        self.sent: list[tuple[str, int, float]] = []  # audio_sent reports
+        # test hook: a submit whose text starts with "FULL" is refused as over capacity (503)
+        self.over_capacity_retry_s = 3
+        # test hook: a streamed request whose text holds "QUEUED" is to be withdrawn this long after
+        # it was submitted, as the real engine's streams that wait past their budget (with HOLD it
+        # never starts)
+        self.withdraw_after_s = 0.2
         self._active: set[str] = set()
         self._dead = False
         self._prompts: _FakePrompts | None = None
@@ -92,9 +104,14 @@ class FakeEngine:
             raise EngineDeadError("the engine has stopped: killed by the test")
         if len(self._active) >= self.deploy.stage0.max_num_seqs + 64:
             raise EngineOverloadedError("fake queue full")
+        if request.text.startswith("FULL") and request.playback is not None:
+            raise OverCapacityError("the fake engine is full", self.over_capacity_retry_s)
         self.requests.append(request)
         self._active.add(request.request_id)
-        return _FakeStream(self._run(request))
+        stream = _FakeStream(self._run(request))
+        if "QUEUED" in request.text and request.playback is not None:  # waits for a place that never comes
+            stream.withdraw_at_s = time.perf_counter() + self.withdraw_after_s
+        return stream
 
     async def _run(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]:
         rid = request.request_id
@@ -135,6 +152,10 @@ class FakeEngine:
             self._active.discard(request_id)
             self.aborted.append(request_id)
 
+    def audio_sent(self, request_id: str, samples: int, at_s: float) -> None:
+        """The contract's feed of a stream's playback clock: recorded for assertions."""
+        self.sent.append((request_id, samples, at_s))
+
     def stats(self) -> dict[str, int]:
         running = min(len(self._active), self.deploy.stage0.max_num_seqs)
         return {"num_running": running, "num_waiting": len(self._active) - running,
@@ -149,6 +170,8 @@ class _FakeStream:
         self._chunks = chunks
         self._num_frames = 0
         self.frames: np.ndarray | None = None
+        self.queue_wait_s: float | None = 0.0  # the fake never queues ...
+        self.withdraw_at_s: float | None = None  # ... so never withdraws a stream
 
     def __aiter__(self) -> "_FakeStream":
         return self

@@ -37,8 +37,11 @@ class RecordingEngine:
 def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_seqs: int = 2,
                              max_tokens: int = 200, sockets=None) -> ThreadedServer:
     capture = list(range(1, min(max_num_seqs, 2) + 1))
+    # tests compare the audio of one seed across requests: the first chunk stays the profile's
+    # whatever the load (the deadline policy's ramp moves seams: test_chunker.py pins it)
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": max_tokens},
-                                  "compilation_config": {"cudagraph_capture_sizes": capture}}})
+                                  "compilation_config": {"cudagraph_capture_sizes": capture},
+                                  "deadlines": {"first_chunk_follows_load": False}}})
     args = argparse.Namespace(deploy_config=None, stage_overrides=overrides, device="cpu",
                               max_num_seqs=max_num_seqs)
     deploy = deploy_from_args(args, model_dir)

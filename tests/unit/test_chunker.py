@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from higgs_serve.codec.chunker import SAMPLES_PER_FRAME, StreamChunker, Window, WindowParams
+from higgs_serve.codec.chunker import (SAMPLES_PER_FRAME, StreamChunker, Window, WindowParams, first_chunk_shapes,
+                                      ramp_first_chunks, ramp_initial_frames, streaming_window_shapes,
+                                      warm_window_shapes)
 
 
 def run_pushes(chunker: StreamChunker, counts: list[int]) -> list[tuple[int, Window]]:
@@ -255,3 +257,54 @@ def test_a_file_is_cut_into_exact_chunks_of_a_few_warm_shapes():
         for w in windows:  # the receptive field on both sides of the kept frames, or the clip's edge
             first, end = w.start_frame + w.trim_front_frames, w.end_frame - w.trim_back_frames
             assert first - w.start_frame >= min(10, first) and w.end_frame - end >= min(10, total - end)
+
+
+def _player_stalls_s(params: WindowParams, step_s: float, stage1_s_per_frame: float = 0.0,
+                     jitter_s: float = 0.0) -> float:
+    """Seconds a 1x player that starts at the first audio waits, when the talker gains a frame
+    every `step_s`, a window reaches it `stage1_s_per_frame` later per frame it carries, and
+    every window after the first `jitter_s` later still."""
+    chunker, frame_s = StreamChunker(params), 0.04
+    play_end, stalled = None, 0.0
+    for d in range(1, 400):
+        window = chunker.push(d, finished=False)
+        if window is None:
+            continue
+        now = d * step_s + window.new_frames * stage1_s_per_frame + (jitter_s if play_end is not None else 0.0)
+        if play_end is not None and now > play_end:
+            stalled += now - play_end
+        play_end = max(play_end or now, now) + window.new_frames * frame_s
+    return stalled
+
+
+def test_the_first_chunk_grows_until_the_doubling_ramp_keeps_ahead_of_the_player():
+    params = WindowParams(25, 25, 4, 1, chunk_doubling=True)
+    # steps of at most half a frame period and a steady Stage 1: the profile's one frame
+    assert ramp_initial_frames(params, 8_000, 40_000) == 1
+    assert ramp_initial_frames(params, 20_000, 40_000) == 1
+    assert ramp_initial_frames(params, 12_000, 40_000, stage1_us_per_frame=8_000) == 1  # 12 + 4 <= 20
+    # slower steps, a Stage 1 that takes longer per frame or varies: larger first chunks, the
+    # more the slower (TTFA bought with continuity); each the smallest that keeps up
+    # (the choices are the profile's ramp's totals, so a stream continues on the profile's ramp
+    # and its windows keep the profile's warmed-up shapes)
+    assert ramp_first_chunks(params) == (1, 2, 4, 8, 16, 25)
+    cases = {(8_000, 0, 35_000): 2, (16_000, 0, 30_000): 2, (25_000, 0, 0): 8, (30_000, 0, 20_000): 16,
+             (35_000, 0, 0): 25, (16_000, 12_000, 0): 4, (20_000, 4_000, 10_000): 4}
+    for (step_us, per_frame_us, jitter_us), expected in cases.items():
+        first = ramp_initial_frames(params, step_us, 40_000, per_frame_us, jitter_us)
+        assert first == expected, (step_us, per_frame_us, jitter_us)
+        args = (step_us / 1e6, per_frame_us / 1e6, jitter_us / 1e6)
+        assert _player_stalls_s(WindowParams(25, 25, 4, first, chunk_doubling=True), *args) == 0.0
+        smaller = ramp_first_chunks(params)[ramp_first_chunks(params).index(first) - 1]
+        assert _player_stalls_s(WindowParams(25, 25, 4, smaller, chunk_doubling=True), *args) > 0.0
+    assert ramp_initial_frames(params, 40_000, 40_000) == 25  # no ramp keeps up: the steady chunk
+    assert ramp_initial_frames(WindowParams(25, 25, 4, 3), 8_000, 40_000) == 3  # never below the profile's
+
+
+def test_a_stream_that_starts_bigger_continues_on_the_profiles_ramp_with_one_new_shape():
+    params = WindowParams(25, 25, 4, 1, chunk_doubling=True)
+    profile_shapes = set(warm_window_shapes(params))
+    for first in ramp_first_chunks(params):
+        grown = WindowParams(25, 25, 4, first, chunk_doubling=True)
+        new = set(streaming_window_shapes(grown)) - profile_shapes
+        assert new <= set(first_chunk_shapes(params)), first

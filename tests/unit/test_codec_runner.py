@@ -1,5 +1,5 @@
-"""Stage 1 scheduling: per-request order, shortest windows first, batches capped, each window's
-own frames cut out of its batch's decode."""
+"""Stage 1 scheduling: per-request order, the earliest deadline (else the shortest window) first,
+batches capped, each window's own frames cut out of its batch's decode."""
 
 from __future__ import annotations
 
@@ -33,6 +33,28 @@ def test_next_batch_takes_each_requests_oldest_window_shortest_first():
 def test_next_batch_caps_the_batch():
     jobs = [_job(str(i), 54) for i in range(10)]
     assert next_batch(jobs, 4) == jobs[:4]
+
+
+def _due(job: CodecJob, deadline_us: int | None) -> CodecJob:
+    job.deadline_us = deadline_us
+    return job
+
+
+def test_next_batch_serves_the_earliest_deadline_first():
+    """Issue 53: windows carry their listener's deadline; the earliest picks the length, the
+    batch is the most urgent windows of that length, and windows without one (a file's) wait."""
+    steady = [_due(_job(f"s{i}", 54), 1_000 + 100 * i) for i in range(6)]  # near their deadlines
+    first = _due(_job("new", 5), 5_000)  # a new stream's first chunk, its deadline further off
+    file = _due(_job("file", 5), None)
+    pending = [file, first] + steady[::-1]
+    assert next_batch(pending, 8) == steady  # in deadline order, though queued last
+    assert next_batch(pending, 4) == steady[:4]  # the cap keeps the nearest, not the oldest
+    assert next_batch([file, first], 8) == [first, file]  # a deadline before none (same length)
+    assert next_batch([file, first], 1) == [first]
+    late_first = _due(_job("late", 5), 500)
+    assert next_batch(pending + [late_first], 8) == [late_first, first, file]  # its length's batch
+    a_long, a_next = _due(_job("a", 54), 10_000), _due(_job("a", 10), 0)
+    assert next_batch([a_long, a_next], 8) == [a_long]  # a request's windows stay in order
 
 
 class _Echo(torch.nn.Module):

@@ -232,6 +232,21 @@ def test_codec_enforce_eager_from_stage_overrides():
     assert config.stage1.enforce_eager is True and config.stage0.enforce_eager is False
 
 
+def test_the_deadline_policys_settings_read_and_checked():
+    """Issue 53: stages[0].deadlines, defaults written once in config/deploy.py."""
+    default = load_deploy_config(LOW, MODEL_TYPE).stage0.deadlines
+    assert default.enabled and default.realtime_headroom == 0.1 and default.park_slack_ms == 1000
+    config = load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {
+        "enabled": False, "realtime_headroom": 0.25, "step_prior_base_ms": 8}}}).stage0.deadlines
+    assert (config.enabled, config.realtime_headroom, config.step_prior_base_ms) == (False, 0.25, 8)
+    assert config.min_prefill_chunk_tokens == default.min_prefill_chunk_tokens
+    bad = {"realtime_headroom": 1.0, "park_slack_ms": -1, "min_prefill_chunk_tokens": 0,
+           "step_prior_per_seq_ms": float("nan"), "first_chunk_follows_load": "yes", "budget": 1}
+    for key, value in bad.items():
+        with pytest.raises(ConfigError, match=rf"^--stage-overrides: stages\[0\]\.deadlines\.{key}: "):
+            load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {key: value}}})
+
+
 def test_base_config_may_name_a_shipped_profile(tmp_path):
     child = write(tmp_path, "c.yaml", {"base_config": LOW, "stages": [
         {"stage_id": 0, "compilation_config": {"cudagraph_capture_sizes": [1, 4]}}]})

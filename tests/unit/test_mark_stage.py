@@ -106,6 +106,29 @@ def test_the_order_is_a_key_function_a_deadline_can_replace():
     assert wm.calls == [[50], [500], [5]]
 
 
+def test_the_earliest_deadline_is_marked_first():
+    """Issue 53: a chunk carries its stream's deadline when queued (`wrap(sink, deadline)`); past
+    the cap the most urgent go into the call, chunks without a deadline after those with one."""
+    items = [PendingMark(None, chunk([0] * 2), np.zeros(6), stream_id=1, seq=0, deadline_us=None),
+             PendingMark(None, chunk([0] * 8), np.zeros(12), stream_id=2, seq=1, deadline_us=900),
+             PendingMark(None, chunk([0] * 8), np.zeros(12), stream_id=3, seq=2, deadline_us=700),
+             PendingMark(None, chunk([0] * 2), np.zeros(6), stream_id=4, seq=3, deadline_us=5_000)]
+    assert next_batch(items, 8) == [items[2], items[1], items[3], items[0]]  # every length, one call
+    assert next_batch(items, 1) == [items[2]]
+    assert next_batch([items[0], items[3]], 8) == [items[3], items[0]]  # a deadline, then none
+    wm = Recording()
+    stage = MarkStage(wm, max_batch_windows=1)
+    sinks = [CollectingSink(None, str(i)) for i in range(3)]
+    deadlines = (3_000, 1_000, None)
+    inputs = [stage.wrap(sink, (lambda d=d: d) if d is not None else None) for sink, d in zip(sinks, deadlines)]
+    for wrapped, size in zip(inputs, (5, 50, 500)):
+        wrapped.put(chunk([0.1] * size, final=True))
+    stage.start()
+    assert all(sink.done.wait(10) for sink in sinks)
+    stage.stop()
+    assert wm.calls == [[50], [5], [500]]
+
+
 def test_a_first_chunk_overtakes_queued_long_chunks_of_other_requests():
     for max_batch, calls in ((1, [[100], [2], [104], [104], [104]]), (8, [[100], [2, 104], [104], [104]])):
         wm = Recording()

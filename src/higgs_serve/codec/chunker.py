@@ -204,6 +204,65 @@ def file_window_params(params: WindowParams, field: tuple[int, int]) -> WindowPa
                         right_holdback_frames=field[1], initial_chunk_frames=0, chunk_doubling=False)
 
 
+def ramp_first_chunks(params: WindowParams) -> tuple[int, ...]:
+    """The first chunks the load may pick (`ramp_initial_frames`): the frames the profile's
+    ramp has sent after each of its chunks, below C, then C. A stream that starts with one of
+    them continues exactly as the profile's ramp does from there (same chunks, same left
+    context), so its windows after the first have the profile's shapes, and each choice adds one
+    codec shape to warm up (`first_chunk_shapes`)."""
+    sizes, sent = [], 0
+    while sent < params.chunk_frames:
+        sent += params.threshold(sent)
+        if sent < params.chunk_frames:
+            sizes.append(sent)
+    return (*sizes, params.chunk_frames)
+
+
+def first_chunk_shapes(params: WindowParams) -> tuple[WindowShape, ...]:
+    """The codec shape of each first chunk the load may pick: I new frames and the H held back,
+    no left context."""
+    holdback = params.right_holdback_frames
+    return tuple(WindowShape(size + holdback, 0, size) for size in ramp_first_chunks(params))
+
+
+def ramp_initial_frames(params: WindowParams, step_us: int, frame_us: int, stage1_us_per_frame: int = 0,
+                        jitter_us: int = 0) -> int:
+    """The first chunk of a stream whose talker steps take `step_us`, whose windows take
+    `stage1_us_per_frame` more on their way to the listener for each frame they carry, and whose
+    way there varies by up to `jitter_us` (docs/architecture.md#deadlines).
+
+    A chunk of E new frames with S frames sent before it is cut (S + E − I) steps after the first
+    chunk (I frames; the held-back frames came with the first) and reaches the listener
+    (E − I) · stage1_us_per_frame later than the first did, while a player that started at the
+    first audio runs dry S frame periods after it: the ramp keeps up while
+
+        (S + E − I) · step_us + (E − I) · stage1_us_per_frame + jitter_us ≤ S · frame_us
+
+    for every chunk. With doubling (E = S) that holds at any I while a step and half a frame's
+    Stage 1 time take at most half a frame period; slower ones need a larger I. Returns the
+    smallest of `ramp_first_chunks` whose ramp keeps up, or C: steps of a frame period or more
+    keep no ramp ahead (only admission helps)."""
+    if step_us >= frame_us:
+        return params.chunk_frames
+    for size in ramp_first_chunks(params):
+        if _ramp_keeps_up(params, size, step_us, frame_us, stage1_us_per_frame, jitter_us):
+            return size
+    return params.chunk_frames
+
+
+def _ramp_keeps_up(params: WindowParams, first: int, step_us: int, frame_us: int, stage1_us_per_frame: int,
+                   jitter_us: int) -> bool:
+    sent = first
+    while True:
+        new = params.threshold(sent)
+        late_us = (sent + new - first) * step_us + (new - first) * stage1_us_per_frame + jitter_us
+        if late_us > sent * frame_us:
+            return False
+        if new == params.chunk_frames:  # steady chunks: each later one has more lead than this
+            return True
+        sent += new
+
+
 NEVER = 1 << 62  # a frame count no request reaches
 
 

@@ -36,6 +36,7 @@ class CodecCounters:
     windows: int = 0  # windows they decoded
     graph_calls: int = 0  # decodes that replayed a CUDA graph
     busy_s: float = 0.0  # wall time in decodes, host copy included
+    frames: int = 0  # frames whose audio the decodes delivered (busy_s per frame: the stage's cost)
 
 
 @dataclass
@@ -50,6 +51,14 @@ class CodecJob:
     # the first frame to decode when earlier than the first kept (a widened final window,
     # chunker.widen_final: its shape is then the same for every request)
     decode_from_frames: int | None = None
+    # when the stream's listener runs out of audio (µs, the engine's clock): the earliest go
+    # first; None: no deadline (a file's window), after every deadline
+    deadline_us: int | None = None
+
+    @property
+    def urgency(self) -> tuple[bool, int, int]:
+        """Sort key: the earliest deadline, then (and without deadlines) the shortest window."""
+        return self.deadline_us is None, self.deadline_us or 0, len(self.frames)
 
     @property
     def decode_from(self) -> int:
@@ -60,10 +69,12 @@ def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
     """The next windows to decode together, from `pending` (oldest first).
 
     Only each request's oldest pending window is eligible, so a request's chunks are delivered in
-    order. Among those, the shortest windows go first: a request's first chunk is a few frames,
-    and decoding it ahead of the steady-state windows of busy requests keeps time to first audio
-    low under load. Batches are capped at `max_batch` windows so the queue is looked at again
-    often (the measured codec throughput is flat past ~16 windows per call on an H200).
+    order. The most urgent of those (`CodecJob.urgency`: the earliest deadline, its listener's,
+    engine/deadlines/; without deadlines the shortest window, a request's first chunk) picks the
+    window length; the batch is the most urgent windows of that length, at most `max_batch`, so
+    the cap never holds a near-deadline window behind far ones. Batches are capped so the queue
+    is looked at again often (the measured codec throughput is flat past ~16 windows per call on
+    an H200).
     """
     eligible: list[CodecJob] = []
     seen: set[str] = set()
@@ -71,8 +82,9 @@ def next_batch(pending: list[CodecJob], max_batch: int) -> list[CodecJob]:
         if job.request_id not in seen:
             seen.add(job.request_id)
             eligible.append(job)
-    length = min(len(job.frames) for job in eligible)
-    return [job for job in eligible if len(job.frames) == length][:max_batch]
+    length = len(min(eligible, key=lambda job: job.urgency).frames)
+    same = [job for job in eligible if len(job.frames) == length]
+    return sorted(same, key=lambda job: job.urgency)[:max_batch]
 
 
 def batch_shape(batch: list[CodecJob]) -> WindowShape:
@@ -178,14 +190,15 @@ class CodecRunner:
             for job in batch:
                 job.deliver(job, None, exc)
             return
-        self._count(len(batch), time.perf_counter() - t0)
+        self._count(batch, time.perf_counter() - t0)
         for row, job in enumerate(batch):
             job.deliver(job, self._trim(wave[row], job, shape), None)
 
-    def _count(self, windows: int, seconds: float) -> None:
+    def _count(self, batch: list[CodecJob], seconds: float) -> None:
         c = self.counters
         c.calls += 1
-        c.windows += windows
+        c.windows += len(batch)
+        c.frames += sum(len(job.frames) - job.trim_front_frames - job.trim_back_frames for job in batch)
         c.busy_s += seconds
 
     def _trim(self, wave: np.ndarray, job: CodecJob, shape: WindowShape) -> np.ndarray:

@@ -146,6 +146,36 @@ class CompilationConfig:
 
 
 @dataclass(frozen=True)
+class DeadlineConfig:
+    """Stage 0's deadline policy for streamed audio (`stages[0].deadlines`; engine/deadlines/,
+    docs/architecture.md#deadlines). Every value here may need tuning per GPU; each is
+    measured against in docs/performance.md."""
+
+    # false: first come first served, every running request in every step, no admission by
+    # real-time capacity, the profile's fixed first chunk (the policy before issue 53)
+    enabled: bool = True
+    # share of real time kept spare: a stream is admitted while Stage 0's predicted step and
+    # each Stage 1 thread's cost leave this much of each frame period (40 ms at 1x) free
+    realtime_headroom: float = 0.1
+    # a stream with more slack than this may sit out a step when Stage 0 cannot run every decode
+    # within the real-time step (its audio keeps playing meanwhile)
+    park_slack_ms: int = 1000
+    # a new stream's first audio is scheduled against its arrival plus this (ordering only;
+    # the server's --ttfa-budget-s refuses what would be later than its budget)
+    first_audio_target_ms: int = 500
+    # prompt tokens a step always gets, however tight the streams' slack (prefill never stops)
+    min_prefill_chunk_tokens: int = 64
+    # the first chunk (and so the doubling ramp) grows when steps are slow or Stage 1 is slow:
+    # the smallest first chunk whose ramp keeps ahead of the player (codec/chunker.py)
+    first_chunk_follows_load: bool = True
+    # the step-time model's prior until the engine has measured steps (engine/deadlines/step_model.py):
+    # a step of n sequences and p prompt tokens takes base + n * per_seq + p * per_token
+    step_prior_base_ms: float = 20.0
+    step_prior_per_seq_ms: float = 1.0
+    step_prior_per_token_ms: float = 0.05
+
+
+@dataclass(frozen=True)
 class TalkerStageConfig:
     """Stage 0 (talker, autoregressive, KV cache)."""
 
@@ -165,6 +195,7 @@ class TalkerStageConfig:
     kv_cache_dtype: str = "auto"
     default_sampling_params: DefaultSamplingParams = field(default_factory=DefaultSamplingParams)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
 
     @property
     def decode_capture_sizes(self) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from higgs_serve.config.deploy import (
     CodecStageConfig,
     CompilationConfig,
     CudaGraphMode,
+    DeadlineConfig,
     DefaultSamplingParams,
     DeployConfig,
     StreamingWindowConfig,
@@ -27,6 +28,8 @@ from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID, KeyPath, 
 from higgs_serve.config.reader import ReadContext, Section, key_text
 from higgs_serve.config.validators import (
     fraction_problem,
+    is_finite_number,
+    is_real,
     int_problem,
     seed_problem,
     temperature_problem,
@@ -43,6 +46,7 @@ _TALKER = TalkerStageConfig()
 _COMPILATION = CompilationConfig()
 _SAMPLING = DefaultSamplingParams()
 _CODEC = CodecStageConfig()
+_DEADLINES = DeadlineConfig()
 
 
 def load_deploy_config(
@@ -185,8 +189,36 @@ def _build_talker(stage: Section) -> TalkerStageConfig:
         kv_cache_dtype=_kv_cache_dtype(stage),
         default_sampling_params=_build_sampling(stage.section("default_sampling_params")),
         compilation_config=_build_compilation(stage, enforce_eager, max_num_seqs, max_num_batched_tokens),
+        deadlines=_build_deadlines(stage.section("deadlines")),
     )
     stage.finish()
+    return config
+
+
+def _build_deadlines(section: Section) -> DeadlineConfig:
+    d = _DEADLINES
+
+    def headroom_problem(value) -> str | None:
+        if not is_real(value):
+            return f"expected a number, got {type(value).__name__} {value!r}"
+        return None if 0 <= value < 1 else f"{value!r} is outside [0, 1)"
+
+    def milliseconds(name: str, default: float) -> float:
+        return section.checked(name, default, lambda v: None if is_finite_number(v) and v >= 0 else
+                               f"expected a number of milliseconds >= 0, got {v!r}")
+
+    config = DeadlineConfig(
+        enabled=section.boolean("enabled", d.enabled),
+        realtime_headroom=section.checked("realtime_headroom", d.realtime_headroom, headroom_problem),
+        park_slack_ms=section.integer("park_slack_ms", d.park_slack_ms, 0),
+        first_audio_target_ms=section.integer("first_audio_target_ms", d.first_audio_target_ms, 0),
+        min_prefill_chunk_tokens=section.integer("min_prefill_chunk_tokens", d.min_prefill_chunk_tokens, 1),
+        first_chunk_follows_load=section.boolean("first_chunk_follows_load", d.first_chunk_follows_load),
+        step_prior_base_ms=milliseconds("step_prior_base_ms", d.step_prior_base_ms),
+        step_prior_per_seq_ms=milliseconds("step_prior_per_seq_ms", d.step_prior_per_seq_ms),
+        step_prior_per_token_ms=milliseconds("step_prior_per_token_ms", d.step_prior_per_token_ms),
+    )
+    section.finish()
     return config
 
 

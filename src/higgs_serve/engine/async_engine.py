@@ -17,6 +17,7 @@ from higgs_serve.codec.codec_config import REQUIRED_SAMPLE_RATE
 from higgs_serve.config.deploy import DeployConfig
 from higgs_serve.engine.builder import LoadedModel, RuntimeOptions, build_engine_core, load_model
 from higgs_serve.engine.core import EngineCore, EngineHooks
+from higgs_serve.engine.deadlines.playback_clock import US_PER_S, PlaybackClock
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest, SpeechResult
 from higgs_serve.errors import EngineDeadError
 
@@ -52,10 +53,11 @@ class _AsyncSink:
 class RequestStream(AsyncIterator[AudioChunk]):
     """The chunks of one request. Closing it early (or cancelling) aborts the request."""
 
-    def __init__(self, core: EngineCore, request_id: str, sink: _AsyncSink):
+    def __init__(self, core: EngineCore, request_id: str, sink: _AsyncSink, clock: PlaybackClock | None = None):
         self._core = core
         self.request_id = request_id
         self._sink = sink
+        self._clock = clock
         self._done = False
 
     def __aiter__(self) -> RequestStream:
@@ -82,6 +84,20 @@ class RequestStream(AsyncIterator[AudioChunk]):
         it did not finish (aborted, failed)."""
         return self._sink.frames
 
+    @property
+    def withdraw_at_s(self) -> float | None:
+        """A stream still waiting for its place at this time (time.perf_counter()) can no longer
+        have its first audio within its budget: withdraw it then (None: admitted, no budget)."""
+        at = None if self._clock is None else self._clock.withdraw_at_us
+        return None if at is None else at / US_PER_S
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """How long a stream waited for its place in the engine (None: not a stream, or still
+        waiting); known once its first chunk arrived."""
+        wait = None if self._clock is None else self._clock.queue_wait_us
+        return None if wait is None else wait / US_PER_S
+
     def abort(self) -> None:
         if not self._done:
             self._done = True
@@ -94,8 +110,8 @@ class RequestStream(AsyncIterator[AudioChunk]):
 def stream_from_core(core: EngineCore, request: SpeechRequest) -> RequestStream:
     """Submit to a running core; the chunks arrive on the calling event loop."""
     sink = _AsyncSink(asyncio.get_running_loop())
-    core.submit(request, sink)
-    return RequestStream(core, request.request_id, sink)
+    clock = core.submit(request, sink)
+    return RequestStream(core, request.request_id, sink, clock)
 
 
 class AsyncEngine:
@@ -169,6 +185,11 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         if self.core is not None:
             self.core.abort(request_id)
+
+    def audio_sent(self, request_id: str, samples: int, at_s: float) -> None:
+        """A stream's audio left for its listener (EngineCore.audio_sent); any thread."""
+        if self.core is not None:
+            self.core.audio_sent(request_id, samples, at_s)
 
     def stats(self) -> dict[str, float]:
         return self.core.stats() if self.core is not None else {}

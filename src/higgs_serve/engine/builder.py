@@ -17,6 +17,7 @@ from higgs_serve.codec.chunker import (
     SAMPLES_PER_FRAME,
     WindowParams,
     file_window_params,
+    first_chunk_shapes,
     max_chunk_frames,
     warm_window_shapes,
 )
@@ -27,6 +28,8 @@ from higgs_serve.codec.weights import expected_encoder_tensors
 from higgs_serve.audio.watermark import load_watermarker
 from higgs_serve.config.deploy import CodecGraphPath, DeployConfig, resolve_codec_graph_path
 from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
+from higgs_serve.engine.deadlines.slack_policy import SlackPolicy
+from higgs_serve.engine.deadlines.stage1_load import Stage1Load
 from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.mark_stage import MarkStage
@@ -261,27 +264,43 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     file_window = file_window_params(window, field)
     # Stage 1's graphs are captured here, on this thread, after Stage 0's (capture_graphs above):
     # two captures must never run at once, and the codec thread starts only with the engine.
-    codec.warm_up(tuple(sorted({*warm_window_shapes(window), *warm_window_shapes(file_window)})),
+    # the deadline policy may start a stream with a larger first chunk (one shape more each)
+    ramp = first_chunk_shapes(window) if s0.deadlines.enabled and s0.deadlines.first_chunk_follows_load else ()
+    codec.warm_up(tuple(sorted({*warm_window_shapes(window), *warm_window_shapes(file_window), *ramp})),
                   loaded.spec.audio.num_codebooks)
+    marks = build_mark_stage(deploy, codec_device, codec_path is CodecGraphPath.CUDA_GRAPHS, loaded.dummy_weights,
+                             max(max_chunk_frames(window), max_chunk_frames(file_window)) * SAMPLES_PER_FRAME)
+    stage1 = stage1_load(codec, marks, loaded.spec.codec.frame_rate)
+    # on the CPU a step computes inside `launch`: the time between two collects is the next plan's
+    policy = SlackPolicy(s0.deadlines, s0.max_num_seqs, stage1, synchronous_steps=loaded.device.type != "cuda")
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,
         max_num_batched_tokens=s0.max_num_batched_tokens,
         max_model_len=s0.max_model_len,
         kv=KVCacheManager(kv.num_blocks, kv.block_size, s0.enable_prefix_caching),
         enable_prefix_caching=s0.enable_prefix_caching,
+        policy=policy,
     )
     logger.info("KV cache: %d blocks of %d tokens, %s (%.2f GB)", kv.num_blocks, kv.block_size, kv.dtype,
                 kv.num_blocks * kv_bytes_per_block(loaded.spec, kv.block_size, kv.dtype) / 1e9)
     audio = loaded.spec.audio
     inputs = InputProcessor(prompts=loaded.prompts, max_model_len=s0.max_model_len,
                             frame_rate=loaded.spec.codec.frame_rate, num_codebooks=audio.num_codebooks,
-                            codebook_size=audio.codebook_size)
-    marks = build_mark_stage(deploy, codec_device, codec_path is CodecGraphPath.CUDA_GRAPHS, loaded.dummy_weights,
-                             max(max_chunk_frames(window), max_chunk_frames(file_window)) * SAMPLES_PER_FRAME)
+                            codebook_size=audio.codebook_size, sample_rate_hz=loaded.spec.codec.sample_rate)
     outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
-                              audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None)
+                              audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None,
+                              stream_window=policy.stream_window, stage1=stage1)
     return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs,
                        marks=marks)
+
+
+def stage1_load(codec: CodecRunner, marks: MarkStage | None, frame_rate: int) -> Stage1Load:
+    """Stage 1's measured load (engine/deadlines/stage1_load.py): the codec's and the mark
+    stage's busy seconds per second of audio each handled."""
+    threads = [lambda: (codec.counters.busy_s, codec.counters.frames / frame_rate)]
+    if marks is not None:
+        threads.append(lambda: (marks.counters.busy_s, marks.counters.audio_s))
+    return Stage1Load(threads)
 
 
 def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bool, dummy_weights: bool,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
 
+from higgs_serve.engine.deadlines.playback_clock import PlaybackClock, to_us
 from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.output_processor import ChunkSink, OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
@@ -99,8 +100,9 @@ class EngineCore:
         self._last_collect = time.perf_counter()
 
     # ------------------------------------------------------------------ public (any thread)
-    def submit(self, speech: SpeechRequest, sink: ChunkSink) -> None:
-        """Admit a request or raise at once (overload, impossible request, dead engine)."""
+    def submit(self, speech: SpeechRequest, sink: ChunkSink) -> PlaybackClock | None:
+        """Admit a request or raise at once (overload, impossible request, a stream over its
+        first-audio budget, dead engine); returns a stream's playback clock (None: no deadline)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
         processed = self.inputs.process(speech)
@@ -109,12 +111,22 @@ class EngineCore:
             if speech.request_id in self.outputs:
                 raise ValueError(f"duplicate request id {speech.request_id!r}")
             if self.scheduler.num_waiting >= self.max_waiting:
-                raise EngineOverloadedError(
-                    f"the waiting queue is full ({self.max_waiting} requests); retry later"
-                )
-            self.scheduler.add_request(request)
-            self.outputs.open(speech, sink, request.max_frames, processed.prompt_tokens)
+                raise EngineOverloadedError(f"the waiting queue is full ({self.max_waiting} requests); "
+                                            "retry later")
+            # opened first: the window rule says when a stream's first audio is due
+            self.outputs.open(speech, sink, request.max_frames, processed.prompt_tokens, request.playback)
+            try:
+                self.scheduler.add_request(request)
+            except BaseException:
+                self.outputs.close(speech.request_id)
+                raise
         self._wake.set()
+        return request.playback
+
+    def audio_sent(self, request_id: str, samples: int, at_s: float) -> None:
+        """A stream's `samples` (at the model's rate) left for its listener at `at_s`
+        (time.perf_counter()): its playback clock's feed (engine/deadlines/playback_clock.py)."""
+        self.outputs.audio_sent(request_id, samples, to_us(at_s))
 
     def abort(self, request_id: str) -> None:
         """Idempotent: frees the request's slot and blocks in the next step."""
@@ -139,8 +151,7 @@ class EngineCore:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop, abort what is left, then stop the codec (it decodes what it holds) and
-        the watermark stage (it marks what the codec delivered)."""
+        """Stop the loop, abort what is left, then the stages (`stop_stages`)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -150,15 +161,13 @@ class EngineCore:
         self.stop_stages()
 
     def start_stages(self) -> None:
-        """Start the threads after the loop: the watermark stage (when on), then the codec.
-        (Tests that step the loop by hand start only these.)"""
+        """The watermark stage (when on), then the codec (tests that step by hand start only these)."""
         if self.marks is not None:
             self.marks.start()
         self.codec.start()
 
     def stop_stages(self) -> None:
-        """Stop the codec (it decodes what it holds), then the watermark stage (it marks what
-        the codec delivered)."""
+        """The codec (it decodes what it holds), then the watermark stage (it marks what it got)."""
         self.codec.stop()
         if self.marks is not None:
             self.marks.stop()
@@ -203,7 +212,7 @@ class EngineCore:
         now = time.perf_counter()
         elapsed, self._last_collect = now - self._last_collect, now
         with self._phase("update"), self._lock:
-            finished = self.scheduler.update(plan, result)
+            finished = self.scheduler.update(plan, result, to_us(elapsed))
         with self._phase("outputs"):
             self.outputs.emit(result.rows, {r.request_id for r in finished})
         self._record_step(elapsed, len(plan.chunks), len(result.rows))

@@ -20,6 +20,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
+from higgs_serve.engine.deadlines.playback_clock import clock_for
 from higgs_serve.engine.request import TAIL_ROWS, Request
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
@@ -29,6 +30,9 @@ from higgs_serve.model.prompt import PromptBuilder
 # Minimum-length rule (docs/model.md, "Length rules"): an utterance spans at least one full
 # delay window.
 MIN_FRAMES = 8
+# Normal speech runs at 3-4 text tokens a second: a request's expected length, for the wait a new
+# stream is told (engine/deadlines/admission.py), never a limit.
+SPOKEN_TOKENS_PER_S = 3.5
 
 
 def text_frame_cap(num_text_tokens: int, frame_rate: int) -> int:
@@ -55,19 +59,24 @@ class InputProcessor:
     frame_rate: int  # codec frames per second (the checkpoint's codec config)
     num_codebooks: int  # the checkpoint's audio config
     codebook_size: int  # per-codebook vocabulary, BOC and EOC included
+    sample_rate_hz: int = 24000  # the codec's: a stream's playback clock counts its samples
 
     def process(self, speech: SpeechRequest) -> ProcessedInput:
         sampling = speech.sampling
         if sampling.seed is None:
             sampling = sampling.with_seed(secrets.randbits(63))
         prompt, placeholder = self._prompt(speech)
-        max_frames, min_frames = self._frame_limits(speech, len(prompt))
+        num_text_tokens = self.prompts.count_text_tokens(speech.text)
+        max_frames, min_frames = self._frame_limits(speech, len(prompt), num_text_tokens)
+        expected = math.ceil(self.frame_rate * num_text_tokens / SPOKEN_TOKENS_PER_S)
         request = Request(
             request_id=speech.request_id,
             prompt_token_ids=tuple(prompt),
             sampling=sampling,
             max_frames=max_frames,
             min_frames=min_frames,
+            playback=clock_for(speech.playback, self.sample_rate_hz),
+            expected_frames=min(max_frames, max(min_frames, expected)),
             **placeholder,
         )
         return ProcessedInput(request, len(prompt))
@@ -86,11 +95,10 @@ class InputProcessor:
             placeholder_rows=tuple(map(tuple, ref_rows.tolist())),
         )
 
-    def _frame_limits(self, speech: SpeechRequest, prompt_len: int) -> tuple[int, int]:
+    def _frame_limits(self, speech: SpeechRequest, prompt_len: int, num_text_tokens: int) -> tuple[int, int]:
         """(max_frames, min_frames) after every length rule. A `min_new_tokens` above a cap is
         refused, never silently lowered: it promises that the audio does not end earlier."""
         sampling = speech.sampling
-        num_text_tokens = self.prompts.count_text_tokens(speech.text)
         text_cap = text_frame_cap(num_text_tokens, self.frame_rate)
         # the EOC row and the ramp follow the last frame (the scheduler's worst-case context)
         room = self.max_model_len - prompt_len - TAIL_ROWS

@@ -12,9 +12,10 @@ watermark takes windows of any lengths, each marked exactly as alone; on a GPU o
 one CUDA graph replay: audio/perth_rows.py, perth_runner.py). As in the codec
 (codec/codec_runner.py `next_batch`), only each request's oldest queued chunk is eligible; when
 more than `max_batch_windows` are, the key function `order` picks which go first (smallest key
-first). Today's order, `shortest_window_first`: a request's first chunk (its shortest window,
-the one its time to first audio waits for) ahead of other requests' steady chunks, then the
-oldest. Any key of a `PendingMark` can replace it (a stream's playback deadline, issue 53).
+first). The order, `deadline_first`: the earliest deadline of a stream's listener
+(engine/deadlines/, read from its clock as the chunk is queued), then the shortest window (a
+request's first chunk, the one its time to first audio waits for), then the oldest; streams
+without a clock (files, an engine without deadlines) after those with one.
 
 Ends and failures: an item without a window (an empty chunk, an error) is passed on at the start
 of the pass, without a call. A failed call is retried window by window, so a window that cannot
@@ -64,6 +65,7 @@ class PendingMark:
     error: BaseException | None = None
     stream_id: int = 0  # which wrapped sink (request) it belongs to
     seq: int = 0  # arrival order across all requests (set by `MarkStage.enqueue`)
+    deadline_us: int | None = None  # its stream's deadline when queued; None: no deadline
 
 
 # A sort key of a pending window: the smallest keys are marked first when more are eligible than
@@ -71,23 +73,26 @@ class PendingMark:
 MarkOrder = Callable[[PendingMark], tuple]
 
 
-def shortest_window_first(item: PendingMark) -> tuple[int, int]:
-    """Today's order: the shortest window (a request's first chunk), then the oldest."""
-    return (item.window.size, item.seq)
+def deadline_first(item: PendingMark) -> tuple[bool, int, int, int]:
+    """The stage's order (module note): the earliest deadline, then the shortest window, then
+    the oldest; windows without a deadline last."""
+    return item.deadline_us is None, item.deadline_us or 0, item.window.size, item.seq
 
 
 class _MarkingSink:
     """A request's sink as the codec sees it: chunks are marked on the stage's thread."""
 
-    def __init__(self, stage: MarkStage, sink: ChunkSink, stream_id: int):
+    def __init__(self, stage: MarkStage, sink: ChunkSink, stream_id: int, deadline: Callable[[], int] | None):
         self._stage = stage
         self._sink = sink
         self._stream = MarkStream(stage.watermark.context_samples)
         self._id = stream_id
+        self._deadline = deadline
 
     def put(self, chunk: AudioChunk) -> None:
         window = self._stream.window(chunk.audio) if chunk.audio.size else None
-        self._stage.enqueue(PendingMark(self._sink, chunk, window, stream_id=self._id))
+        deadline = self._deadline() if self._deadline is not None else None
+        self._stage.enqueue(PendingMark(self._sink, chunk, window, stream_id=self._id, deadline_us=deadline))
 
     def fail(self, error: BaseException) -> None:
         self._stage.enqueue(PendingMark(self._sink, None, error=error, stream_id=self._id))
@@ -97,7 +102,7 @@ class _MarkingSink:
 
 
 def next_batch(pending: list[PendingMark], max_batch: int,
-               order: MarkOrder = shortest_window_first) -> list[PendingMark]:
+               order: MarkOrder = deadline_first) -> list[PendingMark]:
     """The items one pass handles (module note): each stream's oldest only; all of those
     without a window (ends, errors: no call) first, then up to `max_batch` windows for one call,
     smallest `order` first."""
@@ -112,7 +117,7 @@ def next_batch(pending: list[PendingMark], max_batch: int,
 
 
 class MarkStage:
-    def __init__(self, watermark: Watermarker, max_batch_windows: int, order: MarkOrder = shortest_window_first):
+    def __init__(self, watermark: Watermarker, max_batch_windows: int, order: MarkOrder = deadline_first):
         self.watermark = watermark
         self.max_batch_windows = max_batch_windows
         self.order = order
@@ -123,9 +128,10 @@ class MarkStage:
         self._stream_ids = itertools.count(1)
         self._seq = itertools.count()
 
-    def wrap(self, sink: ChunkSink) -> ChunkSink:
-        """`sink` with every chunk marked on the way (one per request, opened in order)."""
-        return _MarkingSink(self, sink, next(self._stream_ids))
+    def wrap(self, sink: ChunkSink, deadline: Callable[[], int] | None = None) -> ChunkSink:
+        """`sink` with every chunk marked on the way (one per request, opened in order);
+        `deadline()`: its stream's deadline (µs), read as each chunk is queued."""
+        return _MarkingSink(self, sink, next(self._stream_ids), deadline)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="higgs-watermark", daemon=True)

@@ -11,6 +11,13 @@ Contract (the engine loop is the only caller of `emit`; any thread may call the 
   are dropped.
 - `close(request_id)` / `close_all()`: forget requests (abort, engine death), returning their
   sinks so the caller can tell them.
+- `audio_sent(request_id, samples, at_us)`: the caller's report that a stream's audio left.
+Streams (a request with a playback clock, engine/deadlines/playback_clock.py): the window rule is
+the profile's with the first chunk the current load needs (`stream_window`, the deadline
+policy's); the clock learns when the next window is due (`due_rows`), each window goes to the
+codec with the stream's deadline (the codec and the mark stage serve the earliest first), each
+chunk that reaches the caller's sink counts as sent unless the caller reports sends, and the
+window's time from hand-off to the sink is Stage 1's measured latency (stage1_load.py).
 Chunks reach the sink from the codec thread, in order, the last with `is_final` and the finish
 reason ("stop": natural end, "length": the frame cap). No tensors here: rows are a growing int64
 NumPy array per request.
@@ -19,6 +26,7 @@ NumPy array per request.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +35,8 @@ import numpy as np
 
 from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams, widen_final
 from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
+from higgs_serve.engine.deadlines.playback_clock import PlaybackClock, now_us
+from higgs_serve.engine.deadlines.stage1_load import Stage1Load
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frames, revert_delay, sanitize_codes
 
@@ -91,21 +101,52 @@ class RequestOutput:
         return sanitize_codes(frames, self.codebook_size)
 
 
+class _ClockedSink:
+    """A stream's sink as Stage 1 sees it: each chunk that reaches the caller counts as
+    delivered on the stream's clock, and its window's way through Stage 1 is timed."""
+
+    def __init__(self, sink: ChunkSink, clock: PlaybackClock, stage1: Stage1Load):
+        self._sink = sink
+        self.clock = clock
+        self._stage1 = stage1
+        self.handed_off_us: deque[int] = deque()  # per window in Stage 1, oldest first
+
+    def put(self, chunk: AudioChunk) -> None:
+        at = now_us()
+        if self.handed_off_us:
+            self._stage1.window_done(at - self.handed_off_us.popleft())
+        self.clock.delivered(chunk.audio.size, at)
+        self._sink.put(chunk)
+
+    def fail(self, error: BaseException) -> None:
+        self._sink.fail(error)
+
+    def finish(self, rows: np.ndarray, frames: np.ndarray, finish_reason: str, prompt_tokens: int) -> None:
+        self._sink.finish(rows, frames, finish_reason, prompt_tokens)
+
+
 @dataclass
 class _Open:
     out: RequestOutput
     sink: ChunkSink
     max_frames: int
     prompt_tokens: int
+    clocked: _ClockedSink | None = None  # a stream's: its clock and Stage 1 timing
 
 
 class OutputProcessor:
     def __init__(self, codec: CodecRunner, window: WindowParams, file_window: WindowParams, async_chunk: bool,
                  num_codebooks: int, codebook_size: int,
-                 sink_wrapper: Callable[[ChunkSink], ChunkSink] | None = None):
+                 sink_wrapper: Callable[..., ChunkSink] | None = None,
+                 stream_window: Callable[[WindowParams, float], WindowParams] | None = None,
+                 stage1: Stage1Load | None = None):
         self.codec = codec
-        # every request's sink passes through this (the watermark stage's `wrap`), if set
+        # every request's sink passes through this (the watermark stage's `wrap(sink, deadline)`),
+        # if set
         self.sink_wrapper = sink_wrapper
+        # a stream's window: (the profile's, speed) -> the one the load needs (the deadline policy's)
+        self.stream_window = stream_window
+        self.stage1 = stage1 if stage1 is not None else Stage1Load(())
         self.window = window
         # a request answered as one file is decoded in exact chunks as it is generated
         # (chunker.file_window_params); its sink collects them
@@ -126,13 +167,36 @@ class OutputProcessor:
     def request_ids(self) -> list[str]:
         return list(self._open)
 
-    def open(self, speech: SpeechRequest, sink: ChunkSink, max_frames: int, prompt_tokens: int) -> None:
-        window = speech.stream_window(self.window) if speech.stream else self.file_window
-        out = RequestOutput(window, self.async_chunk, self.num_codebooks, self.codebook_size)
+    def open(self, speech: SpeechRequest, sink: ChunkSink, max_frames: int, prompt_tokens: int,
+             clock: PlaybackClock | None = None) -> None:
+        """`clock`: a stream's playback clock (the scheduler's request carries the same one)."""
+        out = RequestOutput(self._window(speech), self.async_chunk, self.num_codebooks, self.codebook_size)
+        clocked = None
+        if clock is not None:
+            sink = clocked = _ClockedSink(sink, clock, self.stage1)
+            self._set_due(clock, out, max_frames)
         if self.sink_wrapper is not None:
-            sink = self.sink_wrapper(sink)
+            sink = self.sink_wrapper(sink, clock.deadline_us if clock is not None else None)
         with self._lock:  # the caller has checked the id is not open already
-            self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens)
+            self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens, clocked)
+
+    def _window(self, speech: SpeechRequest) -> WindowParams:
+        if not speech.stream:
+            return self.file_window
+        if speech.initial_chunk_frames is None and speech.playback is not None and self.stream_window is not None:
+            return self.stream_window(self.window, speech.playback.speed)
+        return speech.stream_window(self.window)
+
+    def _set_due(self, clock: PlaybackClock, out: RequestOutput, max_frames: int) -> None:
+        """The rows at which the stream's next window is due (its last frame's, when the rule
+        waits for the end)."""
+        clock.due_rows = min(out.chunker.due_frames, max_frames) + self.num_codebooks - 1
+
+    def audio_sent(self, request_id: str, samples: int, at_us: int) -> None:
+        """The caller sent `samples` more of a stream at `at_us` (unknown or finished: ignored)."""
+        entry = self._open.get(request_id)
+        if entry is not None and entry.clocked is not None:
+            entry.clocked.clock.sent(samples, at_us)
 
     def close(self, request_id: str) -> ChunkSink | None:
         with self._lock:
@@ -162,8 +226,14 @@ class OutputProcessor:
         """Hand the codec the request's window if one is due; finish it when done."""
         nxt = entry.out.next_window(done)
         reason = self._finish(request_id, entry) if done else None  # a finished request's window is final
-        if nxt is not None:
-            self._submit_window(request_id, entry.sink, *nxt, reason)
+        if nxt is None:
+            return
+        deadline = None
+        if entry.clocked is not None:
+            self._set_due(entry.clocked.clock, entry.out, entry.max_frames)
+            entry.clocked.handed_off_us.append(now_us())
+            deadline = entry.clocked.clock.deadline_us()
+        self._submit_window(request_id, entry.sink, *nxt, reason, deadline)
 
     def _finish(self, request_id: str, entry: _Open) -> str:
         """Hand the finished request's rows and frames to its sink; returns the finish reason."""
@@ -174,7 +244,7 @@ class OutputProcessor:
         return reason
 
     def _submit_window(self, request_id: str, sink: ChunkSink, window: Window, frames: np.ndarray,
-                       reason: str | None) -> None:
+                       reason: str | None, deadline_us: int | None) -> None:
         def deliver(job: CodecJob, audio: np.ndarray | None, error: BaseException | None = None) -> None:
             if error is not None:
                 sink.fail(error)
@@ -190,5 +260,6 @@ class OutputProcessor:
                 is_final=window.is_final,
                 deliver=deliver,
                 decode_from_frames=window.decode_from_frame,
+                deadline_us=deadline_us,
             )
         )

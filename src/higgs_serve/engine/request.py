@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from higgs_serve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
+    from higgs_serve.engine.deadlines.playback_clock import PlaybackClock
     from higgs_serve.sampling_params import SamplingParams
 
 # The EOC row plus the 7 ramp rows that follow the last frame (docs/model.md#delay-pattern).
@@ -54,6 +55,12 @@ class Request:
     placeholder_start: int = 0
     num_placeholders: int = 0
     placeholder_rows: tuple | None = None
+    # A stream's playback clock (engine/deadlines/playback_clock.py): its deadline and slack.
+    # None: no real-time listener (a file, a batch item, `synth`): the scheduler's BULK class.
+    playback: PlaybackClock | None = None
+    # frames it is expected to speak (the input processor's estimate from its text; 0: max_frames):
+    # how long it holds its place, for the wait a new stream is told (engine/deadlines/admission.py)
+    expected_frames: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # advanced when a chunk is scheduled
@@ -81,6 +88,8 @@ class Request:
                 f"request {self.request_id}: min_frames must be >= 0, got {self.min_frames}",
                 "min_new_tokens",
             )
+        if not 0 < self.expected_frames <= self.max_frames:
+            self.expected_frames = self.max_frames
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.max_num_rows = self.max_frames + TAIL_ROWS
         self.max_num_tokens = self.num_prompt_tokens + self.max_num_rows - 1

@@ -1,15 +1,39 @@
-"""Stage 0 scheduler: continuous batching, token budget, chunked prefill, admission. Ints only.
+"""Stage 0 scheduler: continuous batching, token budget, chunked prefill, admission, deadlines.
+Ints only.
 
 There are no prefill and decode phases: each request's `num_computed_tokens` catches up to its
 `num_tokens` (prompt + sampled rows, see request.py). Each `schedule()` hands out at most
 `max_num_batched_tokens` tokens to at most `max_num_seqs` requests, in this order:
 
 1. running requests whose prompt is computed (decodes: 1 token each, the previous row);
-2. running requests still in their prompt, in admission order (one chunk each, budget allowing);
-3. waiting requests, first come first served; the head of the queue blocks those behind it, so
-   a long prompt is never starved by a stream of short ones.
+2. running requests still in their prompt (one chunk each, budget allowing);
+3. waiting requests (admissions), each class first come first served: the head of a class's
+   queue blocks those behind it, so a long prompt is never starved by a stream of short ones.
 
-Decodes always come first and `max_num_batched_tokens >= max_num_seqs`, so a long prompt delays
+Deadlines (the policy: engine/deadlines/slack_policy.py; docs/architecture.md#deadlines). A
+request is a STREAM (heard by a real-time player: `Request.playback`, its playback clock) or BULK
+(no deadline: files, batch items, long-form files, `synth`). A stream's slack (µs) is its
+listener's deadline less now less the work before its next audio can leave; BULK comes after
+every stream. The policy decides, in µs and counts only:
+- which decodes run: all of them while the step-time model predicts that a step of all of them
+  keeps every stream ahead of real time (an O(1) check: the low-load path costs nothing more);
+  past that, streams with little slack always, then well-buffered streams and bulk requests while
+  the step stays within the real-time step or within the tightest slack. A request left out of a
+  step keeps its slot, rows and KV; its audio does not change (sampling depends on its seed and
+  row index only, docs/model.md#sampling);
+- the order of unfinished prompts (least slack first) and the prompt tokens a step may hold (what
+  fits in the tightest slack of the step's streams, at least a floor), so a long prompt is
+  chunked instead of stalling a stream;
+- which waiting request is admitted: the first stream when one more stream fits the real-time
+  capacity (admission.py) and every running stream's slack is positive, else the first bulk
+  request while a free slot remains for each waiting stream;
+- at `add_request`, a stream's first-audio deadline, and a refusal (`OverCapacityError`) when its
+  predicted first audio is past its time-to-first-audio budget.
+With the policy off (`stages[0].deadlines.enabled: false`) every answer is first come first
+served: every decode, prompts in admission order, the queue's head. `update` feeds the measured
+step time to the step-time model.
+
+Decodes come before prompts and `max_num_batched_tokens >= max_num_seqs`, so a long prompt delays
 running decodes by at most one chunk per step. Prompts share what the decodes leave: while more
 than one prompt is in flight (prefilling, or waiting with a free slot) each takes at most an
 equal share of it per step, so a short prompt never waits for a long one's whole prefill (a
@@ -37,6 +61,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from higgs_serve.config.deploy import DeadlineConfig
+from higgs_serve.engine.deadlines.slack_policy import SlackPolicy
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.worker.step_contract import NewRequestData, ScheduledChunk, StepPlan, StepResult
 from higgs_serve.engine.request import Request, RequestStatus
@@ -51,7 +77,9 @@ class Scheduler:
         max_model_len: int,
         kv: KVCacheManager,
         enable_prefix_caching: bool,
+        policy: SlackPolicy | None = None,
     ):
+        """`policy`: the deadline policy (default: the deploy config's defaults, its own clocks)."""
         if max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -76,6 +104,9 @@ class Scheduler:
         self._free_slots = list(range(max_num_seqs))  # a heap: lowest slot first
         self._released_slots: list[int] = []  # to report in the next plan
         self._next_step_id = 0
+        self.policy = policy if policy is not None else SlackPolicy(DeadlineConfig(), max_num_seqs)
+        self._shapes: dict[int, tuple[int, int]] = {}  # step id -> (sequences, tokens) until update
+        self.num_running_streams = 0  # running requests with a playback clock (a deadline)
 
     # ----- queue state
     @property
@@ -92,7 +123,8 @@ class Scheduler:
 
     # ----- requests in and out
     def add_request(self, request: Request) -> None:
-        """Queue a request, or raise InvalidRequestError if it could never run."""
+        """Queue a request, or raise InvalidRequestError if it could never run (OverCapacityError
+        for a stream whose first audio would be past its budget)."""
         if request.request_id in self.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
@@ -117,6 +149,7 @@ class Scheduler:
                 f"{self.kv.num_usable_blocks}; lower max_new_tokens or the input",
                 "max_new_tokens",
             )
+        self.policy.on_arrival(request, self.running, self.waiting)  # may refuse: OverCapacityError
         request.block_keys = self.kv.block_keys(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -141,28 +174,26 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to compute."""
         budget = self.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        prefilling: list[Request] = []
-        for request in self.running:  # decodes first
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                prefilling.append(request)
-            elif request.num_rows + request.num_pending_rows < request.max_num_rows:
-                # decode: num_tokens - num_computed_tokens is 1, the last sampled row
-                chunks.append(self._schedule_chunk(request, 1))
+        decodes, prefilling = self._running_by_phase()
+        decodes = self.policy.choose_decodes(decodes, self.num_running_streams)
+        chunks = [self._schedule_chunk(request, 1) for request in decodes]  # the previous row each
         budget -= len(chunks)
+        if self.num_running_streams and (prefilling or (self.waiting and self._free_slots)):
+            cap = self.policy.prompt_token_cap(decodes)
+            budget = budget if cap is None else min(budget, cap)
         share = self._prefill_share(budget, len(prefilling))
-        for request in prefilling:  # then unfinished prompts, in admission order
+        for request in self.policy.order_prompts(prefilling):  # then unfinished prompts
             if budget == 0:
                 break
             num_new = min(request.num_prompt_tokens - request.num_computed_tokens, budget, share)
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
         new_requests: list[NewRequestData] = []
-        while budget > 0 and self.waiting and self._free_slots:  # then admissions, FCFS
-            num_new = self._admit(self.waiting[0], min(budget, share))
-            if num_new == 0:
-                break  # the head does not fit: later requests wait behind it
-            request = self.waiting.popleft()
+        while budget > 0 and self.waiting and self._free_slots:  # then admissions
+            request = self.policy.next_admission(self.waiting, self.running, len(self._free_slots))
+            if request is None or (num_new := self._admit(request, min(budget, share))) == 0:
+                break  # nothing may start, or the head does not fit: later requests wait behind it
+            self.waiting.remove(request)
             new_requests.append(self._new_request_data(request))
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
@@ -174,16 +205,30 @@ class Scheduler:
             chunks=tuple(chunks),
             released_slots=tuple(self._released_slots),
         )
+        self._shapes[plan.step_id] = (len(chunks), self.max_num_batched_tokens - budget)
         self._next_step_id += 1
         self._released_slots.clear()
         return plan
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
-        """Apply one step's result (in plan order); returns the requests finished by it."""
+    def _running_by_phase(self) -> tuple[list[Request], list[Request]]:
+        """(decodes, unfinished prompts) among the running requests, in admission order."""
+        decodes: list[Request] = []
+        prefilling: list[Request] = []
+        for request in self.running:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                prefilling.append(request)
+            elif request.num_rows + request.num_pending_rows < request.max_num_rows:
+                decodes.append(request)  # num_tokens - num_computed_tokens is 1, the last sampled row
+        return decodes, prefilling
+
+    def update(self, plan: StepPlan, result: StepResult, elapsed_us: int | None = None) -> list[Request]:
+        """Apply one step's result (in plan order); returns the requests finished by it.
+        `elapsed_us`: the step's measured wall time (the step-time model learns from it)."""
         if plan.step_id != result.step_id:
             raise RuntimeError(
                 f"StepResult {result.step_id} does not answer StepPlan {plan.step_id}"
             )
+        self._measure(plan.step_id, elapsed_us)
         rows = result.rows
         capped: list[Request] = []
         for chunk in plan.chunks:
@@ -218,6 +263,17 @@ class Scheduler:
         return finished
 
     # ----- helpers
+    def _measure(self, step_id: int, elapsed_us: int | None) -> None:
+        """Teach the step-time model: the time between two collects is this plan's on a device
+        that runs asynchronously, the next plan's when `launch` computes (the CPU)."""
+        shape = self._shapes.pop(step_id, None)
+        if elapsed_us is None:
+            return
+        if self.policy.synchronous_steps:
+            shape = self._shapes.get(step_id + 1)
+        if shape is not None:
+            self.policy.observe_step(*shape, elapsed_us)
+
     def _prefill_share(self, budget: int, num_prefilling: int) -> int:
         """Most prompt tokens one request gets this step: the whole budget when it is the only
         prompt in flight, else an equal share, so a short prompt arriving behind a long one is
@@ -238,6 +294,9 @@ class Scheduler:
         request.num_computed_tokens = num_computed
         request.slot = heapq.heappop(self._free_slots)
         self.running.append(request)
+        if request.playback is not None:
+            request.playback.admitted_us = self.policy.now_us()  # its queue wait ends
+            self.num_running_streams += 1
         return num_new
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
@@ -276,6 +335,7 @@ class Scheduler:
         """Free a running request's blocks and slot; the caller removes it from `running`."""
         request.status = status
         del self.requests[request.request_id]
+        self.num_running_streams -= request.playback is not None
         self.kv.free(request.request_id)
         heapq.heappush(self._free_slots, request.slot)
         self._released_slots.append(request.slot)

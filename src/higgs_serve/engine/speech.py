@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from higgs_serve.codec.chunker import WindowParams
+from higgs_serve.engine.deadlines.playback_clock import Playback
 from higgs_serve.sampling_params import SamplingParams
 
 
@@ -28,6 +29,9 @@ class SpeechRequest:
     reference: ReferenceAudio | None = None
     # streaming: frames in the first audio chunk instead of the profile's (0 = the steady size)
     initial_chunk_frames: int | None = None
+    # heard by a real-time player: its deadlines order the engine's work (engine/deadlines/);
+    # None: no deadline (a file, a batch item, `synth`)
+    playback: Playback | None = None
 
     def stream_window(self, profile: WindowParams) -> WindowParams:
         """The streaming window rule for this request: the profile's, with its first chunk."""

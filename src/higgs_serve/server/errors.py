@@ -23,6 +23,7 @@ from higgs_serve.errors import (
     EngineOverloadedError,
     InputTooLongError,
     InvalidRequestError,
+    OverCapacityError,
     WatermarkUnavailableError,
 )
 from higgs_serve.server.peer_fields import explain_unknown
@@ -63,6 +64,9 @@ def to_api_error(error: Exception) -> ApiError:
         return ApiError(409, str(error), param=error.param, code="conflict")
     if isinstance(error, InvalidRequestError):
         return ApiError(400, str(error), param=error.param)
+    if isinstance(error, OverCapacityError):  # before its base class: a 503, not a 429
+        return ApiError(503, str(error), type="server_error", code="over_capacity",
+                        headers={"Retry-After": str(error.retry_after_s)})
     if isinstance(error, EngineOverloadedError):
         return ApiError(429, str(error) or "the request queue is full; retry later",
                         type="overloaded_error", code="queue_full",

@@ -18,6 +18,11 @@ DEFAULT_MAX_AUDIO_S = 7200.0  # a long-form response or WebSocket session stops 
 DEFAULT_WS_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
+# A streamed request whose first audio the engine predicts later than this (its queue wait while
+# the engine speaks all the streams it can in real time, then its first chunk) gets 503 with
+# Retry-After at once (engine/deadlines/; docs/api.md#over-capacity): a listener waits at most
+# about this long for a stream that then plays without a gap, instead of one that stutters.
+DEFAULT_TTFA_BUDGET_S = 1.0
 # Request bodies, counted while they arrive (server/limits/body_limit.py): JSON room for a base64
 # ref_audio of max_ref_audio_bytes (4/3 of it) plus input and ref_text; uploads get the file
 # limit (voices/registry.py MAX_UPLOAD_BYTES) plus the multipart envelope.
@@ -98,6 +103,8 @@ class ServerSettings:
     # A response write that waits longer (the client stopped reading) ends the response, which
     # aborts its engine request and frees its admission slot (server/limits/send_timeout.py).
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    # Refuse (503 + Retry-After) a stream whose predicted time to first audio exceeds this.
+    ttfa_budget_s: float = DEFAULT_TTFA_BUDGET_S
     # Signed provenance (audio/provenance.py): the operator's PEM certificate chain and private
     # key; with both, wav/mp3/flac files carry a C2PA manifest. An optional RFC 3161 timestamp
     # authority URL countersigns each manifest's signature time.
@@ -140,7 +147,7 @@ class ServerSettings:
         # where no flag sets it
         positive = {"--port": self.port, "--max-input-chars": self.max_input_chars,
                     "server setting max_ref_audio_bytes": self.max_ref_audio_bytes,
-                    "--send-timeout-s": self.send_timeout_s,
+                    "--send-timeout-s": self.send_timeout_s, "--ttfa-budget-s": self.ttfa_budget_s,
                     "--segment-max-chars": self.segment_max_chars, "--max-audio-s": self.max_audio_s,
                     "--ws-idle-timeout-s": self.ws_idle_timeout_s,
                     "--encode-threads": self.encode_threads,

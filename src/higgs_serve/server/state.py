@@ -49,10 +49,16 @@ class SpeechEngine(Protocol):
     async def shutdown(self) -> None: ...
 
     # The stream's `frames` ([T, 8] codes) are set once its final chunk arrived: long-form
-    # chains (engine/long_form.py) clone each segment from the one before.
+    # chains (engine/long_form.py) clone each segment from the one before. Its `queue_wait_s`
+    # (float | None) is a stream's wait for its place in the engine, known after its first chunk;
+    # its `withdraw_at_s` (float | None) when a stream still waiting is to be withdrawn.
     def generate(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]: ...
 
     def abort(self, request_id: str) -> None: ...
+
+    # A stream's audio left for its listener: (request id, samples at the engine's rate,
+    # time.perf_counter()) -> its playback clock (engine/deadlines/playback_clock.py).
+    def audio_sent(self, request_id: str, samples: int, at_s: float) -> None: ...
 
     def stats(self) -> Mapping[str, float]: ...
 

@@ -28,6 +28,7 @@ from higgs_serve.audio.encode_pipeline import EncodePipeline, EncodeSpec
 from higgs_serve.audio.encoders import Patch
 from higgs_serve.server.last_mile.audio_workers import AudioWorkers
 from higgs_serve.server.last_mile.encode_pool import EncodePool
+from higgs_serve.server.last_mile.playback_meter import PlaybackMeter
 
 # A tap sees each chunk of the response's audio as the engine made it: [n] float32 at 24 kHz.
 AudioTap = Callable[[np.ndarray], None]
@@ -36,10 +37,13 @@ AudioTap = Callable[[np.ndarray], None]
 class AudioOut:
     def __init__(self, response_format: str, model_rate_hz: int, sample_rate_hz: int,
                  speed: float, workers: AudioWorkers | EncodePool, seekable: bool = False,
-                 taps: tuple[AudioTap, ...] = ()):
-        """seekable: the bytes are collected into a file that `patches` will be applied to."""
+                 taps: tuple[AudioTap, ...] = (), meter: PlaybackMeter | None = None):
+        """seekable: the bytes are collected into a file that `patches` will be applied to.
+        meter: a stream's, told of each chunk as its bytes are ready to leave
+        (server/last_mile/playback_meter.py)."""
         spec = EncodeSpec(response_format, model_rate_hz, sample_rate_hz, speed, seekable)
         self.taps = list(taps)
+        self.meter = meter
         self.closed = False
         self._remote = None
         self._local = self._threads = None
@@ -73,6 +77,12 @@ class AudioOut:
             self._remote.release()
 
     async def _run(self, audio: np.ndarray, last: bool) -> bytes:
+        data = await self._encode(audio, last)
+        if self.meter is not None:
+            self.meter.sent(audio.size)
+        return data
+
+    async def _encode(self, audio: np.ndarray, last: bool) -> bytes:
         if self._remote is not None:
             self._tap(audio, last)
             try:

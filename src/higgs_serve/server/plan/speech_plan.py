@@ -15,6 +15,7 @@ from typing import Literal
 
 from higgs_serve.alignment import aligner_for
 from higgs_serve.audio.formats import FORMATS, output_rate_hz
+from higgs_serve.engine.deadlines.playback_clock import Playback
 from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import InvalidRequestError
 from higgs_serve.sampling_params import SamplingParams
@@ -70,9 +71,12 @@ async def build_plan(body: SpeechRequestBody, state: ServerState) -> SpeechPlan:
         state.engine.deploy.stage0.default_sampling_params,
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         max_new_tokens=body.max_new_tokens, min_new_tokens=body.min_new_tokens)
+    # a stream is heard as it is made: its deadlines order the engine's work, and a stream the
+    # server cannot start within --ttfa-budget-s is refused at once (docs/api.md#over-capacity)
+    playback = Playback(body.speed, settings.ttfa_budget_s) if mode != "file" else None
     request = SpeechRequest(request_id=f"speech-{uuid.uuid4().hex}", text=body.input,
                             sampling=sampling, stream=mode != "file", reference=reference,
-                            initial_chunk_frames=body.initial_codec_chunk_frames)
+                            initial_chunk_frames=body.initial_codec_chunk_frames, playback=playback)
     return SpeechPlan(request=request, mode=mode, response_format=body.response_format,
                       speed=body.speed, input_tokens=_count_tokens(body.input, state),
                       sample_rate_hz=sample_rate_hz, language=body.language or AUTO,

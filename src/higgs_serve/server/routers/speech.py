@@ -68,7 +68,8 @@ async def create_speech(body: SpeechRequestBody, request: Request) -> Response:
     # beside the client's own TTFA it tells time in the server from time on the way to it
     headers = {**speech_run.audio_headers(plan), **speech_run.claim_headers(state),
                "Cache-Control": "no-cache",
-               "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}"}
+               "X-Time-To-First-Audio-Ms": f"{1e3 * (time.perf_counter() - arrived_s):.1f}",
+               **speech_run.queue_headers(generation.queue_wait_s)}
     if plan.mode == "sse":
         # bodies made ahead of a slow reader: the slot is freed when the engine's audio is all
         # encoded, not when a stalled client has read it (server/run/read_ahead.py)
@@ -145,7 +146,8 @@ async def _encoded(generation: Generation, state: ServerState,
                    tap: WordTimestampTap | None = None) -> AsyncIterator[bytes]:
     """The response format's bytes, chunk by chunk, as the pipeline releases them (the tap,
     if any, sees each chunk's 24 kHz audio first)."""
-    out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,))
+    out = speech_run.audio_out(generation.plan, state, taps=() if tap is None else (tap.push,),
+                               meter=generation.meter)
     try:
         async for chunk in generation.chunks():
             data = await (out.close(chunk.audio) if chunk.is_final else out.push(chunk.audio))

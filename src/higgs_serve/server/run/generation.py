@@ -1,21 +1,35 @@
 """One admitted speech request in flight: engine chunks in, bookkeeping done exactly once.
 
 `Generation.start` submits to the engine and waits for the first chunk, so overload, impossible
-requests and a dead engine surface before any response starts. `close` (idempotent) aborts the
-engine request if it has not finished, releases the admission slot and records the outcome and
-the TTFA / RTF / frame metrics.
+requests, a stream past its first-audio budget and a dead engine surface before any response
+starts; then its wait for a place in the engine is known (`queue_wait_s`, recorded). A streamed
+response's `meter` (server/last_mile/playback_meter.py) hears its chunks leave. `close`
+(idempotent) aborts the engine request if it has not finished, releases the admission slot and
+records the outcome and the TTFA / RTF / frame metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 
 from higgs_serve.engine.speech import AudioChunk
+from higgs_serve.errors import OverCapacityError
+from higgs_serve.server.last_mile.playback_meter import PlaybackMeter
 from higgs_serve.server.plan.speech_plan import SpeechPlan
 from higgs_serve.server.state import ServerState
+
+
+def playback_meter(plan: SpeechPlan, state: ServerState) -> PlaybackMeter | None:
+    """A streamed response's meter (server/last_mile/playback_meter.py); None for a file."""
+    if plan.request.playback is None:
+        return None
+    return PlaybackMeter(state.engine.audio_sent, plan.request.request_id, state.metrics, plan.speed,
+                         state.engine.sample_rate_hz)
 
 
 class Generation:
@@ -32,6 +46,8 @@ class Generation:
         self._submitted_s: float | None = None
         self.engine_time_s = 0.0  # submit -> final chunk (sglang-omni's X-Engine-Time)
         self._closed = False
+        self.queue_wait_s: float | None = None  # a stream's wait for its place in the engine
+        self.meter = playback_meter(plan, state)
         state.generations.add(self)
 
     async def start(self) -> None:
@@ -40,10 +56,32 @@ class Generation:
         try:
             self._submitted_s = time.perf_counter()
             self._stream = self._state.engine.generate(self.plan.request)
-            self._first = await anext(self._stream)
+            self._first = await self._first_chunk()
         except BaseException:
             self._finish(outcome=None, record=False)  # the router counts rejected vs error
             raise
+        self.queue_wait_s = self._stream.queue_wait_s
+        if self.queue_wait_s is not None:
+            self._state.metrics.queue_wait_seconds.observe(self.queue_wait_s)
+
+    async def _first_chunk(self) -> AudioChunk:
+        """The first chunk. A stream still waiting for its place in the engine when its first
+        audio could no longer come within --ttfa-budget-s (the engine's `withdraw_at_s`) is
+        withdrawn: aborted, and refused as over capacity (a 503: docs/api.md#over-capacity)."""
+        first = asyncio.ensure_future(anext(self._stream))
+        while (withdraw_at := self._stream.withdraw_at_s) is not None:
+            done, _ = await asyncio.wait({first}, timeout=max(0.0, withdraw_at - time.perf_counter()))
+            if done:
+                break
+            if self._stream.withdraw_at_s is not None:  # still waiting: withdraw it
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)  # cancelling aborts it
+                budget_s = self.plan.request.playback.ttfa_budget_s
+                raise OverCapacityError(
+                    f"the server is speaking as many streams as it can in real time; this one waited "
+                    f"for its place until its first audio could no longer come within the server's "
+                    f"{budget_s:g} s budget: retry in {math.ceil(budget_s)} s", math.ceil(budget_s))
+        return await first
 
     @property
     def aborted_before_audio(self) -> bool:
@@ -96,6 +134,8 @@ class Generation:
         self._closed = True
         state = self._state
         state.generations.discard(self)
+        if self.meter is not None:
+            self.meter.close()
         if self.finish_reason is None:
             state.engine.abort(self.plan.request.request_id)
         state.gate.release()

@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import numpy as np
 from fastapi import Request
@@ -33,8 +34,10 @@ from starlette.background import BackgroundTask
 
 from higgs_serve.audio import formats
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone
+from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.errors import HiggsServeError
 from higgs_serve.server.run import speech_run
+from higgs_serve.server.run.generation import playback_meter
 from higgs_serve.server.last_mile import sse
 from higgs_serve.server.last_mile.audio_file import AudioFile, file_response
 from higgs_serve.server.errors import error_object, to_api_error
@@ -77,8 +80,8 @@ class LongFormRun:
         self.plan = plan
         self.segments = segments
         self._arrived_s = arrived_s
-        self.session = LongFormSession(state.engine.generate, plan.request,
-                                       max_audio_samples(state))
+        self.meter = playback_meter(plan, state)  # a stream's, over every segment
+        self.session = LongFormSession(self._generate, plan.request, max_audio_samples(state))
         self._events = self._run()
         self._first: SegmentAudio | SegmentDone | None = None
         self._closed = False
@@ -87,6 +90,18 @@ class LongFormRun:
         self._aborted = False
         state.generations.add(self)  # the shutdown's grace period aborts it (abort_in_flight)
         self.completed = False  # the chain ran to its end (every segment, or the audio cap)
+
+    def _generate(self, request: SpeechRequest) -> AsyncIterator[AudioChunk]:
+        """The engine's `generate`; for a stream, each segment's audio is reported as it leaves,
+        and a later segment is due when its listener runs out of the earlier ones' audio (it is
+        never refused: the response has started)."""
+        if self.meter is not None:
+            self.meter.report_to(request.request_id)
+            if self.session.num_segments > 1:
+                due_s = self.meter.deadline_s()
+                request = replace(request, playback=replace(request.playback, ttfa_budget_s=None,
+                                                            first_audio_due_s=due_s))
+        return self._state.engine.generate(request)
 
     async def _run(self) -> AsyncIterator[SegmentAudio | SegmentDone]:
         logger.info("long-form %s: %d segments, %d characters", self.plan.request.request_id,
@@ -168,6 +183,8 @@ class LongFormRun:
             return
         self._closed = True
         await self._events.aclose()  # closes the running segment: its engine request aborts
+        if self.meter is not None:
+            self.meter.close()
         state = self._state
         state.generations.discard(self)
         state.gate.release()
@@ -284,7 +301,7 @@ def _segments_header(timings: list[dict]) -> dict[str, str]:
 async def _raw(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
     out = None
     try:
-        out = speech_run.audio_out(run.plan, state)  # the request's speed, rate and format
+        out = speech_run.audio_out(run.plan, state, meter=run.meter)  # its speed, rate and format
         async for audio in run.audio():
             data = await out.push(audio)
             if data:
@@ -311,7 +328,7 @@ async def _sse(run: LongFormRun, state: ServerState) -> AsyncIterator[bytes]:
     rate = state.engine.sample_rate_hz * plan.speed
     tap = speech_run.word_tap(plan, state)
     # the request's speed, rate and format; the tap sees the engine's audio first
-    out = speech_run.audio_out(plan, state, taps=() if tap is None else (tap.push,))
+    out = speech_run.audio_out(plan, state, taps=() if tap is None else (tap.push,), meter=run.meter)
     sent_audio = False
     try:
         async for event in run.events():

@@ -19,10 +19,11 @@ import numpy as np
 from fastapi import Request
 
 from higgs_serve.audio import formats
-from higgs_serve.errors import EngineOverloadedError, InvalidRequestError
+from higgs_serve.errors import EngineOverloadedError, InvalidRequestError, OverCapacityError
 from higgs_serve.audio.provenance import CLAIM_HEADER
 from higgs_serve.server.last_mile.audio_file import AudioFile, FileSigning, collect_file
 from higgs_serve.server.last_mile.audio_out import AudioOut, AudioTap
+from higgs_serve.server.last_mile.playback_meter import PlaybackMeter
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError
 from higgs_serve.server.run.generation import Generation
 from higgs_serve.server.schemas import SpeechRequestBody
@@ -59,6 +60,7 @@ async def admit(body: SpeechRequestBody, state: ServerState, arrived_s: float) -
 
 # A start that fails is counted under the label of the first type it matches.
 START_FAILURES = (
+    (OverCapacityError, "over_capacity"),  # a 503: the stream would start past --ttfa-budget-s
     (EngineOverloadedError, "rejected"),
     (InvalidRequestError, "invalid"),
     (asyncio.CancelledError, "abort"),  # the batch it belongs to was abandoned
@@ -104,10 +106,11 @@ def shutting_down() -> ApiError:
 
 
 def audio_out(plan: SpeechPlan, state: ServerState, seekable: bool = False,
-              taps: tuple[AudioTap, ...] = ()) -> AudioOut:
-    """The response's pipeline: the plan's speed, rate and format (seekable: for a file)."""
+              taps: tuple[AudioTap, ...] = (), meter: PlaybackMeter | None = None) -> AudioOut:
+    """The response's pipeline: the plan's speed, rate and format (seekable: for a file); a
+    stream's `meter` hears each chunk leave."""
     return AudioOut(plan.response_format, state.engine.sample_rate_hz, plan.sample_rate_hz,
-                    plan.speed, state.encoders, seekable=seekable, taps=taps)
+                    plan.speed, state.encoders, seekable=seekable, taps=taps, meter=meter)
 
 
 def word_tap(plan: SpeechPlan, state: ServerState) -> WordTimestampTap | None:
@@ -155,6 +158,12 @@ def audio_headers(plan: SpeechPlan) -> dict[str, str]:
         "X-Usage-Input-Tokens": str(plan.input_tokens),
         "X-Prompt-Tokens": str(plan.input_tokens),
     }
+
+
+def queue_headers(queue_wait_s: float | None) -> dict[str, str]:
+    """A stream's wait for its place in the engine, part of its time to first audio (the engine
+    speaking all the streams it can in real time; docs/api.md#over-capacity)."""
+    return {} if queue_wait_s is None else {"X-Queue-Wait-Ms": f"{1e3 * queue_wait_s:.1f}"}
 
 
 def file_headers(plan: SpeechPlan, finish_reason: str | None, num_frames: int,

@@ -39,16 +39,19 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from higgs_serve.engine.long_form import LongFormSession, SegmentAudio, SegmentDone, SegmentStarted
+from higgs_serve.engine.speech import SpeechRequest
 from higgs_serve.errors import EngineDeadError, HiggsServeError
 from higgs_serve.server.run import speech_run
 from higgs_serve.server.last_mile.audio_out import AudioOut
+from higgs_serve.server.last_mile.playback_meter import PlaybackMeter
 from higgs_serve.server.errors import ApiError, to_api_error
 from higgs_serve.server.limits.json_limits import JsonShapeError, JsonTooDeepError, check_json_shape
+from higgs_serve.server.run.generation import playback_meter
 from higgs_serve.server.run.long_form import max_audio_samples
 from higgs_serve.server.schemas import unicode_text
 from higgs_serve.server.state import ServerState
@@ -290,8 +293,7 @@ class SpeechStreamSession:
         finally:
             state.gate.release()
         self.config = config
-        self.voice = LongFormSession(self.state.engine.generate, config.plan.request,
-                                     max_audio_samples(self.state))
+        self.voice = LongFormSession(self._generate, config.plan.request, max_audio_samples(self.state))
         self.audio = TRANSPORTS[transport_name(config)](self._send_json, self._send_bytes,
                                                         config.plan.sample_rate_hz)
         if config.options.protocol == "sglang-omni":
@@ -302,6 +304,14 @@ class SpeechStreamSession:
                 "response_format": config.plan.response_format,
                 "stream_audio": config.options.stream_audio,
                 "split_granularity": config.options.split_granularity})
+
+    def _generate(self, request: SpeechRequest):
+        """The engine's `generate` for a sentence: heard as it is made (its deadlines order the
+        engine's work), never refused for its first-audio budget (the session is open: it waits
+        for its place, docs/api.md#over-capacity)."""
+        if request.playback is not None:
+            request = replace(request, playback=replace(request.playback, ttfa_budget_s=None))
+        return self.state.engine.generate(request)
 
     async def _on_text(self, event: dict) -> None:
         if not await self._configured("input.text"):
@@ -442,6 +452,8 @@ class SpeechStreamSession:
             await speech.aclose()  # aborts the engine request if the sentence is unfinished
             if record.out is not None:  # an unfinished sentence's encoder pipeline
                 record.out.release()
+            if record.meter is not None:
+                record.meter.close()
             state.gate.release()
             record.account(state)
 
@@ -452,9 +464,12 @@ class SpeechStreamSession:
             record.sentence_index = len(self.utterance)
             record.request_id = event.request_id
             record.tap = speech_run.word_tap(plan, self.state)
-            # each sentence its own file (and its own timeline for its words)
+            # each sentence its own file (and its own timeline for its words, and its listener's)
+            record.meter = playback_meter(plan, self.state)
+            if record.meter is not None:
+                record.meter.report_to(event.request_id)
             record.out = speech_run.audio_out(
-                plan, self.state, taps=() if record.tap is None else (record.tap.push,))
+                plan, self.state, taps=() if record.tap is None else (record.tap.push,), meter=record.meter)
             start = {
                 "type": "audio.start", "id": event.request_id,
                 "utterance_index": self.utterance_index, "sentence_index": record.sentence_index,
@@ -561,6 +576,7 @@ class _SegmentRecord:
     def __init__(self):
         self.pending: list[bytes] = []
         self.out: AudioOut | None = None  # the sentence's pipeline, set by its SegmentStarted
+        self.meter: PlaybackMeter | None = None  # its listener's clock (a streamed sentence)
         self.tap: WordTimestampTap | None = None  # its words' tap, with word_timestamps
         self.sentence_index = 0  # within its utterance
         self.request_id = ""  # its engine request's id (sglang-omni's `id`)

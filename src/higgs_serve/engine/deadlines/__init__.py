@@ -1,0 +1,1 @@
+"""Deadlines for streamed audio (issue 53): each stream's playback clock, Stage 0's step-time model, Stage 1's measured load, the admission rule and the slack-first policy the scheduler follows. Ints (microseconds) at the scheduler's edge; no tensors."""

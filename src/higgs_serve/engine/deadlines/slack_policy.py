@@ -1,0 +1,254 @@
+"""The slack-first policy Stage 0's scheduler follows (its contract: engine/scheduler.py;
+docs/architecture.md#deadlines).
+
+Two classes of request, told apart by `Request.playback` alone:
+- STREAM: heard by a real-time player (`Request.playback`, a playback clock). Its slack, µs:
+      slack = deadline − now − (rows until its next window · step + prompt tokens left · token cost
+                                + Stage 1's latency)
+  where step is the step model's time of the current step (step_model.py) and Stage 1's latency
+  is measured (stage1_load.py).
+- BULK: no deadline (`stream: false`, batch items, long-form files, `synth`). Its slack counts as
+  BULK_SLACK, after every stream's: it fills what the streams leave.
+
+The scheduler asks, once per step:
+- `choose_decodes`: every running decode, while Stage 0's predicted step of all of them keeps every
+  stream ahead of real time (`AdmissionRule.step_target_us`): an O(1) check, the only cost at low
+  load. Past it, slack first: the streams with less slack than `park_slack_ms` always; then the
+  others (well-buffered streams, then bulk requests) while the step stays within the real-time
+  step, or within the step those streams need plus the smallest share among them (a stream's
+  slack spread over the steps before its next audio: the step may grow by that much every step
+  without making it late). A stream left out keeps its rows, slot and KV; its slack shrinks by a
+  step each time, so it is back in before its listener runs dry. Sampling depends only on a
+  request's seed and row index (docs/model.md#sampling), so sitting out steps never changes its
+  audio.
+- `order_prompts`: unfinished prompts by slack (streams' first-audio deadlines first, bulk last).
+- `prompt_token_cap`: prompt tokens that fit in the smallest share of the step's streams
+  (at least `min_prefill_chunk_tokens`), so a long prompt (a clone reference, a long-form segment,
+  a WebSocket sentence) is chunked rather than stalling a stream.
+- `next_admission`: the first waiting stream when one more stream fits (admission.py) and every
+  running stream's slack is positive; else the first waiting bulk request, while a free slot
+  remains for every waiting stream.
+At arrival (`on_arrival`) a stream gets its first-audio deadline, and one whose predicted first
+audio (queue wait + prompt + first window) is past its `ttfa_budget` is refused at once
+(`OverCapacityError`, with the seconds until it would fit); one that may wait gets the time by
+which it must have its place (`PlaybackClock.admit_by_us`: its budget less its predicted prompt
+and first window), past which its caller withdraws it (the server: a 503 then). With
+`enabled: false` every answer is the first-come-first-served one (every decode, prompts in
+admission order, no cap, the queue's head, no refusal).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from higgs_serve.codec.chunker import WindowParams, ramp_initial_frames
+from higgs_serve.config.deploy import DeadlineConfig
+from higgs_serve.engine.deadlines.admission import PPM, AdmissionRule, predicted_wait_us
+from higgs_serve.engine.deadlines.playback_clock import US_PER_S, now_us
+from higgs_serve.engine.deadlines.stage1_load import Stage1Load
+from higgs_serve.engine.deadlines.step_model import StepPrior, StepTimeModel
+from higgs_serve.engine.request import TAIL_ROWS
+from higgs_serve.errors import OverCapacityError
+
+if TYPE_CHECKING:
+    from higgs_serve.engine.request import Request
+
+FRAME_US = 40_000  # one codec frame's playback at 1x (25 frames a second)
+BULK_SLACK = 1 << 62  # after every stream's slack
+# a running request past its expected length: assume about this many more rows (a second)
+RUNOVER_ROWS = 25
+
+
+class SlackPolicy:
+    def __init__(self, config: DeadlineConfig, max_num_seqs: int, stage1: Stage1Load | None = None,
+                 clock: Callable[[], int] = now_us, synchronous_steps: bool = False):
+        """`clock`: the time in µs (tests pass their own). `synchronous_steps`: the runner computes
+        a step inside `launch` (CPU), so the time between two collects is the later plan's."""
+        self.enabled = config.enabled
+        self.config = config
+        self.max_num_seqs = max_num_seqs
+        self.model = StepTimeModel(max_num_seqs, StepPrior(
+            int(config.step_prior_base_ms * 1000), int(config.step_prior_per_seq_ms * 1000),
+            int(config.step_prior_per_token_ms * 1000)))
+        self.rule = AdmissionRule(FRAME_US, int(config.realtime_headroom * PPM))
+        self.stage1 = stage1 if stage1 is not None else Stage1Load(())
+        self.now_us = clock
+        self.synchronous_steps = synchronous_steps
+        self.park_us = config.park_slack_ms * 1000
+        self.target_us = self.rule.step_target_us()
+        self.num_decoding = 0  # decodes in the last step chosen
+
+    # ------------------------------------------------------------------ slack
+    def slacks(self, requests: Sequence[Request], step_us: int) -> list[tuple[int, int, int]]:
+        """(slack, share, index) of each request, now (module note). Its share is what each of
+        the steps before its next audio may run longer than predicted without making it late:
+        its slack spread over them. A request without a deadline: BULK_SLACK for both. One tight
+        pass (it runs for every stream of a step at load)."""
+        base = self.now_us() + self.stage1.latency_us
+        token_us = self.model.token_us
+        out = []
+        add = out.append
+        for i, request in enumerate(requests):
+            clock = request.playback
+            if clock is None:
+                add((BULK_SLACK, BULK_SLACK, i))
+                continue
+            rows = clock.due_rows - request.num_rows - request.num_pending_rows
+            rows = rows if rows > 0 else 0
+            prompt = request.num_prompt_tokens - request.num_computed_tokens
+            if prompt > 0:
+                slack = clock.deadline_us() - base - rows * step_us - prompt * token_us
+                add((slack, (slack if slack > 0 else 0) // (rows + 2), i))
+            else:
+                slack = clock.deadline_us() - base - rows * step_us
+                add((slack, (slack if slack > 0 else 0) // (rows + 1), i))
+        return out
+
+    def slack_us(self, request: Request, step_us: int) -> int:
+        """One request's slack now (BULK_SLACK without a deadline)."""
+        return self.slacks((request,), step_us)[0][0]
+
+    # ------------------------------------------------------------------ the step
+    def choose_decodes(self, decodes: list[Request], num_streams: int) -> list[Request]:
+        """The running decodes this step runs (module note), in their given order;
+        `num_streams`: running requests with a deadline (none: nobody to serve first)."""
+        n = self.num_decoding = len(decodes)
+        if not self.enabled or n == 0 or num_streams == 0:
+            return decodes
+        step = self.model.predict_us(n, n)
+        if step <= self.target_us:
+            return decodes
+        keyed = sorted(self.slacks(decodes, step))
+        must = sum(1 for k in keyed if k[0] < self.park_us)
+        if must == 0:  # every stream well ahead: nobody gains from a shorter step
+            return decodes
+        share = min(k[1] for k in keyed[:must])
+        limit_us = max(self.target_us, self.model.predict_us(must, must) + share)
+        chosen, most = must, n  # the most decodes whose step stays within the limit (a bisection)
+        while chosen < most:
+            mid = (chosen + most + 1) // 2
+            if self.model.predict_us(mid, mid) <= limit_us:
+                chosen = mid
+            else:
+                most = mid - 1
+        self.num_decoding = chosen
+        if chosen == n:
+            return decodes
+        picked = sorted(i for _, _, i in keyed[:chosen])
+        return [decodes[i] for i in picked]
+
+    def order_prompts(self, prefilling: list[Request]) -> list[Request]:
+        """Unfinished prompts, least slack first (stable: admission order among equals)."""
+        if not self.enabled or len(prefilling) < 2:
+            return prefilling
+        step = self.model.predict_us(self.num_decoding, self.num_decoding)
+        return [prefilling[i] for _, _, i in sorted(self.slacks(prefilling, step))]
+
+    def prompt_token_cap(self, decodes: list[Request]) -> int | None:
+        """Most prompt tokens this step may hold (None: no cap): what fits in the smallest share
+        of the streams it decodes (`slacks`), at least `min_prefill_chunk_tokens`."""
+        if not self.enabled:
+            return None
+        share = min((k[1] for k in self.slacks(decodes, self.model.predict_us(len(decodes), len(decodes)))),
+                    default=BULK_SLACK)
+        if share == BULK_SLACK:  # no stream in the step
+            return None
+        return max(self.config.min_prefill_chunk_tokens, self.model.tokens_within(share))
+
+    def observe_step(self, num_seqs: int, num_tokens: int, elapsed_us: int) -> None:
+        self.model.observe(num_seqs, num_tokens, elapsed_us)
+
+    # ------------------------------------------------------------------ admission
+    def next_admission(self, waiting: Sequence[Request], running: Sequence[Request],
+                       free_slots: int) -> Request | None:
+        """The waiting request to try next (module note), or None: nothing may start now."""
+        if not self.enabled:
+            return waiting[0]
+        stream = next((r for r in waiting if r.playback is not None), None)
+        if stream is not None and self._one_more_fits(running, stream):
+            return stream
+        bulk = next((r for r in waiting if r.playback is None), None)
+        if bulk is None:
+            return None
+        waiting_streams = sum(1 for r in waiting if r.playback is not None)
+        return bulk if free_slots > waiting_streams else None
+
+    def _one_more_fits(self, running: Sequence[Request], candidate: Request) -> bool:
+        streams = [r for r in running if r.playback is not None]
+        if not streams:
+            return True
+        n = len(streams) + 1
+        speed = max(candidate.playback.speed, max(r.playback.speed for r in streams))
+        step = self.model.predict_us(n, n)
+        if not self.rule.fits(n, step, self.stage1.cost_ppm(), speed):
+            return False
+        return all(slack > 0 for slack, _, _ in self.slacks(streams, step))
+
+    def capacity(self, running: Sequence[Request]) -> int:
+        """Streams the admission rule lets run at once now (at most max_num_seqs)."""
+        speed = max((r.playback.speed for r in running if r.playback is not None), default=1.0)
+        return self.rule.capacity(lambda n: self.model.predict_us(n, n), self.stage1.cost_ppm(),
+                                  self.max_num_seqs, speed)
+
+    def on_arrival(self, request: Request, running: Sequence[Request], waiting: Sequence[Request]) -> None:
+        """Set a stream's first-audio deadline; refuse it (OverCapacityError) when its predicted
+        first audio is past its budget."""
+        clock = request.playback
+        if clock is None:
+            return
+        if clock.first_audio_due_us is None:
+            clock.first_audio_due_us = clock.submitted_us + self.config.first_audio_target_ms * 1000
+        if not self.enabled or clock.ttfa_budget_us is None or not any(
+                r.playback is not None for r in (*running, *waiting)):
+            return  # an engine without streams starts it at once
+        wait_us, ttfa_us = self.predicted_ttfa_us(request, running, waiting)
+        # admitted later than this, its first audio (its prompt and first window) is past the budget
+        clock.admit_by_us = clock.submitted_us + clock.ttfa_budget_us - (ttfa_us - wait_us)
+        # one that would start at once is never refused: waiting cannot make it sooner (and an idle
+        # engine must run what it is given to learn its step time)
+        if wait_us > 0 and ttfa_us > clock.ttfa_budget_us:
+            retry_s = max(1, math.ceil((ttfa_us - clock.ttfa_budget_us) / US_PER_S))
+            raise OverCapacityError(
+                f"the server is speaking as many streams as it can in real time; this one would wait "
+                f"about {ttfa_us / US_PER_S:.1f} s for its first audio, past the server's "
+                f"{clock.ttfa_budget_us / US_PER_S:g} s budget: retry in {retry_s} s", retry_s)
+
+    def predicted_ttfa_us(self, request: Request, running: Sequence[Request],
+                          waiting: Sequence[Request]) -> tuple[int, int]:
+        """(queue wait (admission.py), the wait + its prompt + its first window's rows + Stage 1's
+        latency)."""
+        capacity = self.capacity(running)
+        streams = [r for r in running if r.playback is not None]
+        queued = [r for r in waiting if r.playback is not None]
+        n = min(capacity, len(streams) + len(queued) + 1)  # streams decoding meanwhile
+        step = self.model.predict_us(n, n)
+        ends = [self._rows_left(r) * step for r in streams]
+        ahead = [self._expected_rows(r) * step + r.num_prompt_tokens * self.model.token_us for r in queued]
+        wait = predicted_wait_us(ends, ahead, capacity - len(streams))
+        first_window = max(request.playback.due_rows, 1) * step
+        return wait, wait + request.num_prompt_tokens * self.model.token_us + first_window + self.stage1.latency_us
+
+    @staticmethod
+    def _expected_rows(request: Request) -> int:
+        return min(request.expected_frames + TAIL_ROWS, request.max_num_rows)
+
+    def _rows_left(self, request: Request) -> int:
+        left = self._expected_rows(request) - request.num_rows
+        return left if left > 0 else min(RUNOVER_ROWS, request.max_num_rows - request.num_rows)
+
+    # ------------------------------------------------------------------ the first chunk
+    def stream_window(self, profile: WindowParams, speed: float) -> WindowParams:
+        """The profile's window with the first chunk the current load needs
+        (codec/chunker.py `ramp_initial_frames`)."""
+        if not (self.enabled and self.config.first_chunk_follows_load):
+            return profile
+        n = self.num_decoding + 1
+        frame_us = int(FRAME_US / speed)
+        first = ramp_initial_frames(profile, self.model.predict_us(n, n), frame_us,
+                                    self.stage1.us_per_frame(frame_us), self.stage1.jitter_us)
+        if first == profile.threshold(0):
+            return profile
+        return WindowParams(profile.chunk_frames, profile.left_context_frames, profile.right_holdback_frames,
+                            first, profile.chunk_doubling)

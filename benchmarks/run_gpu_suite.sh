@@ -3,22 +3,17 @@
 # H200 machine (no network; only this repo is there; carry .whl, see fetch_gpu_wheels.sh).
 #
 # Issues 53-55 (continuity and goodput, what is on by default, the default profile against the
-# best), on one H100: two device calls of <= 9 min. A call carries at most 64 MiB: av (36 MB) and
-# perth (34 MB) cannot travel together, nor perth beside the aligner's set, so the mark's on/off
-# pairs run in the first call (perth) and the formats and word timestamps, with the mark off, in
-# the second (av align). Each ratio an acceptance asks for is within one call. Stages below.
-#   1. bash benchmarks/fetch_gpu_wheels.sh perth          (here, with network)
+# best), on one H100: three device calls of <= 9 min, each ratio an acceptance asks for within
+# one call. The mark needs no wheel of its own on --load-format dummy (random weights for it too).
+#   1. bash benchmarks/fetch_gpu_wheels.sh av             (here, with network)
 #      run(carry=[".whl"], timeout_s=600, command=
-#        "HIGGS_GIT_COMMIT=<short sha> bash benchmarks/run_gpu_suite.sh goodput_marks")
-#      = goodput_sat_on goodput_sat_off goodput_ht_on goodput_ht_off      est. 4-6 min (limits 560 s)
-#   2. bash benchmarks/fetch_gpu_wheels.sh av align
-#      run(carry=[".whl"], timeout_s=600, command=
-#        "HIGGS_GIT_COMMIT=<short sha> bash benchmarks/run_gpu_suite.sh goodput_profiles plots")
-#      = goodput_ll goodput_fp goodput_ht_words goodput_sat_formats       est. 4-6 min (limits 540 s)
-#   A third call is left for issue 55's own work (`tests tapes`, profiles). CPU dry run of both
-#   first (tiny model, 25-frame streams, every level capped at 2; JSON not kept):
+#        "HIGGS_GIT_COMMIT=<short sha> bash benchmarks/run_gpu_suite.sh goodput_sat")
+#   2. bash benchmarks/fetch_gpu_wheels.sh align           (no av: the call's 64 MiB)
+#      ... run_gpu_suite.sh goodput_ht
+#   3. bash benchmarks/fetch_gpu_wheels.sh base ... run_gpu_suite.sh goodput_profiles tests
+#   CPU dry run first (tiny model, 25-frame streams, every level capped at 2; JSON not kept):
 #      WHEELS=none DEVICE=cpu LOAD_FORMAT=auto MODEL=<tiny model dir> OUT=/tmp/dry FRAMES=25 \
-#      LEVEL_CAP=2 bash benchmarks/run_gpu_suite.sh goodput_marks goodput_profiles plots
+#      LEVEL_CAP=2 bash benchmarks/run_gpu_suite.sh goodput_sat goodput_ht goodput_profiles plots
 #
 # Stages (run in the order given; each under `timeout`, the suite goes on after a failure):
 #   tests       pytest tests/gpu + the benchmark tools' tests           est. 1-3 min
@@ -68,20 +63,20 @@
 #               included), a level of 2c requests 3-10 s (c = 256: ~10 s a variant):
 #     goodput_sat_on    saturation config (benchmarks/configs/saturation_256_bf16x3.yaml), mark on,
 #                       pcm c = 1/16/64/128/256                              est. 1.5 min (limit 170 s)
-#     goodput_sat_off   the same, mark off, pcm c = 1/64/256                 est. 1-1.5 min (limit 130 s)
-#     goodput_ht_on     default profile (high throughput), mark on,
-#                       pcm c = 1/4/16/64                                    est. 1.5 min (limit 130 s)
-#     goodput_ht_off    the same, mark off, pcm c = 1/16/64                  est. 1-1.5 min (limit 130 s)
-#     goodput_ll        low latency, mark off, pcm c = 1/4                   est. 1 min (limit 120 s)
-#     goodput_fp        full_and_piecewise (the best profile), mark off,
-#                       pcm c = 1/16/64                                      est. 1-1.5 min (limit 130 s)
-#     goodput_ht_words  default profile, mark off, pcm c = 1/16/64 beside
-#                       the ll and fp stages, SSE at c = 64 with word timestamps off and
-#                       on (fetch_gpu_wheels.sh align)                      est. 1.5-2 min (limit 150 s)
-#     goodput_sat_formats saturation config, mark off, pcm/mp3/opus/aac at
-#                       c = 256 (fetch_gpu_wheels.sh av)                     est. 1-1.5 min (limit 140 s)
-#     goodput_marks = goodput_sat_on goodput_sat_off goodput_ht_on goodput_ht_off (carry perth)
-#     goodput_profiles = goodput_ll goodput_fp goodput_ht_words goodput_sat_formats (carry av align)
+#     goodput_sat_nodl  the same with the deadline policy off (issue 53's before on this tree),
+#                       pcm c = 1/64/256                                      est. 1-1.5 min (limit 130 s)
+#     goodput_sat_off   saturation, mark off, pcm c = 1/64/256, then mp3/opus/aac at 256
+#                       (issue 54's formats against pcm; needs av)            est. 2 min (limit 170 s)
+#     goodput_ht_on     default profile (high throughput), mark on, pcm 1/16/64  est. 1 min (limit 120 s)
+#     goodput_ht_nodl   the same with the deadline policy off, pcm c = 1/64  est. 1 min (limit 110 s)
+#     goodput_ht_words  default profile, mark off, pcm c = 1/16/64, then SSE at c = 64 with
+#                       word timestamps off and on (needs align)              est. 1.5-2 min (limit 150 s)
+#     goodput_ht_cg     the default profile with codec graphs and left context 10
+#                       (configs/high_throughput_codec_graphs.yaml), mark off, pcm 1/16/64 (issue 55)
+#     goodput_fp        full_and_piecewise (the best profile), mark off, pcm c = 1/16/64
+#     goodput_ll        low latency, mark off, pcm c = 1/4; goodput_ll_cg: with codec graphs
+#     goodput_sat = sat_on sat_nodl sat_off; goodput_ht = ht_on ht_nodl ht_words ht_cg;
+#     goodput_profiles = fp ll ll_cg
 #               LEVEL_CAP=N caps every level at N (a CPU dry run of the script).
 #   codec_snr   bench_codec_snr: SNR of the bf16x3/tf32/bfloat16 codec    est. 1-2 min (limit 170 s)
 #               against float32 and of float32 against float64, 4 random
@@ -316,6 +311,9 @@ stage_lm_watermark() {
 
 # Issues 53-55: continuity, goodput and refusals at every level (bench_serving's playback fields)
 SATURATION=benchmarks/configs/saturation_256_bf16x3.yaml
+# issue 53's before on today's code: the same configs with Stage 0's deadline policy off
+SATURATION_NODL=benchmarks/configs/saturation_256_bf16x3_no_deadlines.yaml
+HT_NODL=benchmarks/configs/high_throughput_no_deadlines.yaml
 LEVEL_CAP=${LEVEL_CAP:-}
 # cap_levels SPEC...: the variants with every level above LEVEL_CAP lowered to it (once each)
 cap_levels() {
@@ -337,27 +335,27 @@ goodput() {
   lm_serving "$label" "$limit" --deploy-config "$config" --watermark "$mark" --variants "${variants[@]}"
 }
 stage_goodput_sat_on() { goodput goodput_sat_on 170 "$SATURATION" on pcm@1,16,64,128,256; }
-stage_goodput_sat_off() { goodput goodput_sat_off 130 "$SATURATION" off pcm@1,64,256; }
-stage_goodput_ht_on() { goodput goodput_ht_on 130 higgs_multimodal_qwen3_high_throughput on pcm@1,4,16,64; }
-stage_goodput_ht_off() { goodput goodput_ht_off 130 higgs_multimodal_qwen3_high_throughput off pcm@1,16,64; }
-stage_goodput_ll() { goodput goodput_ll 120 higgs_multimodal_qwen3_low_latency off pcm@1,4; }
-stage_goodput_fp() { goodput goodput_fp 130 higgs_multimodal_qwen3_full_and_piecewise off pcm@1,16,64; }
+stage_goodput_sat_nodl() { goodput goodput_sat_nodl 130 "$SATURATION_NODL" on pcm@1,64,256; }
+stage_goodput_sat_off() { goodput goodput_sat_off 170 "$SATURATION" off pcm@1,64,256 mp3@256 opus@256 aac@256; }
+stage_goodput_ht_on() { goodput goodput_ht_on 120 higgs_multimodal_qwen3_high_throughput on pcm@1,16,64; }
+stage_goodput_ht_nodl() { goodput goodput_ht_nodl 110 "$HT_NODL" on pcm@1,64; }
 stage_goodput_ht_words() {
-  # the default profile beside goodput_ll and goodput_fp (issue 55's ratios, one call), then SSE
-  # at c = 64 with word timestamps off and on (issue 54's ratio and the words' lag)
+  # the mark off: the default profile's side of goodput_ht_on (issue 54's ratio) and of the
+  # profile stages (issue 55's), then SSE at c = 64 with word timestamps off and on
   goodput goodput_ht_words 150 higgs_multimodal_qwen3_high_throughput off pcm@1,16,64 pcm+sse@64 pcm+sse+words@64
 }
-stage_goodput_sat_formats() {
-  goodput goodput_sat_formats 140 "$SATURATION" off pcm@256 mp3@256 opus@256 aac@256
-}
-stage_goodput_marks() {
+stage_goodput_ht_cg() { goodput goodput_ht_cg 120 benchmarks/configs/high_throughput_codec_graphs.yaml off pcm@1,16,64; }
+stage_goodput_fp() { goodput goodput_fp 120 higgs_multimodal_qwen3_full_and_piecewise off pcm@1,16,64; }
+stage_goodput_ll() { goodput goodput_ll 100 higgs_multimodal_qwen3_low_latency off pcm@1,4; }
+stage_goodput_ll_cg() { goodput goodput_ll_cg 100 benchmarks/configs/low_latency_codec_graphs.yaml off pcm@1,4; }
+# groups, one device call each (each under 9 min; the wheels each needs):
+stage_goodput_sat() { stages goodput_sat_on goodput_sat_nodl goodput_sat_off; }   # base + av
+stage_goodput_ht() { stages goodput_ht_on goodput_ht_nodl goodput_ht_words goodput_ht_cg; }  # base + align
+stage_goodput_profiles() { stages goodput_fp goodput_ll goodput_ll_cg; }   # base
+# stages NAME...: each in turn, all of them whatever one returns; 1 if any failed
+stages() {
   local rc=0 stage
-  for stage in sat_on sat_off ht_on ht_off; do "stage_goodput_$stage" || rc=1; done
-  return $rc
-}
-stage_goodput_profiles() {
-  local rc=0 stage
-  for stage in ll fp ht_words sat_formats; do "stage_goodput_$stage" || rc=1; done
+  for stage in "$@"; do "stage_$stage" || rc=1; done
   return $rc
 }
 
@@ -383,13 +381,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_marks|goodput_profiles|goodput_sat_on|goodput_sat_off|goodput_ht_on|goodput_ht_off|goodput_ll|goodput_fp|goodput_ht_words|goodput_sat_formats}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_marks|goodput_profiles|goodput_sat_on|goodput_sat_off|goodput_ht_on|goodput_ht_off|goodput_ll|goodput_fp|goodput_ht_words|goodput_sat_formats) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps, goodput_marks, goodput_profiles, goodput_sat_on, goodput_sat_off, goodput_ht_on, goodput_ht_off, goodput_ll, goodput_fp, goodput_ht_words, goodput_sat_formats)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps, goodput_sat, goodput_ht, goodput_profiles, goodput_sat_on, goodput_sat_nodl, goodput_sat_off, goodput_ht_on, goodput_ht_nodl, goodput_ht_words, goodput_ht_cg, goodput_fp, goodput_ll, goodput_ll_cg)" >&2
        exit 2 ;;
   esac
 done

@@ -58,7 +58,7 @@ def ray_serve(tiny_model_dir, tmp_path_factory):
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             app = build_app({"model": str(tiny_model_dir), "device": "cpu",
-                             "serve_args": ["--max-queue", "16"],
+                             "serve_args": ["--max-queue", "16", "--ttfa-budget-s", "600"],  # routing, not admission
                              "engine_options": _cpu_engine_options(2),
                              "voices_dir": str(tmp_path_factory.mktemp("ray-voices"))})
             serve.run(app, name="higgs", route_prefix="/",
@@ -228,7 +228,7 @@ def test_a_replica_being_removed_finishes_its_streams(ray_serve, tiny_model_dir,
         running = [pool.submit(stream, ref) for ref in clips]
         time.sleep(1.0)  # both streams under way
         serve.run(build_app({"model": str(tiny_model_dir), "device": "cpu",
-                             "serve_args": ["--max-queue", "16"],
+                             "serve_args": ["--max-queue", "16", "--ttfa-budget-s", "600"],  # routing, not admission
                              "engine_options": {"num_replicas": 1},
                              "voices_dir": str(tmp_path_factory.mktemp("ray-voices-2"))}),
                   name="higgs", route_prefix="/", blocking=False)

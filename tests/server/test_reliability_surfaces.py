@@ -188,7 +188,8 @@ def test_a_client_that_stops_reading_ends_its_session_with_sentences_queued(live
     """Item 5: after the send timeout fired the session went silent forever (ws_sessions still
     1 after 62 s): the reader never noticed that the speaker had died, and the sentences still
     queued kept the idle timeout from firing. Now the session ends within send_timeout +
-    idle_timeout of the client going quiet, its sentence aborted and its slot freed."""
+    idle_timeout (+ one more send_timeout for the ending's frames) of the client going quiet,
+    its sentence aborted and its slot freed."""
     core, gate = live.engine.inner.core, live.app.state.server.gate
 
     async def run() -> float:
@@ -213,8 +214,10 @@ def test_a_client_that_stops_reading_ends_its_session_with_sentences_queued(live
         assert time.monotonic() < deadline
         time.sleep(0.01)
     # the server's small socket buffer (small_buffer_listener) fills in a fraction of a second;
-    # then one send waits send_timeout_s, and the error and close at most 1 s more
-    assert took_s < SEND_TIMEOUT_S + IDLE_S, took_s
+    # then one send waits send_timeout_s (the sentence aborted, the slot freed), the reader sees
+    # the speaker gone at its next idle check, and the error and close wait one more send
+    # timeout for a client that might read again (issue 52); 1 s of margin for a loaded machine
+    assert took_s < SEND_TIMEOUT_S + IDLE_S + SEND_TIMEOUT_S + 1.0, took_s
     assert faults(log) == []
 
 

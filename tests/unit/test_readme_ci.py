@@ -32,9 +32,10 @@ def test_ci_runs_the_readmes_install_and_test_commands():
     assert ci_installs == [install.removeprefix("pip install ")]
 
 
-# a program named as a command (a subprocess argument, a PATH lookup): the Debian tools a fresh
-# machine with Python and pip lacks
-_SYSTEM_PROGRAMS = re.compile(r"""["'](ffmpeg|ffprobe|espeak-ng|espeak)["']""")
+# a program named as a command (the first item of an argv list, a PATH lookup, a shell string
+# given to subprocess): the Debian tools a fresh machine with Python and pip lacks; a label
+# such as a clip's source named "espeak" is not one
+_SYSTEM_PROGRAMS = re.compile(r"""(\[|which\(|Popen\(|run\(|check_output\(|call\(|system\()\s*f?["'](ffmpeg|ffprobe|espeak-ng|espeak)\b""")
 
 
 def test_ci_installs_nothing_the_readme_does_not():

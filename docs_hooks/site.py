@@ -31,7 +31,8 @@ SERVING_SWEEP = ["serving_ht_tapes_poolfix_h200.json", "serving_ll_tapes_264330c
 STEP_RUN = "step_tapes_264330c_h200.json"
 # The continuity plot (stalled share and goodput against concurrency): issue 53's runs, one line each
 # (benchmarks/results/README.md, "Issue 53").
-CONTINUITY_RUNS = ["serving_overload_before_d6d6d7b_cpu.json"]
+CONTINUITY_RUNS = ["serving_overload_before_d6d6d7b_cpu.json", "serving_overload_no_deadlines_8e681b2_cpu.json",
+                   "serving_overload_after_8e681b2_cpu.json"]
 
 
 def _plot_module():

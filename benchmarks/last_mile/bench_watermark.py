@@ -40,13 +40,10 @@ Sections (`--sections`, all by default):
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections cost --threads 1 --out benchmarks/results/watermark_cost_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections threshold --out benchmarks/results/watermark_threshold_cpu.json
   python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections cost --out benchmarks/results/watermark_cost_h200.json
-    p.add_argument("--sections", nargs="+", choices=["quality", "cost", "threshold", "batched", "verdict"],
-                   default=["quality", "cost"])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
-                   help="streams per mark-stage pass (batched)")
-    p.add_argument("--smoke", action="store_true", help="batched: 1 and 3 streams, 2 repeats (a quick check)")
-    p.add_argument("--splits", nargs="+", choices=["calibration", "evaluation"], default=["calibration", "evaluation"],
-                   help="the verdict section's splits")
+  python3 benchmarks/last_mile/bench_watermark.py --device cuda --sections batched --repeats 20 --out watermark_batched_h100.json
+  python3 benchmarks/last_mile/bench_watermark.py --device cpu --sections batched --smoke   # a quick check anywhere
+  python3 benchmarks/last_mile/bench_watermark.py --sections verdict --splits calibration --threads 1 --out benchmarks/results/watermark_negatives_calibration_cpu.json
+  python3 benchmarks/last_mile/bench_watermark.py --sections verdict --splits evaluation --threads 1 --out benchmarks/results/watermark_negatives_evaluation_cpu.json
 """
 
 from __future__ import annotations

@@ -13,11 +13,9 @@ the pool is told (`finished(..., "lost", ...)`) and a replacement starts at once
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -29,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from higgs_serve.alignment.aligner import WordTiming
-from higgs_serve.config.worker_processes import WorkerPlacement
+from higgs_serve.config.worker_processes import WorkerPlacement, spawn_worker
 from higgs_serve.errors import AlignerFailedError, AlignmentError
 
 logger = logging.getLogger(__name__)
@@ -191,22 +189,16 @@ class AlignerProcess:
         return True
 
     def _start_process(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.process, ours = spawn_worker("higgs_serve.alignment.worker", self.pool.placement)
+        # writes and reads that wait past the timeout fail (a stopped process)
+        seconds = self.pool.timeout_s
+        limit = struct.pack("ll", int(seconds), max(1000, int(seconds % 1 * 1e6)))
         try:
-            # writes and reads that wait past the timeout fail (a stopped process)
-            seconds = self.pool.timeout_s
-            limit = struct.pack("ll", int(seconds), max(1000, int(seconds % 1 * 1e6)))
             for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):
                 ours.setsockopt(socket.SOL_SOCKET, option, limit)
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "higgs_serve.alignment.worker", "--fd", str(theirs.fileno()),
-                 "--parent-pid", str(os.getpid()), *self.pool.placement.to_args()],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
-            ours.close()
+            ours.close()  # the caller stops the process
             raise
-        finally:
-            theirs.close()
         self.connection = Connection(ours.detach())
         if not self.connection.poll(START_TIMEOUT_S):
             raise TimeoutError(f"aligner process {self.process.pid} did not start within "

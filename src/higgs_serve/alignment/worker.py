@@ -18,30 +18,20 @@ started it ends).
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import socket
 import sys
 from multiprocessing.connection import Connection
 
 from higgs_serve.alignment.aligner import Aligner
 from higgs_serve.alignment.registry import build_aligner
-from higgs_serve.config.worker_processes import WorkerPlacement, end_with_parent
+from higgs_serve.config.worker_processes import worker_start
 from higgs_serve.errors import AlignmentError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m higgs_serve.alignment.worker")
-    parser.add_argument("--fd", type=int, required=True, help="this process's end of the socket pair")
-    parser.add_argument("--parent-pid", type=int, required=True, help="the server's pid")
-    parser.add_argument("--nice", type=int, default=0, help="added to the server's niceness")
-    parser.add_argument("--cpus", default="all", help="the cores to run on ('all' or a list)")
-    args = parser.parse_args(argv)
-    WorkerPlacement.from_args(args.nice, args.cpus).apply_here()
-    end_with_parent(args.parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server says when to stop (EOF)
-    connection = Connection(socket.socket(fileno=args.fd).detach())
+    fd = worker_start("higgs_serve.alignment.worker", argv)
+    connection = Connection(socket.socket(fileno=fd).detach())
     try:
         return serve(connection)
     finally:

@@ -22,10 +22,8 @@ REPLY_HOLD_S (a batch of cheap first chunks costs the server one read, not one e
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -35,7 +33,7 @@ import numpy as np
 from higgs_serve.audio import encode_wire as wire
 from higgs_serve.audio.encode_pipeline import EncodePipeline, EncodeSpec
 from higgs_serve.audio.encoders import CPU_HEAVY_FORMATS
-from higgs_serve.config.worker_processes import WorkerPlacement, end_with_parent
+from higgs_serve.config.worker_processes import worker_start
 
 _RECEIVE_BYTES = 256 << 10
 REPLY_HOLD_S = 0.005  # the longest a reply waits for the ones after it
@@ -43,16 +41,8 @@ CHECK_RATE_HZ = 24_000
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m higgs_serve.audio.encode_worker")
-    parser.add_argument("--fd", type=int, required=True, help="this process's end of the socket pair")
-    parser.add_argument("--parent-pid", type=int, required=True, help="the server's pid")
-    parser.add_argument("--nice", type=int, default=0, help="added to the server's niceness")
-    parser.add_argument("--cpus", default="all", help="the cores to run on ('all' or a list)")
-    args = parser.parse_args(argv)
-    WorkerPlacement.from_args(args.nice, args.cpus).apply_here()
-    end_with_parent(args.parent_pid)  # from the thread that started it: the event loop's
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server says when to stop (EOF)
-    with socket.socket(fileno=args.fd) as sock:
+    fd = worker_start("higgs_serve.audio.encode_worker", argv)
+    with socket.socket(fileno=fd) as sock:
         return serve(sock)
 
 

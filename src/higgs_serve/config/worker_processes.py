@@ -14,14 +14,19 @@ that leaves the engine's cores alone:
 
 Validated once (`WorkerPlacement.resolve`, ConfigError naming the setting); a worker applies
 it to itself as its first act (`apply_here`), before it starts a thread, so every thread it
-makes inherits it. Its second is `end_with_parent`: a worker never outlives its server.
+makes inherits it. Its second is `end_with_parent`: a worker never outlives its server. Both
+kinds are started the same way: `spawn_worker` in the server (one end of a socket pair, the
+server's pid, the placement on the command line), `worker_start` as the worker's first lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import signal
+import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -145,3 +150,37 @@ def end_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:
         sys.exit(0)
+
+
+def spawn_worker(module: str, placement: WorkerPlacement) -> tuple[subprocess.Popen, socket.socket]:
+    """`python -m module` given one end of a new Unix socket pair, this process's pid and
+    `placement` (its `worker_start` reads them); returns the process and the server's end. Call
+    it from a thread that lives as long as the server: the worker's PR_SET_PDEATHSIG watches it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, "--fd", str(theirs.fileno()), "--parent-pid", str(os.getpid()),
+             *placement.to_args()],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, ours
+
+
+def worker_start(module: str, argv: list[str] | None = None) -> int:
+    """A worker's first act (module note): its arguments read, its placement applied, bound to
+    the server's life, SIGINT left to the server (it says when to stop: EOF); returns the file
+    descriptor of the worker's end of the socket pair."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("--fd", type=int, required=True, help="this process's end of the socket pair")
+    parser.add_argument("--parent-pid", type=int, required=True, help="the server's pid")
+    parser.add_argument("--nice", type=int, default=0, help="added to the server's niceness")
+    parser.add_argument("--cpus", default="all", help="the cores to run on ('all' or a list)")
+    args = parser.parse_args(argv)
+    WorkerPlacement.from_args(args.nice, args.cpus).apply_here()
+    end_with_parent(args.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return args.fd

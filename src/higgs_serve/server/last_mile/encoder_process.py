@@ -16,10 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from higgs_serve.audio import encode_wire as wire
-from higgs_serve.config.worker_processes import WorkerPlacement
+from higgs_serve.config.worker_processes import WorkerPlacement, spawn_worker
 from higgs_serve.errors import EncoderFailedError
 
 logger = logging.getLogger(__name__)
@@ -117,19 +114,9 @@ class EncoderProcess:
     async def start(self, timeout_s: float) -> None:
         """Spawn the process and wait for its READY (its start-up check passed)."""
         loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            # from the event loop's thread: the process's PR_SET_PDEATHSIG watches this thread,
-            # which lives as long as the server
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "higgs_serve.audio.encode_worker", "--fd", str(theirs.fileno()),
-                 "--parent-pid", str(os.getpid()), *self._placement.to_args()],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        # from the event loop's thread: the process's PR_SET_PDEATHSIG watches this thread,
+        # which lives as long as the server
+        self.popen, ours = spawn_worker("higgs_serve.audio.encode_worker", self._placement)
         self._loop = loop
         self._ready = loop.create_future()
         self._connection = _Connection(self)

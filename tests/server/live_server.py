@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -157,3 +158,16 @@ def metric(http: httpx.Client, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not exported")
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Wait on the event loop until `condition()` holds, failing the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def assigned_streams(pool) -> int:
+    """Responses counted on an encode pool's processes (open, not yet closed or released)."""
+    return sum(p.streams for p in pool._processes)

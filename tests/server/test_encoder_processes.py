@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import websockets
 from fake_engine import FakeEngine, fake_audio, fake_deploy
-from live_server import fake_settings, metric, start_threaded_server
+from live_server import assigned_streams, fake_settings, metric, start_threaded_server, until
 from support.decoders import av_decode
 
+WAIT_S = 10.0  # the longest a step of these tests waits for the pool
 FRAMES = 200  # 40 chunks of 5 frames, 40 ms apart: ~1.6 s a response
 TEXT = "x" * 100  # the fake engine speaks 2 frames a character, capped by max_new_tokens
 BODY = {"input": TEXT, "seed": 7, "max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
@@ -47,16 +48,8 @@ def _pool(server):
     return server.app.state.server.encode_pool
 
 
-async def _until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
-def _assigned(pool) -> int:
-    """Responses counted on the pool's processes (open, not yet closed or released)."""
-    return sum(p.streams for p in pool._processes)
 
 
 def test_a_dead_encoder_process_ends_only_its_own_responses(server):
@@ -75,7 +68,7 @@ def test_a_dead_encoder_process_ends_only_its_own_responses(server):
             # would go to its emptied process)
             b = asyncio.ensure_future(client.post("/v1/audio/speech", json={
                 **LONG_BODY, "response_format": "mp3", "stream": False}))
-            await _until(lambda: second.streams == 1)
+            await until(lambda: second.streams == 1, WAIT_S)
             # C: opus over SSE: process 0 again (a tie goes to the first)
             c = await client.send(client.build_request("POST", "/v1/audio/speech", json={
                 **BODY, "response_format": "opus", "stream_format": "sse"}), stream=True)
@@ -113,16 +106,16 @@ def test_a_file_whose_process_dies_is_a_500_and_the_process_is_replaced(server):
     pool = _pool(server)
 
     async def run():
-        await _until(lambda: len(pool.pids()) == 2)  # the first test's process was replaced
+        await until(lambda: len(pool.pids()) == 2, WAIT_S)  # the first test's process was replaced
         restarts = pool.restarts
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             file = asyncio.ensure_future(client.post("/v1/audio/speech", json={
                 **BODY, "response_format": "aac", "stream": False}))
-            await _until(lambda: any(p.streams for p in pool._processes))
+            await until(lambda: any(p.streams for p in pool._processes), WAIT_S)
             holder = next(p for p in pool._processes if p.streams)
             os.kill(holder.pid, signal.SIGKILL)
             failed = await file
-            await _until(lambda: pool.restarts == restarts + 1)
+            await until(lambda: pool.restarts == restarts + 1, WAIT_S)
             again = await client.post("/v1/audio/speech", json={**BODY, "response_format": "aac"})
             return failed, again
 
@@ -149,13 +142,13 @@ def test_a_response_that_ends_early_frees_its_pipeline_at_once(server):
         response = await client.send(client.build_request("POST", "/v1/audio/speech", json=body),
                                      stream=True)
         await anext(response.aiter_bytes())
-        await _until(lambda: _assigned(pool) == 1)
+        await until(lambda: assigned_streams(pool) == 1, WAIT_S)
         await response.aclose()
 
     async def leave_file(client):
         request = asyncio.ensure_future(client.post("/v1/audio/speech", json={
             **BODY, "response_format": "flac", "stream": False}))
-        await _until(lambda: _assigned(pool) == 1)
+        await until(lambda: assigned_streams(pool) == 1, WAIT_S)
         request.cancel()  # httpx closes the connection; the server sees the disconnect
         await asyncio.gather(request, return_exceptions=True)
 
@@ -167,17 +160,17 @@ def test_a_response_that_ends_early_frees_its_pipeline_at_once(server):
             await ws.send(json.dumps({"type": "input.done"}))  # speak it now
             while not isinstance(await ws.recv(), bytes):  # the sentence is being spoken
                 pass
-            assert _assigned(pool) == 1
+            assert assigned_streams(pool) == 1
 
     async def run():
-        await _until(lambda: len(pool.pids()) == 2)
+        await until(lambda: len(pool.pids()) == 2, WAIT_S)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             for leave in (lambda: leave_raw(client, {**BODY, "response_format": "mp3"}),
                           lambda: leave_raw(client, {**BODY, "response_format": "aac",
                                                      "stream_format": "sse"}),
                           lambda: leave_file(client), leave_websocket):
                 await leave()
-                await _until(lambda: _assigned(pool) == 0, timeout_s=2.0)
+                await until(lambda: assigned_streams(pool) == 0, 2.0)
 
     gc.disable()
     try:

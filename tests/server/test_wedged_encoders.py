@@ -12,13 +12,14 @@ import logging
 import os
 import signal
 import time
-from contextlib import contextmanager
 
 import httpx
 import pytest
 from fake_engine import FakeEngine, fake_deploy
-from live_server import fake_settings, metric, start_threaded_server
+from live_server import assigned_streams, fake_settings, metric, start_threaded_server, until
+from server_log import server_log
 
+WAIT_S = 15.0  # the longest a step of these tests waits for the pool
 TIMEOUT_S = 1.0  # --worker-timeout-s
 FRAMES = 400  # 80 chunks of 5 frames, 40 ms apart: ~3.2 s a response
 BODY = {"input": "x" * 200, "seed": 5, "max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
@@ -35,40 +36,6 @@ def server(tmp_path_factory):
                       timeout=30).status_code == 200  # starts the processes
     yield live
     live.stop()
-
-
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextmanager
-def _server_log():
-    """Every record of the server and of uvicorn's error log (which does not reach the root)."""
-    handler = _Records()
-    loggers = [logging.getLogger("higgs_serve"), logging.getLogger("uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
-        yield handler.records
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-
-
-async def _until(condition, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
-
-
-def _assigned(pool) -> int:
-    return sum(p.streams for p in pool._processes)
 
 
 async def _raw(client: httpx.AsyncClient, fmt: str) -> tuple[str, int]:
@@ -99,7 +66,7 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
     pool = server.app.state.server.encode_pool
 
     async def run():
-        await _until(lambda: len(pool.pids()) == 2)
+        await until(lambda: len(pool.pids()) == 2, WAIT_S)
         first, second = pool._processes
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             # four streams, assigned alternately (the least loaded; a tie to the first): a raw
@@ -107,17 +74,17 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
             tasks = []
             for kind, fmt in [(_raw, "mp3"), (_raw, "mp3"), (_sse, "opus"), (_sse, "opus")]:
                 tasks.append(asyncio.ensure_future(kind(client, fmt)))
-                await _until(lambda: _assigned(pool) == len(tasks))
+                await until(lambda: assigned_streams(pool) == len(tasks), WAIT_S)
             assert first.streams == second.streams == 2
             stopped = first.pid
             os.kill(stopped, signal.SIGSTOP)
             stopped_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
             ended_s = time.monotonic() - stopped_at
-            await _until(lambda: pool.restarts == 1 and len(pool.pids()) == 2)
+            await until(lambda: pool.restarts == 1 and len(pool.pids()) == 2, WAIT_S)
             return stopped, results, ended_s
 
-    with _server_log() as records:
+    with server_log() as records:
         stopped, results, ended_s = asyncio.run(run())
     raw_cut, raw_ok, sse_failed, sse_ok = results
     assert raw_cut[0] == "cut" and raw_ok[0] == "ok" and raw_ok[1] > raw_cut[1]
@@ -140,17 +107,17 @@ def test_a_file_on_a_stopped_process_is_a_500_and_the_next_goes_to_the_other(ser
     short = {**BODY, "max_new_tokens": 25, "min_new_tokens": 25, "stream": False, "response_format": "aac"}
 
     async def run():
-        await _until(lambda: len(pool.pids()) == 2 and _assigned(pool) == 0)
+        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
         restarts = pool.restarts
         first = pool._processes[0]
         os.kill(first.pid, signal.SIGSTOP)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             failed = asyncio.ensure_future(client.post("/v1/audio/speech", json=short))
-            await _until(lambda: first.streams == 1)
-            await _until(lambda: first.silent_s(time.monotonic()) > TIMEOUT_S / 4)
+            await until(lambda: first.streams == 1, WAIT_S)
+            await until(lambda: first.silent_s(time.monotonic()) > TIMEOUT_S / 4, WAIT_S)
             served = await client.post("/v1/audio/speech", json=short)
             failed = await failed
-            await _until(lambda: pool.restarts == restarts + 1)
+            await until(lambda: pool.restarts == restarts + 1, WAIT_S)
         return failed, served
 
     failed, served = asyncio.run(run())
@@ -162,18 +129,18 @@ def test_a_killed_encoder_process_logs_one_line_per_response_and_no_traceback(se
     pool = server.app.state.server.encode_pool
 
     async def run():
-        await _until(lambda: len(pool.pids()) == 2)
+        await until(lambda: len(pool.pids()) == 2, WAIT_S)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             tasks = []
             for kind, fmt in [(_raw, "mp3"), (_raw, "aac"), (_raw, "mp3"), (_raw, "aac"),
                               (_sse, "opus"), (_sse, "opus")]:
                 tasks.append(asyncio.ensure_future(kind(client, fmt)))
-                await _until(lambda: _assigned(pool) == len(tasks))
+                await until(lambda: assigned_streams(pool) == len(tasks), WAIT_S)
             victim = pool._processes[0].pid
             os.kill(victim, signal.SIGKILL)
             return victim, await asyncio.wait_for(asyncio.gather(*tasks), 30)
 
-    with _server_log() as records:
+    with server_log() as records:
         victim, results = asyncio.run(run())
     failed = [r for r in results if r[0] in ("cut", "speech.audio.error")]
     assert len(failed) == 3  # the victim's: every other response

@@ -210,6 +210,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         where = f"http://{args.host}:{port}"
     provenance = preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
+    _check_ttfa_budget(args, deploy)
     _log_graph_path(deploy)
     from higgs_serve.server.app import run_server  # seconds of imports (torch, FastAPI): after the checks
 
@@ -220,6 +221,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_ttfa_budget(args: argparse.Namespace, deploy) -> None:
+    """--ttfa-budget-s is the deadline policy's: with the policy off nothing would apply it."""
+    if args.ttfa_budget_s is not None and not deploy.stage0.deadlines.enabled:
+        raise HiggsServeError("--ttfa-budget-s: the deploy config turns the deadline policy off "
+                              "(stages[0].deadlines.enabled: false), which is what refuses streams past "
+                              "the budget; drop the flag or turn the policy on")
+
+
 def _server_settings(args: argparse.Namespace, port: int, voices: dict):
     from higgs_serve.server.settings import ServerSettings
 
@@ -227,7 +236,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         host=args.host, port=port, api_key=args.api_key, served_model_name=args.served_model_name[0],
         extra_served_model_names=tuple(args.served_model_name[1:]),
         allowed_local_media_path=args.allowed_local_media_path, send_timeout_s=args.send_timeout_s,
-        ttfa_budget_s=args.ttfa_budget_s, model_aliases=(args.model,), max_queue=args.max_queue,
+        model_aliases=(args.model,), max_queue=args.max_queue,
         max_input_chars=args.max_input_chars,
         segment_max_chars=args.segment_max_chars, max_audio_s=args.max_audio_s,
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
@@ -235,6 +244,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         worker_timeout_s=args.worker_timeout_s, worker_cpus=args.worker_cpus,
         worker_nice=args.worker_nice,
         **({} if args.encode_processes is None else {"encode_processes": args.encode_processes}),
+        **({} if args.ttfa_budget_s is None else {"ttfa_budget_s": args.ttfa_budget_s}),
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
@@ -263,6 +273,7 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     # the replicas sign the files; a chain c2pa refuses fails here, before any replica starts
     preflight.load_provenance(settings)
     model_dir, deploy = _model_and_deploy(args, args.load_format, generates=True)
+    _check_ttfa_budget(args, deploy)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
     # every single-server flag except where it listens, its key and its voices directory

@@ -155,9 +155,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="directory whose files may be named as reference audio, by path or file:// URL (default: none)")
     p.add_argument("--send-timeout-s", type=float, default=ServerSettings.send_timeout_s,
                    help="a client that reads nothing for this long loses its response and slot")
-    p.add_argument("--ttfa-budget-s", type=float, default=ServerSettings.ttfa_budget_s,
+    p.add_argument("--ttfa-budget-s", type=float, default=None,
                    help="a streamed request whose first audio would come later than this (the server "
-                        "speaking all the streams it can in real time) gets 503 with Retry-After at once")
+                        "speaking all the streams it can in real time) gets 503 with Retry-After at once "
+                        f"(default {ServerSettings.ttfa_budget_s:g}; the deadline policy's: refused with "
+                        "stages[0].deadlines.enabled false)")
     p.add_argument("--c2pa-cert", default=None, metavar="PEM",
                    help="sign wav, mp3 and flac files with a C2PA manifest saying a model made the audio: "
                         "this certificate chain (PEM, signing certificate first) with --c2pa-key "

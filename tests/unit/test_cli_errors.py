@@ -277,3 +277,13 @@ def test_readme_troubleshooting_quotes_the_real_messages(capsys, tmp_path):
         with pytest.raises(ConfigError) as exc:
             preflight.check_device("cuda")
         assert f"higgs-serve: error: {exc.value}".replace(torch.__version__, "2.13.0+cpu") in lines
+
+
+@pytest.mark.parametrize("extra", [[], ["--data-parallel-size", "1"]])
+def test_a_ttfa_budget_with_the_deadline_policy_off_is_refused(no_load, capsys, tiny_model_dir, extra):
+    """--ttfa-budget-s is applied by the deadline policy: with the policy off it would be accepted
+    and do nothing, so it is refused, naming both."""
+    off = json.dumps({"0": {"deadlines": {"enabled": False}}})
+    err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", *extra,
+                 "--stage-overrides", off, "--ttfa-budget-s", "2")
+    assert "--ttfa-budget-s" in err and "deadlines.enabled" in err

@@ -33,7 +33,7 @@ BINARY=(
 )
 declare -A SET_WHEELS=(
   [av]="av==18.1.0"  # the mp3/aac/flac/opus encoders, bounded reference decoding; 36 MB
-  [perth]="resemble-perth==1.0.1"  # the watermark's trained model (audio/perth.py reads its file); 34 MB
+  [perth]="resemble-perth==1.0.1"  # the watermark's trained model (audio/perth/network.py reads its file); 34 MB
   # 5.0.4: 5.1.1 has no wheel for the GPU image's Python 3.12 (the aligner runs on either: tests/unit/test_alignment.py)
   [align]="pocketsphinx==5.0.4"  # word timestamps' aligner (alignment/; its en-US model is inside the wheel)
 )

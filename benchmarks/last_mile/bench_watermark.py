@@ -64,7 +64,7 @@ from common import REPO_ROOT, mean, now_iso, percentile, provenance, write_json 
 from speech_clips import SAMPLE_RATE_HZ, make_clips  # noqa: E402
 from support.decoders import av_decode, av_encode  # noqa: E402  (tests/support: FFmpeg's libraries)
 
-from higgs_serve.audio.perth_rows import window_frames  # noqa: E402
+from higgs_serve.audio.perth.rows import window_frames  # noqa: E402
 from higgs_serve.audio.watermark import THRESHOLD, MarkStream, detect, embed, load_watermarker  # noqa: E402
 from higgs_serve.codec.chunker import StreamChunker, WindowParams, file_window_params  # noqa: E402
 

@@ -1,11 +1,11 @@
-"""Does our PerTh (audio/perth.py: the wheel's weights on a 24 kHz STFT, no resampling) mark and
+"""Does our PerTh (audio/perth/network.py: the wheel's weights on a 24 kHz STFT, no resampling) mark and
 detect as resemble-perth's own wrapper does (librosa resampling to 32 kHz, torchaudio STFT)?
 
 On espeak-ng clips (benchmarks/speech_clips.py): each clip marked by both; the SNR between the
 two marks (their residuals), each one's SNR against the clip, and each detector's score on the
 unmarked clip, on its own mark and on the other's; and the wall time of each embed.
 
-The wrapper cannot be imported next to this project's dependencies (audio/perth.py says why), so
+The wrapper cannot be imported next to this project's dependencies (audio/perth/network.py says why), so
 its packages go in a side directory named by PERTH_REFERENCE, with torchaudio's C++ extension
 removed (the PyPI wheel links CUDA libraries; the transforms perth uses are Python):
 

@@ -1,5 +1,5 @@
 """The batch sizes captured as CUDA graphs, shared by the codec (codec/codec_graphs.py) and the
-watermark (audio/perth_runner.py): a batch between two captured sizes replays the next larger
+watermark (audio/perth/runner.py): a batch between two captured sizes replays the next larger
 one, its extra rows computing whatever the static buffers last held (each row is computed on its
 own, so they change nothing but the time)."""
 

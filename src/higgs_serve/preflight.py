@@ -132,7 +132,7 @@ def read_reference_clip(path: str, flag: str):
 
 
 def check_watermark(enabled: bool) -> None:
-    """With the watermark on, its model must be there (audio/perth.py): refuse to start rather
+    """With the watermark on, its model must be there (audio/perth/network.py): refuse to start rather
     than serve unmarked audio. With it off, nothing to check (the builder logs that it is off)."""
     if not enabled:
         return

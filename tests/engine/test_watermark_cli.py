@@ -10,7 +10,7 @@ import logging
 import pytest
 import soundfile as sf
 
-from higgs_serve.audio import perth
+from higgs_serve.audio.perth import network as perth
 from higgs_serve.cli import main
 
 FRAMES = "125"  # 5 s

@@ -65,7 +65,7 @@ def test_dummy_weights_mark_with_a_random_network_of_the_same_geometry(tiny_load
     per chunk; the detector does not know its mark."""
     import dataclasses
 
-    from higgs_serve.audio import perth
+    from higgs_serve.audio.perth import network as perth
 
     def no_checkpoint():
         raise AssertionError("a dummy-weight engine must not read the trained watermark")

@@ -1,7 +1,7 @@
 """The watermark on CUDA (where the engine runs it: the codec's device, its own stream): the same
 mark as on the CPU to float rounding (TF32 off, as the codec's float32 contract), found by the
 CPU detector, batches equal to single windows; and the padded batch replayed as CUDA graphs
-(audio/perth_runner.py): every (bucket, batch) captured, each window's change the eager one's
+(audio/perth/runner.py): every (bucket, batch) captured, each window's change the eager one's
 and the per-length path's, whatever shares its call. Skipped without CUDA."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from higgs_serve.audio.perth_rows import length_ladder
+from higgs_serve.audio.perth.rows import length_ladder
 from higgs_serve.audio.watermark import MarkStream, detect, embed, load_watermarker
 from higgs_serve.graph_batches import graph_batch_sizes
 from support.perth_reference import per_length_residuals

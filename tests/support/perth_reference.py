@@ -1,4 +1,4 @@
-"""The watermark's per-length path as it ran before the padded batch (audio/perth.py at cc61cc4,
+"""The watermark's per-length path as it ran before the padded batch (audio/perth/network.py at cc61cc4,
 `PerthWatermarker._batch_residuals`): windows of one length stacked and marked together, each on
 a centred STFT of its own samples, its frame mask against its own loudest frame, the embedder's
 convolutions with 'same' zero padding (`ConvStack.forward`), torch.istft. The padded batch must
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from higgs_serve.audio import perth
+from higgs_serve.audio.perth import network as perth
 
 
 def per_length_residuals(wm: perth.PerthWatermarker, windows: Sequence[np.ndarray]) -> list[np.ndarray]:

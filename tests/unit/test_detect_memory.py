@@ -1,7 +1,7 @@
 """Detection's memory does not grow with the decoded length (issue 52): a 180 KB FLAC of 299 s of
 silence at 192 kHz cost ~240 MB per detection, decoded whole at 192 kHz and scored whole. Now it
 is decoded block by block, resampled to 24 kHz and scored as it arrives (audio/watermark_detect.py,
-audio/perth_score.py). Measured in a fresh process (peak RSS), past the model's own load."""
+audio/perth/score.py). Measured in a fresh process (peak RSS), past the model's own load."""
 
 from __future__ import annotations
 

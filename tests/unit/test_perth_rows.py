@@ -1,4 +1,4 @@
-"""The padded batch's layout (audio/perth_rows.py), NumPy only: bucket choice, and rows whose
+"""The padded batch's layout (audio/perth/rows.py), NumPy only: bucket choice, and rows whose
 last frames read exactly what the window's own centred STFT reads."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from higgs_serve.audio.perth_rows import (
+from higgs_serve.audio.perth.rows import (
     EDGE,
     HOP,
     N_FFT,

@@ -1,4 +1,4 @@
-"""PerTh's detector run block by block (audio/perth_score.py) gives the whole clip's score: the
+"""PerTh's detector run block by block (audio/perth/score.py) gives the whole clip's score: the
 same STFT frames (centred, reflected edges), the same frame mask, each stack's output frames
 computed with their full receptive field, the same interpolation to each stack's rate."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from higgs_serve.audio import perth_score
-from higgs_serve.audio.perth import N_FFT
-from higgs_serve.audio.perth_score import ClipScorer, score_clip
+from higgs_serve.audio.perth import score as perth_score
+from higgs_serve.audio.perth.network import N_FFT
+from higgs_serve.audio.perth.score import ClipScorer, score_clip
 from higgs_serve.audio.watermark import embed, load_watermarker
 from support.speechlike import speechlike
 

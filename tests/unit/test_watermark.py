@@ -1,4 +1,4 @@
-"""The watermark itself (audio/watermark.py, audio/perth.py): PerTh's trained model loaded
+"""The watermark itself (audio/watermark.py, audio/perth/network.py): PerTh's trained model loaded
 strictly from the resemble-perth wheel, marks that its detector finds, causal chunk-wise
 marking, and the refusals when the model is not there."""
 
@@ -9,7 +9,7 @@ import pytest
 import soxr
 import torch
 
-from higgs_serve.audio import perth
+from higgs_serve.audio.perth import network as perth
 from higgs_serve.audio.watermark import (
     THRESHOLD,
     MarkStream,
@@ -99,7 +99,7 @@ def test_a_batch_of_windows_marks_each_as_alone(wm):
     windows = [speechlike(1.2, 5), speechlike(0.5, 6), rng.standard_normal(12000).astype(np.float32) * 0.1,
                speechlike(0.5, 7)]
     together = wm.residuals(windows)
-    for window, residual in zip(windows, together):  # bit for bit: each window alone on the CPU (perth_runner.py)
+    for window, residual in zip(windows, together):  # bit for bit: each window alone on the CPU (perth/runner.py)
         np.testing.assert_array_equal(residual, wm.residuals([window])[0])
 
 

@@ -1,4 +1,4 @@
-"""The mark in one call (audio/perth_rows.py, perth_runner.py, perth.py `mark_change`) on the CPU:
+"""The mark in one call (audio/perth/rows.py, perth/runner.py, perth/network.py `mark_change`) on the CPU:
 every window gets bit for bit the change the per-length path gave it before
 (support/perth_reference.py) whatever else shares its call; a stream marked through the engine's
 mark stage beside other streams is the stream marked alone; and the padded batch the GPU runs
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_serve.audio.perth import mark_change
-from higgs_serve.audio.perth_rows import HOP, fill_rows, row_samples, window_frames
+from higgs_serve.audio.perth.network import mark_change
+from higgs_serve.audio.perth.rows import HOP, fill_rows, row_samples, window_frames
 from higgs_serve.audio.watermark import MarkStream, load_watermarker
 from higgs_serve.engine.async_engine import CollectingSink
 from higgs_serve.engine.mark_stage import MarkStage
@@ -125,7 +125,7 @@ def test_padding_a_streams_first_windows_with_silence_would_change_their_mark(wm
     """Why rows are not simply padded with silence (or audio) before the window: a stream's
     first chunks (0 to 80 ms of context) lie within the network's reach of the window's start
     (the STFT's reflected edge, the convolutions' zero padding, the inverse STFT's
-    normalisation: perth_rows.py's note), so what precedes the window changes their mark."""
+    normalisation: perth/rows.py's note), so what precedes the window changes their mark."""
     chunks, windows = stream_windows(speechlike(3.0, 3), (1, 1, 2), wm.context_samples)
     silence = np.zeros(wm.context_samples, np.float32)
     for chunk, window in zip(chunks, windows):  # measured: 9 %, 3 % and 0.7 % of the chunk's mark

@@ -18,7 +18,7 @@ Around it, knowing nothing of the model:
   (benchmarks/results/README.md has the detection rates of both);
 - `detect(wm, audio, rate_hz)`: resampled to 24 kHz, scored, compared with the threshold.
 
-`load_watermarker` builds the one implementation, PerTh (audio/perth.py, torch), or raises
+`load_watermarker` builds the one implementation, PerTh (audio/perth/network.py, torch), or raises
 `WatermarkUnavailableError` with one line saying why. This module imports no tensor library:
 the engine's mark stage (engine/mark_stage.py) uses `MarkStream` and the protocol only.
 """
@@ -76,7 +76,7 @@ def load_watermarker(name: str = "perth", device: str = "cpu", dummy: bool = Fal
     no mark the detector knows)."""
     if name not in WATERMARKS:
         raise WatermarkUnavailableError(f"unknown watermark {name!r}; available: {', '.join(WATERMARKS)}")
-    from higgs_serve.audio.perth import PerthWatermarker  # torch: loaded only when a mark is wanted
+    from higgs_serve.audio.perth.network import PerthWatermarker  # torch: loaded only when a mark is wanted
 
     return PerthWatermarker.load(device, dummy=dummy)
 
@@ -85,7 +85,7 @@ def check_available(name: str = "perth") -> None:
     """Raise WatermarkUnavailableError unless `name`'s model can be found (cheap: no load)."""
     if name not in WATERMARKS:
         raise WatermarkUnavailableError(f"unknown watermark {name!r}; available: {', '.join(WATERMARKS)}")
-    from higgs_serve.audio.perth import find_checkpoint
+    from higgs_serve.audio.perth.network import find_checkpoint
 
     find_checkpoint()
 

@@ -35,7 +35,7 @@ DETECT_MAX_SECONDS = 300.0
 # the rate a headerless input has unless told: what the speech endpoint sends in that encoding
 HEADERLESS_DEFAULT_RATE_HZ = {"pcm": 24_000, "ulaw": 8_000, "alaw": 8_000}
 # Of the frames the network judges, the share its 1x stack must score as marked before the
-# verdict is `marked` (audio/perth_score.py). Chosen with the speech minimum on the calibration
+# verdict is `marked` (audio/perth/score.py). Chosen with the speech minimum on the calibration
 # split (benchmarks/results/watermark_negatives_calibration_cpu.json; docs/model.md#what-the-detector-judges).
 MIN_MARKED_FRAME_FRACTION = 0.65
 MARKED, NOT_MARKED, INCONCLUSIVE = "marked", "not_marked", "inconclusive"
@@ -118,7 +118,7 @@ class LazyDetector:
 
     def detect_blocks(self, blocks, rate_hz: int, param: str) -> Finding:
         """Mono float32 blocks at rate_hz, resampled to the model's rate as they come."""
-        from higgs_serve.audio.perth_score import ClipScorer  # torch: loaded with the model
+        from higgs_serve.audio.perth.score import ClipScorer  # torch: loaded with the model
 
         watermark = self._model()
         scorer, evidence = ClipScorer(watermark, DETECT_MAX_SECONDS), SpeechEvidence()

@@ -317,7 +317,7 @@ def build_mark_stage(deploy: DeployConfig, device: torch.device, cuda_graphs: bo
     logger.info("watermark on: every generated signal is marked (%s, on %s%s)", watermark.name, device,
                 ", random weights: --load-format dummy" if dummy_weights else "")
     # one call marks at most as many windows as the codec decodes at once. On CPU one window a
-    # call: the CPU marks a call's windows one after another anyway (audio/perth_runner.py), so
+    # call: the CPU marks a call's windows one after another anyway (audio/perth/runner.py), so
     # a first chunk would only wait for the others
     batch = deploy.stage1.max_batch_windows if device.type == "cuda" else 1
     if cuda_graphs and device.type == "cuda":

@@ -9,7 +9,7 @@ a copy, and the server and `synth` get the same marked audio from the same chunk
 
 Batches: each pass of the stage's loop marks every stream's pending window in one call (the
 watermark takes windows of any lengths, each marked exactly as alone; on a GPU one padded batch,
-one CUDA graph replay: audio/perth_rows.py, perth_runner.py). As in the codec
+one CUDA graph replay: audio/perth/rows.py, perth/runner.py). As in the codec
 (codec/codec_runner.py `next_batch`), only each request's oldest queued chunk is eligible; when
 more than `max_batch_windows` are, the key function `order` picks which go first (smallest key
 first). The order, `deadline_first`: the earliest deadline of a stream's listener

@@ -23,7 +23,7 @@ What the network does, in our words:
   bin's magnitude is multiplied by `10 ** (195 * residual / 20)`, phase kept. Every other bin is
   untouched, so the change to the signal is exactly the inverse STFT of the changed low bins.
   On a GPU windows of any lengths are marked together in one padded batch, each exactly as
-  alone (perth_rows.py says how; perth_runner.py runs it, as CUDA graphs); on the CPU one by one.
+  alone (perth/rows.py says how; perth/runner.py runs it, as CUDA graphs); on the CPU one by one.
 - Detection: three such stacks read the low-bin features at 1.25x, 1x and 0.75x the frame rate
   (linear interpolation in time); each outputs per-frame (attention, score) pairs, averaged over
   masked frames; the three scores are combined with softmax(attention) weights and clipped to
@@ -44,15 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from higgs_serve.audio.perth_rows import EDGE, HOP, N_FFT, row_samples
-from higgs_serve.audio.perth_runner import MarkRunner
+from higgs_serve.audio.perth.rows import EDGE, HOP, N_FFT, row_samples
+from higgs_serve.audio.perth.runner import MarkRunner
 from higgs_serve.errors import WatermarkUnavailableError
 
 # Where the wheel keeps the trained model, relative to the installed `perth` package.
 CHECKPOINT_RELPATH = ("perth_net", "pretrained", "implicit", "perth_net_250000.pth.tar")
 SAMPLE_RATE_HZ = 24_000
 # N_FFT 1536 (64 ms, the trained 2048 points at 32 kHz) and HOP 240 (10 ms, the trained 320
-# samples): the STFT grid, written once in perth_rows.py (which lays windows into padded rows)
+# samples): the STFT grid, written once in perth/rows.py (which lays windows into padded rows)
 MARK_BINS = 128  # 0 to 2 kHz at 15.625 Hz per bin
 HIDDEN = 256
 KERNEL = 7  # the five middle convolutions of each stack; the first and last are 1 wide
@@ -105,7 +105,7 @@ class ConvStack(nn.Module):
         self._taps: list[torch.Tensor] | None = None  # [out, k * in] per conv, built at first use
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, 128, T] -> [B, out, T]. With `valid` [B, T] (a padded batch, perth_rows.py; 1: a
+        """x [B, 128, T] -> [B, out, T]. With `valid` [B, T] (a padded batch, perth/rows.py; 1: a
         frame of the row's window) the input of every 7-wide convolution is zero outside the
         window, as 'same' padding makes it when the window runs alone, so the window's frames get
         what they get alone."""
@@ -195,8 +195,8 @@ def frame_mask(feats: torch.Tensor, valid: torch.Tensor | None = None) -> torch.
 
 
 def mark_change(net: PerthNet, hann: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The change that marks each row's window, as it is marked alone (perth_rows.py's note).
-    rows [B, HOP·(T−1) + N_FFT] float32 and valid [B, T] float32 as `perth_rows.fill_rows` lays
+    """The change that marks each row's window, as it is marked alone (perth/rows.py's note).
+    rows [B, HOP·(T−1) + N_FFT] float32 and valid [B, T] float32 as `rows.fill_rows` lays
     them out -> [B, HOP·T] float32, each window's change at its span. Graph-safe: no host sync,
     shapes fixed by the inputs."""
     batch, frames = valid.shape
@@ -277,7 +277,7 @@ class PerthWatermarker:
 
     def residuals(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each window [n_i] float32 -> [n_i] float32, the change marking it, whatever else is
-        in the call (on a GPU windows of any lengths run in one padded batch: perth_rows.py)."""
+        in the call (on a GPU windows of any lengths run in one padded batch: perth/rows.py)."""
         with self._lock:
             return self.runner.residuals(windows)
 

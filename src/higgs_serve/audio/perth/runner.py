@@ -1,4 +1,4 @@
-"""One call marks any list of windows: on CUDA one padded batch (perth_rows.py) replayed as one
+"""One call marks any list of windows: on CUDA one padded batch (perth/rows.py) replayed as one
 graph per (bucket length, batch size) captured at start-up; on the CPU each window alone,
 eagerly (docs/architecture.md#the-watermark-stage).
 
@@ -12,7 +12,7 @@ had, whatever else is in the call, at any thread count; and batching buys the CP
 Why graphs: on a GPU the mark is ~30 small kernels whose launches cost more than their work
 (a call cost a fixed ~1.7 ms on an H100 whatever its size, benchmarks/results/README.md), so
 the engine's mark stage hands every stream's pending window to one call, and the call replays
-one graph. `capture` records, for each bucket length of `perth_rows.length_ladder` and each
+one graph. `capture` records, for each bucket length of `rows.length_ladder` and each
 batch size of `graph_batches.graph_batch_sizes`, the whole change computation, largest first,
 into one shared pool, on the watermark's own stream, after one eager run of each shape (cuDNN
 and cuFFT plans). A call whose bucket or batch was not captured (a window longer than the
@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from higgs_serve.audio.perth_rows import (
+from higgs_serve.audio.perth.rows import (
     HOP,
     bucket_frames,
     fill_rows,
@@ -59,7 +59,7 @@ ChangeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class MarkRunner:
-    """Runs `change` (perth.mark_change) over windows laid out by perth_rows (the module note)."""
+    """Runs `change` (network.mark_change) over windows laid out by rows.py (the module note)."""
 
     def __init__(self, change: ChangeFn, device: torch.device, stream: torch.cuda.Stream | None):
         self.change = change

@@ -14,12 +14,12 @@ own earlier audio included, changes its mark; instead each row of a batch is lai
 
 right-aligned on the frame grid: the row's last T frames are exactly the window's T frames
 alone, and a per-row `valid` mask marks them. The network then treats frames where `valid` is 0
-as absent (audio/perth.py `mark_change`): they neither set the mask's threshold nor reach the
+as absent (audio/perth/network.py `mark_change`): they neither set the mask's threshold nor reach the
 convolutions nor count in the inverse STFT's normalisation.
 
 A row of T_b frames is HOP·(T_b − 1) + N_FFT samples; its change comes back as HOP·T_b samples,
 the window's own change at `span` within it. (On the CPU every window is its own batch of its
-own length, perth_runner.py says why: no padding there, the same layout.)
+own length, perth/runner.py says why: no padding there, the same layout.)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-N_FFT = 1536  # 64 ms at 24 kHz: the trained 2048 points at 32 kHz (audio/perth.py)
+N_FFT = 1536  # 64 ms at 24 kHz: the trained 2048 points at 32 kHz (audio/perth/network.py)
 HOP = 240  # 10 ms
 EDGE = N_FFT // 2  # samples reflected at each end by the centred STFT
 MIN_WINDOW = EDGE + 1  # shorter windows get silence before them first

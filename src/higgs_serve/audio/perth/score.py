@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from higgs_serve.audio.perth import (
+from higgs_serve.audio.perth.network import (
     DETECT_TIME_SCALES,
     HOP,
     MARK_BINS,

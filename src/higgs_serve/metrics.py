@@ -48,8 +48,12 @@ ENGINE_GAUGES: dict[str, tuple[str, str]] = {
     "num_running": ("running_requests", "Requests holding a decode slot."),
     "free_kv_blocks": ("kv_blocks_free", "Free KV-cache blocks."),
     "total_kv_blocks": ("kv_blocks_total", "KV-cache blocks in the pool."),
-    "stream_capacity": ("stream_capacity", "Streams the engine can speak at once in real time now "
-                        "(the admission rule over the measured step time and Stage 1 cost)."),
+    "stream_capacity": ("stream_capacity", "Streams the engine lets run at once now: the stream limit, "
+                        "started from the capacity timed at start-up and steered by the listeners' leads."),
+    "stream_capacity_predicted": ("stream_capacity_predicted", "Streams the step times and Stage 1 costs "
+                                  "(timed at start-up, scaled by the live steps) say keep real time at once."),
+    "stream_lead_tail_seconds": ("stream_lead_tail_seconds", "The low tail (1st percentile) of the leads "
+                                 "streamed chunks left with over the last second (0 when none left)."),
 }
 
 

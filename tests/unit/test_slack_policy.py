@@ -143,6 +143,19 @@ def test_a_skipped_stream_comes_back_before_its_listener_runs_dry():
     assert lead_left >= 1000 * MS - 40 * MS  # back once its slack fell under park_slack_ms
 
 
+def test_when_the_streams_that_must_run_cannot_keep_real_time_together_a_stable_set_does():
+    clock = FakeClock()
+    policy = make_policy(clock, {n: 10 * n for n in range(1, 9)})  # three decodes keep real time
+    behind = [decoding(f"behind{i}", clock=clock, lead_ms=-150) for i in range(2)]  # already stalled
+    tight = [decoding(f"tight{i}", clock=clock, lead_ms=60) for i in range(4)]
+    decodes = behind + tight  # admission order
+    # least slack first would run the two that already stalled and one more; all six would fall
+    # further behind together. The three oldest that still play without a gap run.
+    assert ids(policy.choose_decodes(decodes, 6)) == ["tight0", "tight1", "tight2"]
+    assert policy.num_decoding == 3
+    assert ids(policy.choose_decodes(behind + tight[:1], 3)) == ids(behind + tight[:1])  # all keep real time
+
+
 # ----- prompts
 def test_prompt_chunks_fit_the_tightest_stream_and_go_least_slack_first():
     clock = FakeClock()
@@ -175,43 +188,60 @@ def test_prompt_chunks_fit_the_tightest_stream_and_go_least_slack_first():
 
 
 # ----- admission
-def test_a_stream_starts_while_one_more_fits_real_time_and_bulk_fills_the_rest():
+def test_a_stream_starts_while_fewer_run_than_the_limit_and_bulk_fills_the_rest():
     clock = FakeClock()
-    # 16 ms for 2 decodes, 36 ms for 3: a third stream fits (the real-time step is 36 ms), a fourth not
+    # 16 ms for 2 decodes, 36 ms for 3: three streams keep real time (the real-time step is 36 ms)
     policy = make_policy(clock, {2: 16, 3: 36, 4: 44})
     scheduler = make_scheduler(policy, max_num_seqs=5)
     running_streams(scheduler, clock, 2)
-    assert policy.capacity(scheduler.running) == 3
+    assert policy.predicted_capacity(scheduler.running) == 3
+    policy.limit.seed(3)  # as the start-up timings would
     for request in (waiting_stream("third", clock, budget_ms=None), waiting_stream("fourth", clock, budget_ms=None),
                     bulk("file"), bulk("file2")):
         scheduler.add_request(request)
     plan = scheduler.schedule()
     started = [n.request_id for n in plan.new_requests]
-    # "fourth" waits for real-time room; a file takes a slot, the last stays free for "fourth"
+    # "fourth" waits for a place under the limit; a file takes a slot, the last stays free for "fourth"
     assert started == ["third", "file"]
     assert ids(scheduler.waiting) == ["fourth", "file2"]
     assert len(scheduler._free_slots) == 1
     assert scheduler.num_running_streams == 3  # the file does not count
+    assert policy.limit_stats(scheduler.running)["stream_capacity"] == 3
     scheduler.abort("third")
     scheduler.abort("file")
     assert scheduler.num_running_streams == 2
 
 
-def test_no_stream_starts_while_a_running_stream_is_behind():
+def test_a_prediction_never_holds_a_stream_back_while_places_are_free_and_leads_hold():
+    clock = FakeClock()
+    # the model thinks four decodes take 80 ms, twice the real-time step; the limit (8) says otherwise
+    policy = make_policy(clock, {1: 10, 4: 80})
+    policy.limit.seed(8)
+    scheduler = make_scheduler(policy)
+    running_streams(scheduler, clock, 4)
+    scheduler.add_request(waiting_stream("fifth", clock, budget_ms=None))
+    assert [n.request_id for n in scheduler.schedule().new_requests] == ["fifth"]
+
+
+def test_no_stream_starts_while_the_leads_fall():
     clock = FakeClock()
     policy = make_policy(clock, {1: 10, 2: 12, 3: 14})
     scheduler = make_scheduler(policy)
-    (behind,) = running_streams(scheduler, clock, 1, lead_ms=-50)
+    running_streams(scheduler, clock, 2)
+    policy.limit.seed(2)  # two run, as many as the limit allows
+    policy.observe_lead(clock.now, -40 * MS, True)  # a listener 40 ms dry and losing ground
     scheduler.add_request(waiting_stream("new", clock, budget_ms=None))
-    plan = scheduler.schedule()
-    assert not plan.new_requests and ids(scheduler.waiting) == ["new"]
-    behind.playback.sent(SAMPLES_PER_S, clock.now)  # a second of audio reached its listener
-    assert [n.request_id for n in scheduler.schedule().new_requests] == ["new"]
+    assert not scheduler.schedule().new_requests  # the limit fell to one
+    assert policy.limit.limit == 1 and ids(scheduler.waiting) == ["new"]
+    scheduler.abort("run0")
+    scheduler.abort("run1")
+    assert [n.request_id for n in scheduler.schedule().new_requests] == ["new"]  # a place opened
 
 
 def test_a_stream_that_would_start_past_its_budget_is_refused_with_the_wait():
     clock = FakeClock()
     policy = make_policy(clock, {1: 10, 2: 20, 3: 36, 4: 48})  # three streams fit
+    policy.limit.seed(3)
     scheduler = make_scheduler(policy)
     running = running_streams(scheduler, clock, 3)
     for i, request in enumerate(running):  # 250 frames each, 20, 120 and 220 rows sampled

@@ -41,3 +41,15 @@ def test_latency_and_its_jitter():
         load.window_done(latency)
     assert load.jitter_us > 4 * max(steady, 1_000)
     assert 5_000 < load.latency_us < 25_000
+
+
+def test_the_capacity_reads_the_cost_timed_at_the_batch_n_streams_make():
+    load = Stage1Load(())
+    # the codec: 8 % of its thread per audio second in calls of one window, 1 % in calls of 16;
+    # the mark: 3 % then 2 %
+    load.seed([{1: 80_000, 4: 30_000, 16: 10_000}, {1: 30_000, 16: 20_000}])
+    assert load.cost_ppm_at(1) == 80_000
+    assert load.cost_ppm_at(3) == 80_000  # the largest batch timed not above n: never extrapolated
+    assert load.cost_ppm_at(8) == 30_000
+    assert load.cost_ppm_at(200) == 20_000  # the mark is the busier thread past 16
+    assert Stage1Load(()).cost_ppm_at(50) == 0  # nothing timed, nothing measured

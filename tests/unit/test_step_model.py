@@ -72,3 +72,37 @@ def test_one_stall_of_the_host_moves_the_estimate_a_bounded_step():
     m.observe(2, 2, 5000 * MS)  # a 5 s pause (a collection, a page fault)
     # capped at 4x the mean, weighted 0.1: 13 ms of mean and 3 ms of deviation (x2)
     assert m.predict_us(2, 2) == 19 * MS
+
+
+# ----- issue 59: timed at start-up, the timings' shape at the live steps' level
+def timed(**decode_ms) -> StepTimeModel:
+    m = StepTimeModel(max_num_seqs=64, prior=PRIOR)
+    m.seed({int(n[1:]): int(ms * MS) for n, ms in decode_ms.items()}, token_us=30)
+    return m
+
+
+def test_timed_sizes_answer_until_live_steps_run():
+    m = timed(n1=4, n8=6, n64=20)
+    assert m.seeded
+    assert m.predict_us(1, 1) == 4 * MS
+    assert m.predict_us(36, 36) == 13 * MS  # halfway from 8 to 64
+    assert m.predict_us(64, 64 + 100) == 20 * MS + 100 * 30  # the timed token cost
+    assert m.predict_us(200, 200) == 20 * MS  # never extrapolated past the largest size timed
+
+
+def test_live_steps_set_the_level_of_every_size():
+    m = timed(n1=4, n8=6, n64=20)
+    for _ in range(50):
+        m.observe(8, 8, 12 * MS)  # the loop and the host make a step of 8 twice its timing
+    assert abs(m.predict_us(64, 64) - 40 * MS) < 100  # a size not yet run: twice its timing too
+    assert abs(m.mean_decode_us(1) - 8 * MS) < 100
+
+
+def test_live_steps_that_vary_are_planned_for_their_slow_ones():
+    m = timed(n1=4, n8=10)
+    for _ in range(100):
+        m.observe(8, 8, 10 * MS)
+        m.observe(8, 8, 20 * MS)
+    # live ÷ timed averages 1.5 and strays 0.5 from it: planned at 1.5 + 2 x 0.5 = 2.5 x
+    assert 23 * MS < m.predict_us(8, 8) < 27 * MS
+    assert 9 * MS < m.predict_us(1, 1) < 11 * MS

@@ -233,6 +233,22 @@ class CodecRunner:
                     list(batch_sizes), seconds, "CUDA graphs" if self.graphs is not None else "eager")
         return seconds
 
+    def time_batches(self, shape: WindowShape, batches: tuple[int, ...], num_codebooks: int,
+                     repeats: int = 3) -> dict[int, float]:
+        """{b: seconds of a call of b windows of `shape`} (the median of `repeats`, after one
+        untimed call), as the codec thread would run them: for the deadline policy's Stage 1
+        cost, timed at start-up (engine/builder.py). Call it before `start`."""
+        timed = {}
+        for batch in batches:
+            frames = np.zeros((batch, shape.frames, num_codebooks), dtype=np.int64)
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                self.decode_batch(frames, shape)
+                times.append(time.perf_counter() - t0)
+            timed[batch] = float(np.median(times[1:]))
+        return timed
+
     @torch.inference_mode()
     def decode_batch(self, frames: np.ndarray, shape: WindowShape | None = None) -> np.ndarray:
         """frames [B, T, 8] int64 → audio [B, kept·960] float32 (host) of the frames `shape` keeps

@@ -165,6 +165,11 @@ class DeadlineConfig:
     first_audio_target_ms: int = 500
     # prompt tokens a step always gets, however tight the streams' slack (prefill never stops)
     min_prefill_chunk_tokens: int = 64
+    # the floor under the low tail (1st percentile over the last second) of the leads streams'
+    # chunks leave with: below it the stream limit backs off, at or above it the limit may grow
+    # while streams wait (engine/deadlines/stream_limit.py); negative: a listener may have waited
+    # this long for a chunk (100 ms counts as a stall)
+    lead_margin_ms: int = 0
     # the first chunk (and so the doubling ramp) grows when steps are slow or Stage 1 is slow:
     # the smallest first chunk whose ramp keeps ahead of the player (codec/chunker.py)
     first_chunk_follows_load: bool = True

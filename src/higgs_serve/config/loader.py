@@ -213,6 +213,8 @@ def _build_deadlines(section: Section) -> DeadlineConfig:
         park_slack_ms=section.integer("park_slack_ms", d.park_slack_ms, 0),
         first_audio_target_ms=section.integer("first_audio_target_ms", d.first_audio_target_ms, 0),
         min_prefill_chunk_tokens=section.integer("min_prefill_chunk_tokens", d.min_prefill_chunk_tokens, 1),
+        # below -100 ms every stream would have stalled before the limit backed off
+        lead_margin_ms=section.integer("lead_margin_ms", d.lead_margin_ms, -100, 1000),
         first_chunk_follows_load=section.boolean("first_chunk_follows_load", d.first_chunk_follows_load),
         step_prior_base_ms=milliseconds("step_prior_base_ms", d.step_prior_base_ms),
         step_prior_per_seq_ms=milliseconds("step_prior_per_seq_ms", d.step_prior_per_seq_ms),

@@ -16,6 +16,7 @@ import torch
 from higgs_serve.codec.chunker import (
     SAMPLES_PER_FRAME,
     WindowParams,
+    WindowShape,
     file_window_params,
     first_chunk_shapes,
     max_chunk_frames,
@@ -30,12 +31,14 @@ from higgs_serve.config.deploy import CodecGraphPath, DeployConfig, resolve_code
 from higgs_serve.engine.core import EngineCore, EngineHooks, EngineParts
 from higgs_serve.engine.deadlines.slack_policy import SlackPolicy
 from higgs_serve.engine.deadlines.stage1_load import Stage1Load
+from higgs_serve.engine.deadlines.startup_timings import StartupTimings
 from higgs_serve.engine.input_processor import InputProcessor
 from higgs_serve.engine.kv_cache_manager import KVCacheManager
 from higgs_serve.engine.mark_stage import MarkStage
 from higgs_serve.engine.output_processor import OutputProcessor
 from higgs_serve.engine.scheduler import Scheduler
 from higgs_serve.errors import ConfigError
+from higgs_serve.graph_batches import graph_batch_sizes
 from higgs_serve.model.checkpoint import cast_tensors, load_checkpoint, resolve_model_dir
 from higgs_serve.model.hf_config import ModelSpec, load_model_spec
 from higgs_serve.model.prompt import PromptBuilder
@@ -46,6 +49,7 @@ from higgs_serve.worker.attention.selector import get_backend
 from higgs_serve.worker.attention.kv_cache_dtype import kv_bytes_per_token, resolve_kv_cache_dtype
 from higgs_serve.worker.cuda_graphs import CudaGraphDispatcher
 from higgs_serve.worker.model_runner import KVCacheSpec, ModelRunner
+from higgs_serve.worker.step_timing import time_decode_steps, time_prompt_token
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +277,8 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
     stage1 = stage1_load(codec, marks, loaded.spec.codec.frame_rate)
     # on the CPU a step computes inside `launch`: the time between two collects is the next plan's
     policy = SlackPolicy(s0.deadlines, s0.max_num_seqs, stage1, synchronous_steps=loaded.device.type != "cuda")
+    if s0.deadlines.enabled:
+        policy.seed(time_for_deadlines(runner, codec, marks, window, s0.decode_capture_sizes, loaded.spec))
     scheduler = Scheduler(
         max_num_seqs=s0.max_num_seqs,
         max_num_batched_tokens=s0.max_num_batched_tokens,
@@ -289,9 +295,31 @@ def build_engine_parts(loaded: LoadedModel, deploy: DeployConfig,
                             codebook_size=audio.codebook_size, sample_rate_hz=loaded.spec.codec.sample_rate)
     outputs = OutputProcessor(codec, window, file_window, deploy.async_chunk, audio.num_codebooks,
                               audio.codebook_size, sink_wrapper=marks.wrap if marks is not None else None,
-                              stream_window=policy.stream_window, stage1=stage1)
+                              stream_window=policy.stream_window, stage1=stage1, on_lead=policy.observe_lead)
     return EngineParts(scheduler=scheduler, runner=runner, codec=codec, inputs=inputs, outputs=outputs,
                        marks=marks)
+
+
+def time_for_deadlines(runner: ModelRunner, codec: CodecRunner, marks: MarkStage | None, window: WindowParams,
+                       sizes: tuple[int, ...], spec: ModelSpec) -> StartupTimings:
+    """What the deadline policy starts from (engine/deadlines/startup_timings.py), timed now,
+    after every warm-up and capture: a decode step at each capture size and at max_num_seqs
+    (worker/step_timing.py), a prompt token, and a call of 1 to `max_batch_windows` steady
+    windows of the codec and of the mark stage."""
+    t0 = time.perf_counter()
+    decode = time_decode_steps(runner, (*sizes, runner.max_num_seqs))
+    token = time_prompt_token(runner, decode[min(decode)])
+    frames = window.left_context_frames + window.chunk_frames + window.right_holdback_frames
+    steady = WindowShape(frames, window.left_context_frames, window.left_context_frames + window.chunk_frames)
+    audio_s = window.chunk_frames / spec.codec.frame_rate  # per window
+    batches = graph_batch_sizes(codec.max_batch_windows)
+    curves = [codec.time_batches(steady, batches, spec.audio.num_codebooks)]
+    if marks is not None:
+        curves.append(marks.time_batches(window.chunk_frames * spec.codec.hop_length, batches))
+    ppm = tuple({b: int(seconds / (b * audio_s) * 1e6) for b, seconds in curve.items()} for curve in curves)
+    timings = StartupTimings(decode, token, ppm)
+    logger.info("timed for the deadline policy in %.1f s: %s", time.perf_counter() - t0, timings.summary())
+    return timings
 
 
 def stage1_load(codec: CodecRunner, marks: MarkStage | None, frame_rate: int) -> Stage1Load:

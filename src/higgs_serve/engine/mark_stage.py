@@ -128,6 +128,22 @@ class MarkStage:
         self._stream_ids = itertools.count(1)
         self._seq = itertools.count()
 
+    def time_batches(self, chunk_samples: int, batches: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
+        """{b: seconds of a call marking b steady chunks of `chunk_samples`} (each window with
+        its full context; the median of `repeats` after one untimed call): the deadline policy's
+        Stage 1 cost, timed at start-up (engine/builder.py). Call it before `start`."""
+        noise = np.random.default_rng(0).normal(0.0, 0.1, self.watermark.context_samples + chunk_samples)
+        window = noise.astype(np.float32)
+        timed = {}
+        for batch in batches:
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                self.watermark.residuals([window] * batch)
+                times.append(time.perf_counter() - t0)
+            timed[batch] = float(np.median(times[1:]))
+        return timed
+
     def wrap(self, sink: ChunkSink, deadline: Callable[[], int] | None = None) -> ChunkSink:
         """`sink` with every chunk marked on the way (one per request, opened in order);
         `deadline()`: its stream's deadline (µs), read as each chunk is queued."""

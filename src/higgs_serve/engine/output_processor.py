@@ -12,9 +12,15 @@ Contract (the engine loop is the only caller of `emit`; any thread may call the 
 - `close(request_id)` / `close_all()`: forget requests (abort, engine death), returning their
   sinks so the caller can tell them.
 - `audio_sent(request_id, samples, at_us)`: the caller's report that a stream's audio left.
+Each chunk of a stream tells `on_lead(at_us, lead_us, losing)` how its listener fares
+(`lead_report`): after the first, the lead the listener had just before it and whether that
+shrank since the previous chunk; the first, the time left in its first-audio budget (the deadline policy's stream limit, engine/deadlines/stream_limit.py): from the
+caller's reports when it makes them, else from deliveries to its sink.
 Streams (a request with a playback clock, engine/deadlines/playback_clock.py): the window rule is
-the profile's with the first chunk the current load needs (`stream_window`, the deadline
-policy's); the clock learns when the next window is due (`due_rows`), each window goes to the
+the profile's with the first chunk the load needs (`stream_window`, the deadline policy's), asked
+at `open` (so the policy can predict the first audio at arrival) and again when the stream's
+first row arrives, for the load it then joins (the streams of a burst are all admitted by then,
+and a ramp planned for the first of them alone would not hold once all run); the clock learns when the next window is due (`due_rows`), each window goes to the
 codec with the stream's deadline (the codec and the mark stage serve the earliest first), each
 chunk that reaches the caller's sink counts as sent unless the caller reports sends, and the
 window's time from hand-off to the sink is Stage 1's measured latency (stage1_load.py).
@@ -41,6 +47,24 @@ from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frames, revert_delay, sanitize_codes
 
 
+# (at_us, lead_us, losing): a stream's chunk left with its listener lead_us ahead, losing ground or
+# not (`lead_report`)
+LeadReport = Callable[[int, int, bool], None]
+
+
+def lead_report(clock: PlaybackClock, first: bool, lead_us: int, at_us: int) -> tuple[int, bool] | None:
+    """What a chunk tells the stream limit (engine/deadlines/stream_limit.py): a later chunk the
+    lead its listener had and whether that shrank since the previous chunk; the first, for a
+    stream with a first-audio budget, the time left in it (below 0: late, and so losing)."""
+    if first:
+        if clock.ttfa_budget_us is None:
+            return None
+        left = clock.submitted_us + clock.ttfa_budget_us - at_us
+        return left, left < 0
+    change = clock.lead_change_us
+    return lead_us, change is not None and change < 0
+
+
 class ChunkSink(Protocol):
     """Where one request's output goes. Called from the engine and codec threads."""
 
@@ -55,10 +79,15 @@ class RequestOutput:
     """One request's delayed rows on the host and its window state."""
 
     def __init__(self, params: WindowParams, streaming: bool, num_codebooks: int, codebook_size: int):
+        self.streaming = streaming
         self.chunker = StreamChunker(params, streaming=streaming)
         self.codebook_size = codebook_size
         self._rows = np.zeros((64, num_codebooks), dtype=np.int64)
         self.num_rows = 0
+
+    def replan(self, params: WindowParams) -> None:
+        """A new window rule before any frame was cut (a stream's first chunk, planned again)."""
+        self.chunker = StreamChunker(params, streaming=self.streaming)
 
     def append(self, row: Sequence[int]) -> None:
         if self.num_rows == len(self._rows):
@@ -105,17 +134,26 @@ class _ClockedSink:
     """A stream's sink as Stage 1 sees it: each chunk that reaches the caller counts as
     delivered on the stream's clock, and its window's way through Stage 1 is timed."""
 
-    def __init__(self, sink: ChunkSink, clock: PlaybackClock, stage1: Stage1Load):
+    def __init__(self, sink: ChunkSink, clock: PlaybackClock, stage1: Stage1Load, on_lead: LeadReport | None,
+                 now: Callable[[], int] = now_us):
         self._sink = sink
         self.clock = clock
+        self._now = now
         self._stage1 = stage1
+        self._on_lead = on_lead
         self.handed_off_us: deque[int] = deque()  # per window in Stage 1, oldest first
 
     def put(self, chunk: AudioChunk) -> None:
-        at = now_us()
+        at = self._now()
         if self.handed_off_us:
             self._stage1.window_done(at - self.handed_off_us.popleft())
-        self.clock.delivered(chunk.audio.size, at)
+        clock = self.clock
+        first = not clock.has_deliveries
+        lead = clock.delivered(chunk.audio.size, at)
+        if chunk.audio.size and self._on_lead is not None and not clock.has_sends:
+            report = lead_report(clock, first, lead, at)
+            if report is not None:
+                self._on_lead(at, *report)
         self._sink.put(chunk)
 
     def fail(self, error: BaseException) -> None:
@@ -132,6 +170,7 @@ class _Open:
     max_frames: int
     prompt_tokens: int
     clocked: _ClockedSink | None = None  # a stream's: its clock and Stage 1 timing
+    replan: bool = False  # its first chunk is planned again at its first row (module note)
 
 
 class OutputProcessor:
@@ -139,7 +178,9 @@ class OutputProcessor:
                  num_codebooks: int, codebook_size: int,
                  sink_wrapper: Callable[..., ChunkSink] | None = None,
                  stream_window: Callable[[WindowParams, float], WindowParams] | None = None,
-                 stage1: Stage1Load | None = None):
+                 stage1: Stage1Load | None = None, on_lead: LeadReport | None = None,
+                 clock: Callable[[], int] = now_us):
+        """`clock`: the time in µs (a simulation passes its own)."""
         self.codec = codec
         # every request's sink passes through this (the watermark stage's `wrap(sink, deadline)`),
         # if set
@@ -147,6 +188,8 @@ class OutputProcessor:
         # a stream's window: (the profile's, speed) -> the one the load needs (the deadline policy's)
         self.stream_window = stream_window
         self.stage1 = stage1 if stage1 is not None else Stage1Load(())
+        self.on_lead = on_lead  # per stream chunk after the first (module note)
+        self.now_us = clock
         self.window = window
         # a request answered as one file is decoded in exact chunks as it is generated
         # (chunker.file_window_params); its sink collects them
@@ -173,19 +216,32 @@ class OutputProcessor:
         out = RequestOutput(self._window(speech), self.async_chunk, self.num_codebooks, self.codebook_size)
         clocked = None
         if clock is not None:
-            sink = clocked = _ClockedSink(sink, clock, self.stage1)
+            sink = clocked = _ClockedSink(sink, clock, self.stage1, self.on_lead, self.now_us)
             self._set_due(clock, out, max_frames)
         if self.sink_wrapper is not None:
             sink = self.sink_wrapper(sink, clock.deadline_us if clock is not None else None)
         with self._lock:  # the caller has checked the id is not open already
-            self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens, clocked)
+            self._open[speech.request_id] = _Open(out, sink, max_frames, prompt_tokens, clocked,
+                                                  replan=clock is not None and self._follows_load(speech))
+
+    def _follows_load(self, speech: SpeechRequest) -> bool:
+        """A stream whose first chunk the deadline policy picks (its own one is kept as given)."""
+        return (speech.stream and speech.initial_chunk_frames is None and speech.playback is not None
+                and self.stream_window is not None)
 
     def _window(self, speech: SpeechRequest) -> WindowParams:
         if not speech.stream:
             return self.file_window
-        if speech.initial_chunk_frames is None and speech.playback is not None and self.stream_window is not None:
+        if self._follows_load(speech):
             return self.stream_window(self.window, speech.playback.speed)
         return speech.stream_window(self.window)
+
+    def _replan(self, entry: _Open) -> None:
+        """At a stream's first row: its first chunk for the load it joins (module note)."""
+        entry.replan = False
+        clock = entry.clocked.clock
+        entry.out.replan(self.stream_window(self.window, clock.speed))
+        self._set_due(clock, entry.out, entry.max_frames)
 
     def _set_due(self, clock: PlaybackClock, out: RequestOutput, max_frames: int) -> None:
         """The rows at which the stream's next window is due (its last frame's, when the rule
@@ -196,7 +252,12 @@ class OutputProcessor:
         """The caller sent `samples` more of a stream at `at_us` (unknown or finished: ignored)."""
         entry = self._open.get(request_id)
         if entry is not None and entry.clocked is not None:
-            entry.clocked.clock.sent(samples, at_us)
+            clock = entry.clocked.clock
+            first = not clock.has_sends
+            lead = clock.sent(samples, at_us)
+            report = lead_report(clock, first, lead, at_us) if samples > 0 and self.on_lead is not None else None
+            if report is not None:
+                self.on_lead(at_us, *report)
 
     def close(self, request_id: str) -> ChunkSink | None:
         with self._lock:
@@ -213,6 +274,8 @@ class OutputProcessor:
             entry = self._open.get(rid)
             if entry is None:  # aborted while its step was in flight
                 continue
+            if entry.replan:
+                self._replan(entry)
             entry.out.append(row)
             done = rid in finished
             if entry.out.window_may_be_due(done):
@@ -231,7 +294,7 @@ class OutputProcessor:
         deadline = None
         if entry.clocked is not None:
             self._set_due(entry.clocked.clock, entry.out, entry.max_frames)
-            entry.clocked.handed_off_us.append(now_us())
+            entry.clocked.handed_off_us.append(self.now_us())
             deadline = entry.clocked.clock.deadline_us()
         self._submit_window(request_id, entry.sink, *nxt, reason, deadline)
 

@@ -297,6 +297,7 @@ class Scheduler:
         if request.playback is not None:
             request.playback.admitted_us = self.policy.now_us()  # its queue wait ends
             self.num_running_streams += 1
+            self.policy.num_streams = self.num_running_streams
         return num_new
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
@@ -336,6 +337,7 @@ class Scheduler:
         request.status = status
         del self.requests[request.request_id]
         self.num_running_streams -= request.playback is not None
+        self.policy.num_streams = self.num_running_streams
         self.kv.free(request.request_id)
         heapq.heappush(self._free_slots, request.slot)
         self._released_slots.append(request.slot)

@@ -28,8 +28,9 @@ def engine_stats(scheduler: Scheduler, outputs: OutputProcessor, runner: ModelRu
         "num_active": len(outputs),
         "free_kv_blocks": scheduler.kv.num_free_blocks,
         "total_kv_blocks": scheduler.kv.num_blocks,
-        # streams the deadline policy's admission rule lets run at once now (engine/deadlines/)
-        "stream_capacity": scheduler.policy.capacity(scheduler.running),
+        # the deadline policy's stream limit, what its timings predict, and the leads that steer it
+        # (engine/deadlines/stream_limit.py)
+        **scheduler.policy.limit_stats(scheduler.running),
         "codec_calls": codec.calls,
         "codec_windows": codec.windows,
         "codec_graph_calls": codec.graph_calls,

@@ -441,11 +441,16 @@ class ModelRunner:
             chunk = ScheduledChunk(new.request_id, 0, 0, length, pages, samples=True)
             self.execute(StepPlan(step_id=-1, new_requests=(new,), chunks=(chunk,), released_slots=()))
             self.stager.release(0)
-        self.step_modes = dict.fromkeys(self.step_modes, 0)  # serving's counts start at zero
-        self.tapes.outcomes.clear()
-        self._untaped_steps = 0
+        self.reset_step_counts()
         logger.info("recorded the launch tapes of %d prefill sizes in %.2f s", len(lengths), time.perf_counter() - t0)
         return len(lengths)
+
+    def reset_step_counts(self) -> None:
+        """Serving's step counts (metrics) start at zero after the start-up's own steps."""
+        self.step_modes = dict.fromkeys(self.step_modes, 0)
+        if self.tapes is not None:
+            self.tapes.outcomes.clear()
+        self._untaped_steps = 0
 
     def _graph_captures(self) -> list[tuple[str, tuple[int, ...], Callable[[], CaptureSize]]]:
         """The graph kinds of the mode, in capture order: (kind, sizes, prepare), where

@@ -37,20 +37,22 @@ class AdmissionRule:
         return int(self.frame_us * (PPM - self.headroom_ppm) / PPM / max_speed)
 
     def fits(self, num_streams: int, step_us: int, stage1_cost_ppm: int, max_speed: float = 1.0) -> bool:
-        """Whether `num_streams` streams keep up when a step of them takes `step_us`."""
+        """Whether `num_streams` streams keep up when a step of them takes `step_us` and each
+        second of their audio costs the busiest Stage 1 thread `stage1_cost_ppm` of a second."""
         if num_streams <= 1:
             return True
         stage1_ok = num_streams * stage1_cost_ppm * max_speed <= PPM - self.headroom_ppm
         return stage1_ok and step_us <= self.step_target_us(max_speed)
 
-    def capacity(self, step_us_of: Callable[[int], int], stage1_cost_ppm: int, limit: int,
+    def capacity(self, step_us_of: Callable[[int], int], stage1_ppm_of: Callable[[int], int], limit: int,
                  max_speed: float = 1.0) -> int:
-        """The most streams (at most `limit`) that fit; `step_us_of(n)` predicts a step of n
-        (a bisection: more streams never make a step shorter)."""
+        """The most streams (at most `limit`) that fit; `step_us_of(n)` predicts a step of n,
+        `stage1_ppm_of(n)` Stage 1's cost per audio second with n streams (a bisection: more
+        streams never make a step shorter or Stage 1's total cost lower)."""
         lo, hi = 1, max(1, limit)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.fits(mid, step_us_of(mid), stage1_cost_ppm, max_speed):
+            if self.fits(mid, step_us_of(mid), stage1_ppm_of(mid), max_speed):
                 lo = mid
             else:
                 hi = mid - 1

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from higgs_serve.errors import InvalidRequestError
 
 US_PER_S = 1_000_000
+# a listener more than this behind has heard a stall (the rule of our benchmarks and the server's
+# stall counter, server/last_mile/playback_meter.py)
+STALL_US = 100_000
 
 
 def now_us() -> int:
@@ -71,14 +74,17 @@ def clock_for(playback: Playback | None, sample_rate_hz: int) -> PlaybackClock |
 
 class _Tally:
     """Audio handed on so far: when the first of it went, how many samples, and so when a
-    listener fed by it runs out (`end_us`)."""
+    listener fed by it runs out (`end_us`); the lead before the last chunk and how it changed
+    from the one before (None until there is one)."""
 
-    __slots__ = ("first_us", "samples", "end_us")
+    __slots__ = ("first_us", "samples", "end_us", "lead_us", "change_us")
 
     def __init__(self) -> None:
         self.first_us: int | None = None
         self.samples = 0
         self.end_us: int | None = None
+        self.lead_us: int | None = None
+        self.change_us: int | None = None
 
 
 class PlaybackClock:
@@ -120,6 +126,22 @@ class PlaybackClock:
         """Audio has gone out (sent, or delivered)."""
         return self._sent.first_us is not None or self._delivered.first_us is not None
 
+    @property
+    def has_sends(self) -> bool:
+        """The caller reports sends (`sent`): the deadline follows those, not deliveries."""
+        return self._sent.first_us is not None
+
+    @property
+    def has_deliveries(self) -> bool:
+        return self._delivered.first_us is not None
+
+    @property
+    def lead_change_us(self) -> int | None:
+        """How the lead before the last chunk compares with the one before it (sends when the
+        caller reports them, else deliveries): below 0 the listener is losing ground."""
+        tally = self._sent if self._sent.first_us is not None else self._delivered
+        return tally.change_us
+
     def deadline_us(self) -> int:
         """When the listener runs out: the first audio's due time until audio has gone out.
         (Read once per stream per step at load: two attribute reads.)"""
@@ -135,10 +157,10 @@ class PlaybackClock:
         before (0 for the first audio)."""
         return self._add(self._sent, samples, at_us)
 
-    def delivered(self, samples: int, at_us: int) -> None:
+    def delivered(self, samples: int, at_us: int) -> int:
         """A chunk of `samples` reached the caller's sink (the clock's feed when nobody reports
-        sends)."""
-        self._add(self._delivered, samples, at_us)
+        sends); returns the lead a listener fed by deliveries had just before (0 for the first)."""
+        return self._add(self._delivered, samples, at_us)
 
     def _add(self, tally: _Tally, samples: int, at_us: int) -> int:
         if tally.first_us is None:
@@ -148,6 +170,9 @@ class PlaybackClock:
             lead = 0
         else:
             lead = tally.end_us - at_us
+            if tally.lead_us is not None:
+                tally.change_us = lead - tally.lead_us
+            tally.lead_us = lead
         tally.samples += samples
         tally.end_us = tally.first_us + self.played_us(tally.samples)
         return lead

@@ -46,9 +46,11 @@ from typing import TYPE_CHECKING
 from higgs_serve.codec.chunker import WindowParams, ramp_initial_frames
 from higgs_serve.config.deploy import DeadlineConfig
 from higgs_serve.engine.deadlines.admission import PPM, AdmissionRule, predicted_wait_us
-from higgs_serve.engine.deadlines.playback_clock import US_PER_S, now_us
+from higgs_serve.engine.deadlines.playback_clock import STALL_US, US_PER_S, now_us
 from higgs_serve.engine.deadlines.stage1_load import Stage1Load
+from higgs_serve.engine.deadlines.startup_timings import StartupTimings
 from higgs_serve.engine.deadlines.step_model import StepPrior, StepTimeModel
+from higgs_serve.engine.deadlines.stream_limit import StreamLimit
 from higgs_serve.engine.request import TAIL_ROWS
 from higgs_serve.errors import OverCapacityError
 
@@ -79,6 +81,9 @@ class SlackPolicy:
         self.park_us = config.park_slack_ms * 1000
         self.target_us = self.rule.step_target_us()
         self.num_decoding = 0  # decodes in the last step chosen
+        self.num_streams = 0  # streams running (admitted), kept by the scheduler
+        # how many streams run at once: the start-up capacity, then the listeners' leads
+        self.limit = StreamLimit(max_num_seqs, config.lead_margin_ms * 1000)
 
     # ------------------------------------------------------------------ slack
     def slacks(self, requests: Sequence[Request], step_us: int) -> list[tuple[int, int, int]]:
@@ -124,6 +129,8 @@ class SlackPolicy:
         must = sum(1 for k in keyed if k[0] < self.park_us)
         if must == 0:  # every stream well ahead: nobody gains from a shorter step
             return decodes
+        if self.model.predict_us(must, must) > self.target_us:
+            return self._triage(decodes, keyed[:must])
         share = min(k[1] for k in keyed[:must])
         limit_us = max(self.target_us, self.model.predict_us(must, must) + share)
         chosen, most = must, n  # the most decodes whose step stays within the limit (a bisection)
@@ -138,6 +145,29 @@ class SlackPolicy:
             return decodes
         picked = sorted(i for _, _, i in keyed[:chosen])
         return [decodes[i] for i in picked]
+
+    def _triage(self, decodes: list[Request], urgent: list[tuple[int, int, int]]) -> list[Request]:
+        """More streams need this step than keep real time together (the device slowed, or the
+        limit overshot a burst): least slack first would make every one of them late. Instead as
+        many as keep real time run: first those whose listeners have not fallen behind (a player
+        more than STALL_US dry), oldest first, so a stable set stays whole; the rest sit the step
+        out (a stream before its first audio only starts later) and join as others end or build
+        their buffer past park_slack_ms."""
+        now = self.now_us()
+
+        def key(entry: tuple[int, int, int]) -> tuple[bool, int]:
+            clock = decodes[entry[2]].playback
+            return clock.started and clock.deadline_us() - now < -STALL_US, entry[2]
+
+        fits, most = 1, len(urgent)  # the most that keep real time (a bisection)
+        while fits < most:
+            mid = (fits + most + 1) // 2
+            if self.model.predict_us(mid, mid) <= self.target_us:
+                fits = mid
+            else:
+                most = mid - 1
+        self.num_decoding = fits
+        return [decodes[i] for i in sorted(i for _, _, i in sorted(urgent, key=key)[:fits])]
 
     def order_prompts(self, prefilling: list[Request]) -> list[Request]:
         """Unfinished prompts, least slack first (stable: admission order among equals)."""
@@ -161,13 +191,26 @@ class SlackPolicy:
         self.model.observe(num_seqs, num_tokens, elapsed_us)
 
     # ------------------------------------------------------------------ admission
+    def observe_lead(self, at_us: int, lead_us: int, losing: bool) -> None:
+        """A stream's chunk left with its listener `lead_us` ahead, losing ground or not
+        (engine/output_processor.py `lead_report`; any thread)."""
+        self.limit.observe(at_us, lead_us, losing)
+
+    def seed(self, timings: StartupTimings) -> None:
+        """Start from what the engine timed at start-up (engine/deadlines/startup_timings.py):
+        the step model's sizes and token cost, Stage 1's cost per window batch, and the stream
+        limit from the capacity they give."""
+        self.model.seed(timings.decode_us, timings.token_us)
+        self.stage1.seed(timings.stage1_ppm)
+        self.limit.seed(self.predicted_capacity(()))
+
     def next_admission(self, waiting: Sequence[Request], running: Sequence[Request],
                        free_slots: int) -> Request | None:
         """The waiting request to try next (module note), or None: nothing may start now."""
         if not self.enabled:
             return waiting[0]
         stream = next((r for r in waiting if r.playback is not None), None)
-        if stream is not None and self._one_more_fits(running, stream):
+        if stream is not None and self._streams(running) < self.stream_limit(running, waiting):
             return stream
         bulk = next((r for r in waiting if r.playback is None), None)
         if bulk is None:
@@ -175,26 +218,34 @@ class SlackPolicy:
         waiting_streams = sum(1 for r in waiting if r.playback is not None)
         return bulk if free_slots > waiting_streams else None
 
-    def _one_more_fits(self, running: Sequence[Request], candidate: Request) -> bool:
-        streams = [r for r in running if r.playback is not None]
-        if not streams:
-            return True
-        n = len(streams) + 1
-        speed = max(candidate.playback.speed, max(r.playback.speed for r in streams))
-        step = self.model.predict_us(n, n)
-        if not self.rule.fits(n, step, self.stage1.cost_ppm(), speed):
-            return False
-        return all(slack > 0 for slack, _, _ in self.slacks(streams, step))
+    def stream_limit(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> int:
+        """How many streams may run at once now (stream_limit.py: steered by the leads)."""
+        if not self.enabled:
+            return self.max_num_seqs
+        return self.limit.update(self.now_us(), self._streams(running), self._streams(waiting),
+                                 lambda: self.predicted_capacity(running))
 
-    def capacity(self, running: Sequence[Request]) -> int:
-        """Streams the admission rule lets run at once now (at most max_num_seqs)."""
+    def limit_stats(self, running: Sequence[Request]) -> dict[str, float]:
+        """The stream limit as metrics read it (no decision is taken here)."""
+        state = self.limit.state(self.now_us())
+        return {"stream_capacity": state.limit if self.enabled else self.max_num_seqs,
+                "stream_capacity_predicted": self.predicted_capacity(running),
+                "stream_lead_tail_seconds": (state.tail_us or 0) / US_PER_S}
+
+    def predicted_capacity(self, running: Sequence[Request]) -> int:
+        """Streams the measured step times and Stage 1 costs say fit real time at once
+        (admission.py; at most max_num_seqs)."""
         speed = max((r.playback.speed for r in running if r.playback is not None), default=1.0)
-        return self.rule.capacity(lambda n: self.model.predict_us(n, n), self.stage1.cost_ppm(),
+        return self.rule.capacity(lambda n: self.model.predict_us(n, n), self.stage1.cost_ppm_at,
                                   self.max_num_seqs, speed)
 
+    @staticmethod
+    def _streams(requests: Sequence[Request]) -> int:
+        return sum(1 for r in requests if r.playback is not None)
+
     def on_arrival(self, request: Request, running: Sequence[Request], waiting: Sequence[Request]) -> None:
-        """Set a stream's first-audio deadline; refuse it (OverCapacityError) when its predicted
-        first audio is past its budget."""
+        """Set a stream's first-audio deadline; refuse it (OverCapacityError) when it cannot start
+        within its budget: every place under the limit is taken and none opens in time."""
         clock = request.playback
         if clock is None:
             return
@@ -206,9 +257,9 @@ class SlackPolicy:
         wait_us, ttfa_us = self.predicted_ttfa_us(request, running, waiting)
         # admitted later than this, its first audio (its prompt and first window) is past the budget
         clock.admit_by_us = clock.submitted_us + clock.ttfa_budget_us - (ttfa_us - wait_us)
-        # one that would start at once is never refused: waiting cannot make it sooner (and an idle
-        # engine must run what it is given to learn its step time)
+        # one that would start at once is never refused: waiting cannot make it sooner
         if wait_us > 0 and ttfa_us > clock.ttfa_budget_us:
+            self.limit.refused(self.now_us())
             retry_s = max(1, math.ceil((ttfa_us - clock.ttfa_budget_us) / US_PER_S))
             raise OverCapacityError(
                 f"the server is speaking as many streams as it can in real time; this one would wait "
@@ -217,16 +268,17 @@ class SlackPolicy:
 
     def predicted_ttfa_us(self, request: Request, running: Sequence[Request],
                           waiting: Sequence[Request]) -> tuple[int, int]:
-        """(queue wait (admission.py), the wait + its prompt + its first window's rows + Stage 1's
-        latency)."""
-        capacity = self.capacity(running)
+        """(queue wait: the places under the stream limit open as running streams end at the
+        measured step (admission.py `predicted_wait_us`), the wait + its prompt + its first
+        window's rows + Stage 1's latency)."""
+        limit = self.stream_limit(running, waiting)
         streams = [r for r in running if r.playback is not None]
         queued = [r for r in waiting if r.playback is not None]
-        n = min(capacity, len(streams) + len(queued) + 1)  # streams decoding meanwhile
+        n = min(limit, len(streams) + len(queued) + 1)  # streams decoding meanwhile
         step = self.model.predict_us(n, n)
         ends = [self._rows_left(r) * step for r in streams]
         ahead = [self._expected_rows(r) * step + r.num_prompt_tokens * self.model.token_us for r in queued]
-        wait = predicted_wait_us(ends, ahead, capacity - len(streams))
+        wait = predicted_wait_us(ends, ahead, limit - len(streams))
         first_window = max(request.playback.due_rows, 1) * step
         return wait, wait + request.num_prompt_tokens * self.model.token_us + first_window + self.stage1.latency_us
 
@@ -240,11 +292,15 @@ class SlackPolicy:
 
     # ------------------------------------------------------------------ the first chunk
     def stream_window(self, profile: WindowParams, speed: float) -> WindowParams:
-        """The profile's window with the first chunk the current load needs
-        (codec/chunker.py `ramp_initial_frames`)."""
+        """The profile's window with the first chunk the load needs (codec/chunker.py
+        `ramp_initial_frames`): planned for the streams running or decoding now and this one, or
+        the most held at once lately when more (at most the stream limit), so the streams of a
+        burst that arrives after a busy spell start with ramps that hold once all of them run.
+        (Output processing asks again at a stream's first row, when it runs itself.)"""
         if not (self.enabled and self.config.first_chunk_follows_load):
             return profile
-        n = self.num_decoding + 1
+        load = max(self.num_decoding + 1, self.num_streams + 1, self.limit.recent_peak(self.now_us()))
+        n = min(self.limit.limit, load)
         frame_us = int(FRAME_US / speed)
         first = ramp_initial_frames(profile, self.model.predict_us(n, n), frame_us,
                                     self.stage1.us_per_frame(frame_us), self.stage1.jitter_us)

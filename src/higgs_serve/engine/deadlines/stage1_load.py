@@ -8,16 +8,21 @@
 - cost: the busy seconds each Stage 1 thread (the codec's, the mark stage's) spends per second of
   audio it handles (the busiest one's for admission, their sum per frame for the first chunk), refreshed at most once every REFRESH_S from the threads' running totals. A
   stream at 1x needs `cost` of a thread's time, so n streams fit a thread while n · cost stays
-  below one (admission.py). At low load windows go to the codec one by one, so the cost measured
-  there is the highest it will be: the rule errs on the side of waiting, and learns as batches
-  grow.
+  below one (admission.py).
+- cost by window batch (`seed`): what the engine timed at start-up (startup_timings.py), per
+  thread, a call of b steady-state windows. A thread's cost per audio second falls as its calls
+  grow, and n streams keep it busy with calls of up to min(n, cap) windows, so the capacity reads
+  `cost_ppm_at(n)`: the timed cost at the largest timed batch not above n (never an
+  extrapolation). Unseeded, it is the running cost above, which at low load (windows one by one)
+  is the highest it will be.
 Written by the thread that delivers chunks, read by the engine thread: floats, no lock.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 REFRESH_S = 1.0
 MIN_AUDIO_S = 0.2  # an interval with less audio than this says nothing about the cost
@@ -36,6 +41,7 @@ class Stage1Load:
         self._cost = [0.0] * len(self._threads)  # busy s per audio s, per thread
         self._latency_us = 0.0
         self._deviation_us = 0.0
+        self._timed: list[tuple[list[int], list[int]]] = []  # per thread: (batches ascending, ppm)
 
     @property
     def latency_us(self) -> int:
@@ -55,6 +61,21 @@ class Stage1Load:
         """Stage 1's time for one more frame in a window, all its threads (a window passes each)."""
         self.cost_ppm()  # refreshed
         return int(sum(self._cost) * frame_us)
+
+    def seed(self, curves: Sequence[Mapping[int, int]]) -> None:
+        """Each thread's cost per audio second by window batch, timed at start-up (millionths)."""
+        self._timed = [(sorted(curve), [curve[b] for b in sorted(curve)]) for curve in curves if curve]
+
+    def cost_ppm_at(self, num_streams: int) -> int:
+        """The busiest thread's cost per audio second while `num_streams` streams feed it (module
+        note; the running cost when nothing was timed)."""
+        if not self._timed:
+            return self.cost_ppm()
+        costs = []
+        for batches, ppm in self._timed:
+            i = max(0, bisect.bisect_right(batches, num_streams) - 1)
+            costs.append(ppm[i])
+        return max(costs)
 
     def cost_ppm(self) -> int:
         """The busiest thread's busy time per second of audio, in millionths (refreshed here)."""

@@ -11,21 +11,38 @@ of it, never below 0), and with the prior's slope while only one n is measured; 
 smallest it is that one's. c, the cost of a prompt token beyond one token a sequence, is a moving
 average of (measured − D(n)) / extra tokens over steps with at least MIN_PREFILL_TOKENS of them.
 Until a step is measured, the prior (`StepPrior`, the deploy config's
-`stages[0].deadlines.step_prior_*`) answers; it is meant to be slower than any real step, so the
-admission rule errs on the side of waiting. Each measurement is capped at CAP_FACTOR times the
+`stages[0].deadlines.step_prior_*`) answers. Each measurement is capped at CAP_FACTOR times the
 current estimate, so one stall of the host (a collection, a page fault) moves the estimate by a
 bounded step instead of a jump.
+
+Timed at start-up (`seed`, startup_timings.py: a decode step at every size the engine may run,
+alone on the device, and a prompt token's cost) the model takes the timings' shape and the live
+steps' level instead:
+
+    D(n) = T(n) · r · (1 + SPREAD · v)
+
+T(n) the timings (interpolated between timed sizes; never past the largest, which is
+max_num_seqs; below the smallest, the smallest's), r the moving average of live ÷ timed over the
+decode steps the engine runs (1 until one ran) and v the moving average of how far that ratio
+strays from r, relative to it. A live step is the timed one plus what the loop adds around it
+(scheduling, output processing) and what shares its device or cores (Stage 1's threads, the
+server, on a small host most of it): both grow with the load and move together across sizes,
+so a size the engine has not run yet is predicted at the level of the sizes it runs now, and a
+host that turns out slower than its timings says so after a few steps, not after it ran every
+size. c starts from the timed token cost and learns from live steps as above.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 ALPHA = 0.1  # weight of a new measurement once a size has 10 (a plain mean before)
 MIN_PREFILL_TOKENS = 16  # steps with fewer prompt tokens teach nothing about their cost
 CAP_FACTOR = 4
 SPREAD = 2  # steps are planned at mean + SPREAD x mean deviation (module note)
+RATIO_BOUNDS = (1 / 16, 16.0)  # live ÷ timed beyond these is a measurement gone wrong, not a level
 
 
 @dataclass(frozen=True)
@@ -47,11 +64,42 @@ class StepTimeModel:
         self._measured: list[int] = []  # the n with data, ascending
         self._token_us = float(prior.per_token_us)
         self._token_count = 0
+        self._timed_sizes: list[int] = []  # seeded: the sizes timed at start-up, ascending
+        self._timed_us: list[float] = []  # ... and their decode steps (µs)
+        self._ratio = 1.0  # r: live ÷ timed (module note)
+        self._ratio_deviation = 0.0  # v · r
+        self._ratio_count = 0  # live decode steps seen since the seed
 
     @property
     def token_us(self) -> int:
         """Predicted cost of one prompt token (µs)."""
         return max(1, int(self._token_us))
+
+    def seed(self, decode_us: Mapping[int, int], token_us: int) -> None:
+        """Take the shape of the steps timed at start-up: a decode of n sequences (µs) for each
+        size timed, and a prompt token's cost (module note)."""
+        timed = sorted((n, us) for n, us in decode_us.items() if 0 < n < len(self._counts) and us > 0)
+        self._timed_sizes = [n for n, _ in timed]
+        self._timed_us = [float(us) for _, us in timed]
+        if token_us > 0:
+            self._token_us = float(token_us)
+
+    @property
+    def seeded(self) -> bool:
+        return bool(self._timed_sizes)
+
+    def _timed_at(self, n: int) -> float:
+        """T(n): the start-up timings, interpolated between timed sizes."""
+        sizes, times = self._timed_sizes, self._timed_us
+        i = bisect.bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return times[i]
+        if i == 0:
+            return times[0]
+        if i == len(sizes):
+            return times[-1]
+        lo, hi = sizes[i - 1], sizes[i]
+        return times[i - 1] + (times[i] - times[i - 1]) * (n - lo) / (hi - lo)
 
     def observe(self, num_seqs: int, num_tokens: int, elapsed_us: int) -> None:
         """One measured step: `num_seqs` sequences, `num_tokens` tokens in all."""
@@ -67,6 +115,8 @@ class StepTimeModel:
             self._token_us += alpha * (min(per_token, CAP_FACTOR * self._token_us) - self._token_us)
 
     def _observe_decode(self, n: int, elapsed_us: int) -> None:
+        if self._timed_sizes:
+            self._observe_ratio(n, elapsed_us)
         count = self._counts[n] = self._counts[n] + 1
         if count == 1:
             first = float(min(elapsed_us, CAP_FACTOR * self.decode_us(n)))
@@ -80,6 +130,14 @@ class StepTimeModel:
         self._mean_us[n] = mean + alpha * (x - mean)
         self._decode_us[n] = self._mean_us[n] + SPREAD * self._deviation_us[n]
 
+    def _observe_ratio(self, n: int, elapsed_us: int) -> None:
+        lo, hi = RATIO_BOUNDS
+        x = min(hi, max(lo, elapsed_us / self._timed_at(n)))
+        self._ratio_count = count = self._ratio_count + 1
+        alpha = max(ALPHA, 1.0 / count)
+        self._ratio_deviation += alpha * (abs(x - self._ratio) - self._ratio_deviation) if count > 1 else 0.0
+        self._ratio = x if count == 1 else self._ratio + alpha * (x - self._ratio)
+
     def predict_us(self, num_seqs: int, num_tokens: int) -> int:
         """Predicted wall time of a step of `num_seqs` sequences and `num_tokens` tokens (µs)."""
         extra = max(0, num_tokens - num_seqs)
@@ -91,6 +149,8 @@ class StepTimeModel:
 
     def decode_us(self, n: int) -> float:
         """D(n) (module note)."""
+        if self._timed_sizes:
+            return self._timed_at(n) * (self._ratio + SPREAD * self._ratio_deviation)
         measured = self._measured
         if not measured:
             return self.prior.base_us + self.prior.per_seq_us * n
@@ -106,7 +166,9 @@ class StepTimeModel:
         return self._decode_us[lo] + self._slope_above() * (n - lo)
 
     def mean_decode_us(self, n: int) -> float:
-        """The moving average alone at n where measured (D(n) elsewhere)."""
+        """The moving average alone at n where measured (D(n) elsewhere; timed: T(n) · r)."""
+        if self._timed_sizes:
+            return self._timed_at(n) * self._ratio
         return self._mean_us[n] if 0 <= n < len(self._counts) and self._counts[n] else self.decode_us(n)
 
     def _slope_above(self) -> float:

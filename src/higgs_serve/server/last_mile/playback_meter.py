@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from higgs_serve.engine.deadlines.playback_clock import US_PER_S, PlaybackClock, now_us
+from higgs_serve.engine.deadlines.playback_clock import STALL_US, US_PER_S, PlaybackClock, now_us
 from higgs_serve.metrics import ServerMetrics
 
-STALL_S = 0.1
+STALL_S = STALL_US / US_PER_S
 
 # (request id, samples at the model's rate, time.perf_counter()) -> None: the engine's audio_sent
 AudioSent = Callable[[str, int, float], None]

@@ -43,6 +43,7 @@ def engine_deploy(
     kv_cache_dtype: str = "auto",
     codec_dtype: str = "float32",
     watermark: bool = False,
+    deadlines: bool = True,
 ) -> DeployConfig:
     """The shipped default profile on CPU, shrunk for tests; `window` overrides the streaming
     window keys (docs/model.md#streaming-windows). The watermark is off unless asked for: these
@@ -57,6 +58,7 @@ def engine_deploy(
         "kv_cache_dtype": kv_cache_dtype,
         # the shipped capture sizes go to 64; sizes above max_num_seqs are a config error
         "compilation_config": {"cudagraph_capture_sizes": [s for s in (1, 2, 4, 8, 16) if s <= max_num_seqs]},
+        "deadlines": {"enabled": deadlines},
     }
     overrides: dict = {"0": stage0, "1": {"devices": "cpu", "dtype": codec_dtype}, "watermark": watermark}
     if window:

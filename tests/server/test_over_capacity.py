@@ -188,14 +188,14 @@ def test_the_real_engine_refuses_at_once_the_stream_it_cannot_start_in_time(stri
 
 def test_a_stream_that_waited_for_its_place_says_how_long(patient_server):
     with httpx.Client(base_url=patient_server.url, timeout=60) as http:
-        first = _Held(patient_server.url, _body(100))
+        first = _Held(patient_server.url, _body(300))
         assert first.started.wait(60)
         second = _Held(patient_server.url, _body(20, "Hello there."))
         first.join()
         second.join()
         assert (first.status, second.status) == (200, 200)
         waited_ms = float(second.headers["x-queue-wait-ms"])
-        assert waited_ms > 100  # it waited while the first spoke its 100 frames
+        assert waited_ms > 100  # it waited while the first spoke its 300 frames
         assert float(second.headers["x-time-to-first-audio-ms"]) >= waited_ms
         assert metric(http, "higgs_serve_queue_wait_seconds_count") == 2
         assert metric(http, "higgs_serve_queue_wait_seconds_sum") >= waited_ms / 1000

@@ -130,7 +130,7 @@ class MarkStage:
 
     def time_batches(self, chunk_samples: int, batches: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
         """{b: seconds of a call marking b steady chunks of `chunk_samples`} (each window with
-        its full context; the median of `repeats` after one untimed call): the deadline policy's
+        its full context; the fastest of `repeats` after one untimed call): the deadline policy's
         Stage 1 cost, timed at start-up (engine/builder.py). Call it before `start`."""
         noise = np.random.default_rng(0).normal(0.0, 0.1, self.watermark.context_samples + chunk_samples)
         window = noise.astype(np.float32)
@@ -141,7 +141,7 @@ class MarkStage:
                 t0 = time.perf_counter()
                 self.watermark.residuals([window] * batch)
                 times.append(time.perf_counter() - t0)
-            timed[batch] = float(np.median(times[1:]))
+            timed[batch] = min(times[1:])
         return timed
 
     def wrap(self, sink: ChunkSink, deadline: Callable[[], int] | None = None) -> ChunkSink:

@@ -5,8 +5,10 @@ requests sit in slots 0..n-1 at a mid-stream context (CONTEXT_TOKENS) and run de
 exactly as the engine loop runs them: launched one ahead of the collect (the loop's lookahead),
 so a step's time is the time between two collects, the figure the live step-time model learns
 from. Each size first runs WARM_STEPS untimed (a launch tape or the allocator's first touch of a
-shape must not count), then `steps` timed ones; the median is kept. A prompt token's cost is one
-prompt chunk of PROMPT_TOKENS alone, less a one-sequence decode, per token beyond the first.
+shape must not count), then `steps` timed ones, of which the fastest is kept: what else runs on a
+shared host only ever adds time, and that level is the live steps' to set (the step model scales
+the timings to them, engine/deadlines/step_model.py). A prompt token's cost is one prompt chunk
+of PROMPT_TOKENS alone, less a one-sequence decode, per token beyond the first.
 
 Their K/V go to blocks of the pool no request holds yet (one block table per slot, from block 1;
 the scratch block where the pool is too small), so attention reads as many distinct blocks as a
@@ -16,7 +18,6 @@ step counters reset, as after the prefill tapes (model_runner.py `record_prefill
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ WARM_STEPS = 2
 PROMPT_TOKENS = 256
 
 
-def time_decode_steps(runner: ModelRunner, sizes: tuple[int, ...], steps: int = 5) -> dict[int, int]:
+def time_decode_steps(runner: ModelRunner, sizes: tuple[int, ...], steps: int = 3) -> dict[int, int]:
     """{n: µs of a decode step of n sequences} for each n in `sizes` (module note)."""
     timed = {n: _time_size(runner, n, steps) for n in sorted(set(sizes)) if 0 < n <= runner.max_num_seqs}
     runner.reset_step_counts()
@@ -51,7 +52,7 @@ def time_prompt_token(runner: ModelRunner, decode_one_us: int, steps: int = 3) -
         times.append(time.perf_counter() - t0)
     runner.stager.release(0)
     runner.reset_step_counts()
-    step_us = statistics.median(times[WARM_STEPS:]) * 1e6
+    step_us = min(times[WARM_STEPS:]) * 1e6
     return max(1, int((step_us - decode_one_us) / max(1, tokens - 1)))
 
 
@@ -74,7 +75,7 @@ def _time_size(runner: ModelRunner, n: int, steps: int) -> int:
     for slot in range(n):
         runner.stager.release(slot)
     gaps = [b - a for a, b in zip(collects, collects[1:])][WARM_STEPS:]
-    return max(1, int(statistics.median(gaps) * 1e6))
+    return max(1, int(min(gaps) * 1e6))
 
 
 def _request(runner: ModelRunner, slot: int, prompt_tokens: int, request_id: str) -> NewRequestData:

@@ -21,8 +21,9 @@ steps' level instead:
 
     D(n) = T(n) · r · (1 + SPREAD · v)
 
-T(n) the timings (interpolated between timed sizes; never past the largest, which is
-max_num_seqs; below the smallest, the smallest's), r the moving average of live ÷ timed over the
+T(n) the timings (made non-decreasing in n: a size timed slower than a larger one was held up
+by something else, and takes the larger one's time; interpolated between timed sizes; never past
+the largest, which is max_num_seqs; below the smallest, the smallest's), r the moving average of live ÷ timed over the
 decode steps the engine runs (1 until one ran) and v the moving average of how far that ratio
 strays from r, relative to it. A live step is the timed one plus what the loop adds around it
 (scheduling, output processing) and what shares its device or cores (Stage 1's threads, the
@@ -81,6 +82,8 @@ class StepTimeModel:
         timed = sorted((n, us) for n, us in decode_us.items() if 0 < n < len(self._counts) and us > 0)
         self._timed_sizes = [n for n, _ in timed]
         self._timed_us = [float(us) for _, us in timed]
+        for i in range(len(timed) - 2, -1, -1):  # non-decreasing: each at most the next larger's
+            self._timed_us[i] = min(self._timed_us[i], self._timed_us[i + 1])
         if token_us > 0:
             self._token_us = float(token_us)
 

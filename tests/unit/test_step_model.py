@@ -111,4 +111,4 @@ def test_live_steps_that_vary_are_planned_for_their_slow_ones():
 def test_a_size_held_up_while_it_was_timed_takes_the_next_larger_ones_time():
     m = timed(n1=4, n8=30, n16=10, n32=12)  # 8 was timed while something else ran
     assert m.predict_us(8, 8) == 10 * MS
-    assert m.predict_us(4, 4) == 7 * MS  # between 1 (4 ms) and 8 (10 ms)
+    assert m.predict_us(4, 4) == 4 * MS + 6 * MS * 3 // 7  # between 1 (4 ms) and 8 (10 ms)

@@ -10,7 +10,7 @@ Test hooks: `hold` (threading.Event): while clear, requests whose text starts wi
 before their first chunk; a streamed request whose text starts with "FULL" is refused as the real
 engine refuses a stream past its first-audio budget (OverCapacityError, Retry-After
 `over_capacity_retry_s`); one whose text holds "QUEUED" is to be withdrawn `withdraw_after_s`
-after it was submitted; `kill()` makes the engine die (every request fails, alive = False).
+after it was submitted (told to retry after `withdrawn_retry_after_s`); `kill()` makes the engine die (every request fails, alive = False).
 `sent` records the server's `audio_sent` reports.
 """
 
@@ -71,6 +71,7 @@ class FakeEngine:
         # it was submitted, as the real engine's streams that wait past their budget (with HOLD it
         # never starts)
         self.withdraw_after_s = 0.2
+        self.withdrawn_retry_after_s = 2  # ... and then told to retry after this (the engine's prediction)
         self._active: set[str] = set()
         self._dead = False
         self._prompts: _FakePrompts | None = None
@@ -108,7 +109,7 @@ class FakeEngine:
             raise OverCapacityError("the fake engine is full", self.over_capacity_retry_s)
         self.requests.append(request)
         self._active.add(request.request_id)
-        stream = _FakeStream(self._run(request))
+        stream = _FakeStream(self._run(request), self.withdrawn_retry_after_s)
         if "QUEUED" in request.text and request.playback is not None:  # waits for a place that never comes
             stream.withdraw_at_s = time.perf_counter() + self.withdraw_after_s
         return stream
@@ -166,12 +167,16 @@ class _FakeStream:
     """The contract's request stream: chunks, then `frames` (fake [T, 8] codes, as many as the
     chunks covered) once the final chunk arrived, so long-form chains run on the fake too."""
 
-    def __init__(self, chunks: AsyncIterator[AudioChunk]):
+    def __init__(self, chunks: AsyncIterator[AudioChunk], retry_after_s: int = 1):
         self._chunks = chunks
         self._num_frames = 0
         self.frames: np.ndarray | None = None
         self.queue_wait_s: float | None = 0.0  # the fake never queues ...
         self.withdraw_at_s: float | None = None  # ... so never withdraws a stream
+        self._retry_after_s = retry_after_s  # when one withdrawn (the QUEUED hook) may try again
+
+    def retry_after_s(self) -> int:
+        return self._retry_after_s
 
     def __aiter__(self) -> "_FakeStream":
         return self

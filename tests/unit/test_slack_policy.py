@@ -252,6 +252,8 @@ def test_a_stream_that_would_start_past_its_budget_is_refused_with_the_wait():
     # 10 prompt tokens and 12 rows to its first chunk: about 1.8 s, 0.8 s past the budget
     assert refused.value.retry_after_s == 1
     assert "1.8 s" in str(refused.value)
+    # one withdrawn from the queue now would be told when the first place opens: 1.37 s
+    assert policy.retry_after_s(scheduler.running, scheduler.waiting) == 2
     assert "new" not in scheduler.requests
     # with room for it, or with a budget long enough, the same request waits in the queue
     patient = waiting_stream("patient", clock, budget_ms=3000)

@@ -98,6 +98,10 @@ class RequestStream(AsyncIterator[AudioChunk]):
         wait = None if self._clock is None else self._clock.queue_wait_us
         return None if wait is None else wait / US_PER_S
 
+    def retry_after_s(self) -> int:
+        """When a stream withdrawn now may try again (EngineCore.retry_after_s)."""
+        return self._core.retry_after_s()
+
     def abort(self) -> None:
         if not self._done:
             self._done = True

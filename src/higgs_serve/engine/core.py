@@ -13,69 +13,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
 
 from higgs_serve.engine.deadlines.playback_clock import PlaybackClock, to_us
-from higgs_serve.engine.input_processor import InputProcessor
-from higgs_serve.engine.output_processor import ChunkSink, OutputProcessor
-from higgs_serve.engine.scheduler import Scheduler
+from higgs_serve.engine.output_processor import ChunkSink
+from higgs_serve.engine.parts import EngineCounters, EngineHooks, EngineParts
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.engine.stats import engine_stats
 from higgs_serve.errors import EngineDeadError, EngineOverloadedError
-
-if TYPE_CHECKING:  # the device-side parts, for their types only: the loop imports no tensor library
-    from higgs_serve.codec.codec_runner import CodecRunner
-    from higgs_serve.engine.mark_stage import MarkStage
-    from higgs_serve.worker.model_runner import ModelRunner
 
 __all__ = ["ChunkSink", "EngineCore", "EngineCounters", "EngineHooks", "EngineParts"]
 
 logger = logging.getLogger(__name__)
 
 _UNTIMED = contextlib.nullcontext()
-
-
-@dataclass(frozen=True)
-class EngineParts:
-    """The built components the loop drives (engine/builder.py: `build_engine_parts`)."""
-
-    scheduler: Scheduler
-    runner: ModelRunner  # Stage 0: launch(plan) -> pending, collect(pending) -> StepResult
-    codec: CodecRunner  # Stage 1: started and stopped with the loop
-    inputs: InputProcessor
-    outputs: OutputProcessor
-    # the watermark stage (its own thread, after the codec), when the deploy config marks audio;
-    # `outputs` routes every sink through it
-    marks: MarkStage | None = None
-
-
-@dataclass(frozen=True)
-class EngineHooks:
-    """Callbacks the loop calls on its own thread; each optional, none on the hot path when unset.
-
-    on_step(step_seconds, num_seqs, num_rows): after each step's rows were handed out (metrics).
-        step_seconds runs from the previous step's rows (or the end of an idle spell) to these.
-    profile(phase) -> context manager: entered around each phase of the loop, for profilers and
-        timers. Phases: "step" (one whole `EngineCore.step` call) and, inside it, "schedule"
-        (the scheduler's plan), "launch" (Stage 0 enqueues the plan), "collect" (waiting for the
-        previous step's rows), "update" (the scheduler takes them) and "outputs" (rows → codec
-        windows). The same object may be entered again for the next phase before it exits the
-        enclosing "step", so return a fresh context manager per call.
-    """
-
-    on_step: Callable[[float, int, int], None] | None = None
-    profile: Callable[[str], ContextManager] | None = None
-
-
-@dataclass
-class EngineCounters:
-    steps: int = 0
-    step_time_s: float = 0.0  # of the last step
-    frames_generated: int = 0
 
 
 class EngineCore:
@@ -127,6 +79,12 @@ class EngineCore:
         """A stream's `samples` (at the model's rate) left for its listener at `at_s`
         (time.perf_counter()): its playback clock's feed (engine/deadlines/playback_clock.py)."""
         self.outputs.audio_sent(request_id, samples, to_us(at_s))
+
+    def retry_after_s(self) -> int:
+        """Seconds until a place under the stream limit is predicted to open for a stream that
+        arrives now: a withdrawn stream's Retry-After (engine/deadlines/slack_policy.py)."""
+        with self._lock:
+            return self.scheduler.policy.retry_after_s(self.scheduler.running, self.scheduler.waiting)
 
     def abort(self, request_id: str) -> None:
         """Idempotent: frees the request's slot and blocks in the next step."""

@@ -266,6 +266,18 @@ class SlackPolicy:
                 f"about {ttfa_us / US_PER_S:.1f} s for its first audio, past the server's "
                 f"{clock.ttfa_budget_us / US_PER_S:g} s budget: retry in {retry_s} s", retry_s)
 
+    def retry_after_s(self, running: Sequence[Request], waiting: Sequence[Request]) -> int:
+        """Seconds until a place under the stream limit opens for a stream arriving now, from the
+        running streams' predicted ends and those queued ahead (at least 1): the Retry-After of a
+        stream withdrawn from the queue."""
+        limit = self.stream_limit(running, waiting)
+        streams = [r for r in running if r.playback is not None]
+        queued = [r for r in waiting if r.playback is not None]
+        step = self.model.predict_us(min(limit, len(streams) + len(queued) + 1), 1)
+        wait = predicted_wait_us([self._rows_left(r) * step for r in streams],
+                                 [self._expected_rows(r) * step for r in queued], limit - len(streams))
+        return max(1, math.ceil(wait / US_PER_S))
+
     def predicted_ttfa_us(self, request: Request, running: Sequence[Request],
                           waiting: Sequence[Request]) -> tuple[int, int]:
         """(queue wait: the places under the stream limit open as running streams end at the

@@ -11,7 +11,6 @@ records the outcome and the TTFA / RTF / frame metrics.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator
 
@@ -77,10 +76,11 @@ class Generation:
                 first.cancel()
                 await asyncio.gather(first, return_exceptions=True)  # cancelling aborts it
                 budget_s = self.plan.request.playback.ttfa_budget_s
+                retry_s = self._stream.retry_after_s()  # when a place is predicted to open
                 raise OverCapacityError(
                     f"the server is speaking as many streams as it can in real time; this one waited "
                     f"for its place until its first audio could no longer come within the server's "
-                    f"{budget_s:g} s budget: retry in {math.ceil(budget_s)} s", math.ceil(budget_s))
+                    f"{budget_s:g} s budget: retry in {retry_s} s", retry_s)
         return await first
 
     @property

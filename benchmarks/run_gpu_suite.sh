@@ -75,6 +75,10 @@
 #                       (configs/high_throughput_codec_graphs.yaml), mark off, pcm 1/16/64 (issue 55)
 #     goodput_fp        full_and_piecewise (the best profile), mark off, pcm c = 1/16/64
 #     goodput_ll        low latency, mark off, pcm c = 1/4; goodput_ll_cg: with codec graphs
+#   admit       issue 59: the default profile (pcm 1/16/64/128) and the saturation config (pcm
+#               1/64/128/256/512, queue 512) with the deadline policy on and off, the mark on,
+#               then admit_guard: policy_guard.py on each pair (exit 1 when the default serves
+#               less than the policy off)                                   est. 5-8 min (limits 520 s)
 #     goodput_sat = sat_on sat_nodl sat_off; goodput_ht = ht_on ht_nodl ht_words ht_cg;
 #     goodput_profiles = fp ll ll_cg
 #               LEVEL_CAP=N caps every level at N (a CPU dry run of the script).
@@ -330,9 +334,11 @@ cap_levels() {
 goodput() {
   local label=$1 limit=$2 config=$3 mark=$4
   shift 4
+  local specs=() extra=()
+  for arg in "$@"; do [[ $arg == --* ]] && extra+=("$arg") || specs+=("$arg"); done
   local variants
-  mapfile -t variants < <(cap_levels "$@")
-  lm_serving "$label" "$limit" --deploy-config "$config" --watermark "$mark" --variants "${variants[@]}"
+  mapfile -t variants < <(cap_levels "${specs[@]}")
+  lm_serving "$label" "$limit" --deploy-config "$config" --watermark "$mark" "${extra[@]}" --variants "${variants[@]}"
 }
 stage_goodput_sat_on() { goodput goodput_sat_on 170 "$SATURATION" on pcm@1,16,64,128,256; }
 stage_goodput_sat_nodl() { goodput goodput_sat_nodl 130 "$SATURATION_NODL" on pcm@1,64,256; }
@@ -348,6 +354,24 @@ stage_goodput_ht_cg() { goodput goodput_ht_cg 120 benchmarks/configs/high_throug
 stage_goodput_fp() { goodput goodput_fp 120 higgs_multimodal_qwen3_full_and_piecewise off pcm@1,16,64; }
 stage_goodput_ll() { goodput goodput_ll 100 higgs_multimodal_qwen3_low_latency off pcm@1,4; }
 stage_goodput_ll_cg() { goodput goodput_ll_cg 100 benchmarks/configs/low_latency_codec_graphs.yaml off pcm@1,4; }
+# Issue 59: the admission measured at start-up and steered by the leads, beside the policy off on
+# one machine, each level reached from idle; the mark on (random weights on dummy); a queue long
+# enough that the policy off queues at c = 512 instead of answering 429
+ADMIT_QUEUE=(--server-arg=--max-queue --server-arg=512)
+stage_admit_ht_on() { goodput admit_ht_on 120 higgs_multimodal_qwen3_high_throughput on pcm@1,16,64,128; }
+stage_admit_ht_off() { goodput admit_ht_off 110 "$HT_NODL" on pcm@1,16,64,128; }
+stage_admit_sat_on() { goodput admit_sat_on 150 "$SATURATION" on pcm@1,64,128,256,512 "${ADMIT_QUEUE[@]}"; }
+stage_admit_sat_off() { goodput admit_sat_off 140 "$SATURATION_NODL" on pcm@1,64,128,256,512 "${ADMIT_QUEUE[@]}"; }
+# the guard: the policy against itself off, level by level (exit 1 when the default serves less)
+stage_admit_guard() {
+  run admit_guard_ht 30 python3 benchmarks/serving/policy_guard.py --on "$OUT/admit_ht_on.json" \
+    --off "$OUT/admit_ht_off.json" --out "$OUT/admit_guard_ht.json"
+  local rc=$?
+  run admit_guard_sat 30 python3 benchmarks/serving/policy_guard.py --on "$OUT/admit_sat_on.json" \
+    --off "$OUT/admit_sat_off.json" --out "$OUT/admit_guard_sat.json" || rc=1
+  return $rc
+}
+stage_admit() { stages admit_ht_on admit_ht_off admit_sat_on admit_sat_off admit_guard; }  # base
 # groups, one device call each (each under 9 min; the wheels each needs):
 stage_goodput_sat() { stages goodput_sat_on goodput_sat_nodl goodput_sat_off; }   # base + av
 stage_goodput_ht() { stages goodput_ht_on goodput_ht_nodl goodput_ht_words goodput_ht_cg; }  # base + align
@@ -381,13 +405,13 @@ stage_plots() {
 }
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg}..." >&2
+  echo "usage: bash benchmarks/run_gpu_suite.sh {tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg|admit|admit_ht_on|admit_ht_off|admit_sat_on|admit_sat_off|admit_guard}..." >&2
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg) ;;
-    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps, goodput_sat, goodput_ht, goodput_profiles, goodput_sat_on, goodput_sat_nodl, goodput_sat_off, goodput_ht_on, goodput_ht_nodl, goodput_ht_words, goodput_ht_cg, goodput_fp, goodput_ll, goodput_ll_cg)" >&2
+    tests|step|tapes|serving|serving_ll|serving_ht|serving_fp|codec_eager|scaleout_mps|longform|codec_snr|plots|lm_formats_ht|lm_formats_best|lm_frontend|lm_watermark|lm_timestamps|goodput_sat|goodput_ht|goodput_profiles|goodput_sat_on|goodput_sat_nodl|goodput_sat_off|goodput_ht_on|goodput_ht_nodl|goodput_ht_words|goodput_ht_cg|goodput_fp|goodput_ll|goodput_ll_cg|admit|admit_ht_on|admit_ht_off|admit_sat_on|admit_sat_off|admit_guard) ;;
+    *) echo "unknown stage: $stage (tests, step, tapes, serving, serving_ll, serving_ht, serving_fp, codec_eager, scaleout_mps, longform, codec_snr, plots, lm_formats_ht, lm_formats_best, lm_frontend, lm_watermark, lm_timestamps, goodput_sat, goodput_ht, goodput_profiles, goodput_sat_on, goodput_sat_nodl, goodput_sat_off, goodput_ht_on, goodput_ht_nodl, goodput_ht_words, goodput_ht_cg, goodput_fp, goodput_ll, goodput_ll_cg, admit, admit_ht_on, admit_ht_off, admit_sat_on, admit_sat_off, admit_guard)" >&2
        exit 2 ;;
   esac
 done

@@ -132,6 +132,7 @@ def level_metrics(concurrency: int, records: list[RequestRecord], window_s: floa
         "ttfa_ms_p99": percentile(ttfa, 99), "ttfa_ms_mean": mean(ttfa),
         "ttfa_admitted_try_ms_p50": percentile(admitted_ttfa, 50),
         "ttfa_admitted_try_ms_p95": percentile(admitted_ttfa, 95),
+        "ttfa_admitted_try_ms_p99": percentile(admitted_ttfa, 99),
         "outside_server_ms_p50": percentile(outside, 50), "outside_server_ms_p99": percentile(outside, 99),
         "gapless_ms_p50": percentile(gapless, 50), "gapless_ms_p99": percentile(gapless, 99),
         "rtf_mean": mean(rtf), "rtf_p50": percentile(rtf, 50), "rtf_p99": percentile(rtf, 99),

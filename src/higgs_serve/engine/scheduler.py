@@ -18,15 +18,17 @@ every stream. The policy decides, in µs and counts only:
 - which decodes run: all of them while the step-time model predicts that a step of all of them
   keeps every stream ahead of real time (an O(1) check: the low-load path costs nothing more);
   past that, streams with little slack always, then well-buffered streams and bulk requests while
-  the step stays within the real-time step or within the tightest slack. A request left out of a
+  the step stays within the real-time step or within the tightest slack; when even the streams
+  with little slack cannot keep real time together, as many as can, those not yet behind first,
+  oldest first (triage). A request left out of a
   step keeps its slot, rows and KV; its audio does not change (sampling depends on its seed and
   row index only, docs/model.md#sampling);
 - the order of unfinished prompts (least slack first) and the prompt tokens a step may hold (what
   fits in the tightest slack of the step's streams, at least a floor), so a long prompt is
   chunked instead of stalling a stream;
-- which waiting request is admitted: the first stream when one more stream fits the real-time
-  capacity (admission.py) and every running stream's slack is positive, else the first bulk
-  request while a free slot remains for each waiting stream;
+- which waiting request is admitted: the first stream while fewer streams run than the stream
+  limit allows (stream_limit.py: the capacity timed at start-up, steered by the leads listeners
+  have), else the first bulk request while a free slot remains for each waiting stream;
 - at `add_request`, a stream's first-audio deadline, and a refusal (`OverCapacityError`) when its
   predicted first audio is past its time-to-first-audio budget.
 With the policy off (`stages[0].deadlines.enabled: false`) every answer is first come first

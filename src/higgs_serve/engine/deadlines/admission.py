@@ -1,19 +1,19 @@
-"""Admission by real-time capacity (docs/architecture.md#deadlines).
+"""Real-time capacity, measured (docs/architecture.md#admission-a-measured-limit).
 
 A stream played at speed s needs one Stage 0 row every frame_us / s (40 ms at 1x: 25 frames a
 second) and its share of each Stage 1 thread. With `headroom` h of real time kept spare, n streams
 fit while
 
     step_us(n) ≤ (1 − h) · frame_us / s_max     Stage 0: the step model's time of a step of n decodes
-    n · s_max · cost ≤ 1 − h                     Stage 1: the busiest thread's busy time per audio second
+    n · s_max · cost(n) ≤ 1 − h                  Stage 1: the busiest thread's busy time per audio
+                                                 second while n streams feed it
 
-(one stream always fits: the model learns from it). A waiting stream is admitted only while one
-more fits and every running stream's slack is positive (slack_policy.py): a model that is wrong
-stops admissions as soon as a stream falls behind, not after its listener hears it. Requests
-without a deadline are not counted here; they fill what the streams leave.
+(one stream always fits). With the step times and Stage 1 costs the engine timed at start-up
+this is the measured capacity the stream limit starts from and jumps to (stream_limit.py); it
+never decides alone while places under the limit are free and the leads hold.
 
-A stream that does not fit waits for running streams to end. `predicted_wait_us` plays that
-forward: the capacity's free places open now, each running stream's place when it ends, and each
+A stream that finds every place under the stream limit taken waits for running streams to end.
+`predicted_wait_us` plays that forward: the limit's free places open now, each running stream's place when it ends, and each
 stream queued ahead takes the first place to open and holds it for its expected length. What the
 new request waits is when the next place opens after them.
 """

@@ -25,12 +25,16 @@ The scheduler asks, once per step:
 - `prompt_token_cap`: prompt tokens that fit in the smallest share of the step's streams
   (at least `min_prefill_chunk_tokens`), so a long prompt (a clone reference, a long-form segment,
   a WebSocket sentence) is chunked rather than stalling a stream.
-- `next_admission`: the first waiting stream when one more stream fits (admission.py) and every
-  running stream's slack is positive; else the first waiting bulk request, while a free slot
-  remains for every waiting stream.
+- `next_admission`: the first waiting stream while fewer streams run than the stream limit
+  allows (stream_limit.py: started at the capacity the engine timed at start-up, `seed`, and
+  steered by the leads its listeners report, `observe_lead`); else the first waiting bulk
+  request, while a free slot remains for every waiting stream. So a prediction holds a stream
+  back only when every place under the limit is taken or the measured leads are falling.
+- past real time (`choose_decodes` when even the streams with little slack cannot keep real time
+  together): triage, as many as keep it, listeners not yet behind first, oldest first.
 At arrival (`on_arrival`) a stream gets its first-audio deadline, and one whose predicted first
-audio (queue wait + prompt + first window) is past its `ttfa_budget` is refused at once
-(`OverCapacityError`, with the seconds until it would fit); one that may wait gets the time by
+audio (its wait for a place under the limit + prompt + first window) is past its `ttfa_budget`
+is refused at once (`OverCapacityError`, with the seconds until it would fit); one that may wait gets the time by
 which it must have its place (`PlaybackClock.admit_by_us`: its budget less its predicted prompt
 and first window), past which its caller withdraws it (the server: a 503 then). With
 `enabled: false` every answer is the first-come-first-served one (every decode, prompts in

@@ -263,9 +263,12 @@ lm_serving() {
   budget_min=$(awk "BEGIN {print ($limit - 60) / 60}")  # no new level in the last minute
   run "$label" "$limit" python3 benchmarks/serving/bench_serving.py --model "$MODEL" --load-format "$LOAD_FORMAT" \
     --device "$DEVICE" --label "$label" --frames "$FRAMES" --warmup 2 --max-minutes "$budget_min" \
-    --server-log "/tmp/server_$label.log" --out "$OUT/$label.json" "$@"
+    --server-log "/tmp/server_$label.log" --server-log-level INFO --out "$OUT/$label.json" "$@"
   local rc=$?
-  { echo "--- last lines of the $label server log"; tail -n 30 "/tmp/server_$label.log"; } >>"$LOG" 2>&1
+  { echo "--- the $label server's deadline policy (start-up timings, stream limit moves)"
+    grep -E "timed for the deadline|stream limit" "/tmp/server_$label.log" | tail -n 60
+    echo "--- last lines of the $label server log"; grep -v '"POST /v1/audio/speech' "/tmp/server_$label.log" | tail -n 30
+  } >>"$LOG" 2>&1
   return $rc
 }
 

@@ -116,7 +116,8 @@ def alignment_metrics(before: dict[str, float], after: dict[str, float], records
 
 
 # ------------------------------------------------------------------------------ any playback series
-PLAYBACK_WORDS = ("stall", "slack", "queue_wait", "underrun", "admission", "refus")
+PLAYBACK_WORDS = ("stall", "slack", "queue_wait", "underrun", "admission", "refus", "capacity", "lead_tail",
+                  "limit_changes")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 

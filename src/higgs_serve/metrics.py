@@ -86,6 +86,9 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "stage0_steps": ("stage0_steps", "mode",
                      "Stage 0 steps by step mode: full (the whole decode step's CUDA graph), piecewise, "
                      "local_mlp (eager attention, the layers' MLP graphs), none (eager)."),
+    "stream_limit_changes": ("stream_limit_changes", "direction",
+                             "Moves of the stream limit (engine/deadlines/stream_limit.py): fall (a listener lost "
+                             "ground), probe (one step up while streams waited), jump (up to the measured capacity)."),
     "eager_steps": ("eager_steps", "outcome",
                     "Eagerly run Stage 0 steps (modes local_mlp and none) by how their decoder stack ran: "
                     "replay (from a launch tape), recorded (op by op while its tape recorded), void (recorded, "

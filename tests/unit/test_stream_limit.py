@@ -42,6 +42,7 @@ def test_healthy_and_binding_it_probes_by_the_square_root_or_jumps_to_the_capaci
     assert limit.update(2 * PROBE_US, running=48, waiting=4, capacity=lambda: 48) == 54
     assert limit.update(3 * PROBE_US, running=54, waiting=4, capacity=lambda: 48) == 62  # 54.9 + 7.4
     assert limit.update(4 * PROBE_US, running=62, waiting=4, capacity=lambda: 48) == 64  # the slots
+    assert limit.changes == {"fall": 0, "probe": 4, "jump": 1}  # the metrics' counts
 
 
 def test_no_leads_yet_is_no_reason_to_hold_back():

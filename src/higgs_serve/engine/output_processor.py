@@ -12,9 +12,9 @@ Contract (the engine loop is the only caller of `emit`; any thread may call the 
 - `close(request_id)` / `close_all()`: forget requests (abort, engine death), returning their
   sinks so the caller can tell them.
 - `audio_sent(request_id, samples, at_us)`: the caller's report that a stream's audio left.
-Each chunk of a stream tells `on_lead(at_us, lead_us, losing)` how its listener fares
-(`lead_report`): after the first, the lead the listener had just before it and whether that
-shrank since the previous chunk; the first, the time left in its first-audio budget (the deadline policy's stream limit, engine/deadlines/stream_limit.py): from the
+Chunks of a stream tell `on_lead(at_us, lead_us, losing)` how its listener fares (`lead_report`:
+its steady chunks the lead the listener had just before each and whether that shrank since the
+previous chunk; its first the time left in its first-audio budget since its admission) (the deadline policy's stream limit, engine/deadlines/stream_limit.py): from the
 caller's reports when it makes them, else from deliveries to its sink.
 Streams (a request with a playback clock, engine/deadlines/playback_clock.py): the window rule is
 the profile's with the first chunk the load needs (`stream_window`, the deadline policy's), asked
@@ -39,9 +39,9 @@ from typing import Protocol
 
 import numpy as np
 
-from higgs_serve.codec.chunker import StreamChunker, Window, WindowParams, widen_final
+from higgs_serve.codec.chunker import SAMPLES_PER_FRAME, StreamChunker, Window, WindowParams, widen_final
 from higgs_serve.codec.codec_runner import CodecJob, CodecRunner
-from higgs_serve.engine.deadlines.playback_clock import PlaybackClock, now_us
+from higgs_serve.engine.deadlines.playback_clock import STALL_US, PlaybackClock, now_us
 from higgs_serve.engine.deadlines.stage1_load import Stage1Load
 from higgs_serve.engine.speech import AudioChunk, SpeechRequest
 from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frames, revert_delay, sanitize_codes
@@ -52,17 +52,29 @@ from higgs_serve.model.delay_pattern import frames_until_eoc, num_complete_frame
 LeadReport = Callable[[int, int, bool], None]
 
 
-def lead_report(clock: PlaybackClock, first: bool, lead_us: int, at_us: int) -> tuple[int, bool] | None:
-    """What a chunk tells the stream limit (engine/deadlines/stream_limit.py): a later chunk the
-    lead its listener had and whether that shrank since the previous chunk; the first, for a
-    stream with a first-audio budget, the time left in it (below 0: late, and so losing)."""
+def lead_report(clock: PlaybackClock, first: bool, lead_us: int, at_us: int, samples: int,
+                steady_samples: int) -> tuple[int, bool] | None:
+    """What a chunk tells the stream limit (engine/deadlines/stream_limit.py), or None:
+    - the first, for a stream with a first-audio budget: the time its budget leaves, counted from
+      its admission (a wait in the queue says the limit is low, not that too many run), and
+      losing when that is below 0;
+    - a steady chunk (`steady_samples`, the profile's chunk, or more): the lead its listener had
+      and whether that shrank since the previous chunk. Steady chunks are where a stream shows
+      whether the engine keeps it ahead of real time; the ramp's chunks before them run close to
+      their listener by design (codec/chunker.py), so their leads say little
+    - a ramp chunk only when its listener already waited for it more than half a stall."""
     if first:
         if clock.ttfa_budget_us is None:
             return None
-        left = clock.submitted_us + clock.ttfa_budget_us - at_us
+        start = clock.admitted_us if clock.admitted_us is not None else clock.submitted_us
+        left = start + clock.ttfa_budget_us - at_us
         return left, left < 0
-    change = clock.lead_change_us
-    return lead_us, change is not None and change < 0
+    if samples >= steady_samples:
+        change = clock.lead_change_us
+        return lead_us, change is not None and change < 0
+    if lead_us < -STALL_US // 2:
+        return lead_us, True
+    return None
 
 
 class ChunkSink(Protocol):
@@ -135,9 +147,10 @@ class _ClockedSink:
     delivered on the stream's clock, and its window's way through Stage 1 is timed."""
 
     def __init__(self, sink: ChunkSink, clock: PlaybackClock, stage1: Stage1Load, on_lead: LeadReport | None,
-                 now: Callable[[], int] = now_us):
+                 steady_samples: int, now: Callable[[], int] = now_us):
         self._sink = sink
         self.clock = clock
+        self._steady_samples = steady_samples
         self._now = now
         self._stage1 = stage1
         self._on_lead = on_lead
@@ -151,7 +164,7 @@ class _ClockedSink:
         first = not clock.has_deliveries
         lead = clock.delivered(chunk.audio.size, at)
         if chunk.audio.size and self._on_lead is not None and not clock.has_sends:
-            report = lead_report(clock, first, lead, at)
+            report = lead_report(clock, first, lead, at, chunk.audio.size, self._steady_samples)
             if report is not None:
                 self._on_lead(at, *report)
         self._sink.put(chunk)
@@ -191,6 +204,7 @@ class OutputProcessor:
         self.on_lead = on_lead  # per stream chunk after the first (module note)
         self.now_us = clock
         self.window = window
+        self.steady_samples = window.chunk_frames * SAMPLES_PER_FRAME  # a steady chunk's audio
         # a request answered as one file is decoded in exact chunks as it is generated
         # (chunker.file_window_params); its sink collects them
         self.file_window = file_window
@@ -216,7 +230,7 @@ class OutputProcessor:
         out = RequestOutput(self._window(speech), self.async_chunk, self.num_codebooks, self.codebook_size)
         clocked = None
         if clock is not None:
-            sink = clocked = _ClockedSink(sink, clock, self.stage1, self.on_lead, self.now_us)
+            sink = clocked = _ClockedSink(sink, clock, self.stage1, self.on_lead, self.steady_samples, self.now_us)
             self._set_due(clock, out, max_frames)
         if self.sink_wrapper is not None:
             sink = self.sink_wrapper(sink, clock.deadline_us if clock is not None else None)
@@ -255,7 +269,8 @@ class OutputProcessor:
             clock = entry.clocked.clock
             first = not clock.has_sends
             lead = clock.sent(samples, at_us)
-            report = lead_report(clock, first, lead, at_us) if samples > 0 and self.on_lead is not None else None
+            report = (lead_report(clock, first, lead, at_us, samples, self.steady_samples)
+                      if samples > 0 and self.on_lead is not None else None)
             if report is not None:
                 self.on_lead(at_us, *report)
 

@@ -234,7 +234,8 @@ class SlackPolicy:
         state = self.limit.state(self.now_us())
         return {"stream_capacity": state.limit if self.enabled else self.max_num_seqs,
                 "stream_capacity_predicted": self.predicted_capacity(running),
-                "stream_lead_tail_seconds": (state.tail_us or 0) / US_PER_S}
+                "stream_lead_tail_seconds": (state.tail_us or 0) / US_PER_S,
+                **{f"stream_limit_changes:{kind}": n for kind, n in self.limit.changes.items()}}
 
     def predicted_capacity(self, running: Sequence[Request]) -> int:
         """Streams the measured step times and Stage 1 costs say fit real time at once

@@ -4,11 +4,12 @@
 The limit plays the part of a congestion window (TCP; Netflix's concurrency-limits, Envoy's
 adaptive-concurrency filter), with each listener's lead as the signal where those use latency:
 
-- The signal: every streamed chunk after a stream's first reports the lead its listener had just
-  before it arrived (engine/deadlines/playback_clock.py `sent`) and whether it is losing ground
-  (the lead shrank since the previous chunk); a stream's first chunk reports the time left in its
-  first-audio budget (an admitted stream whose first audio comes late was as much too many as
-  one that stalls). `tail_us` is the low tail of the leads of the last WINDOW_US: their TAIL_PPM
+- The signal: every steady chunk of a stream reports the lead its listener had just before it
+  arrived (engine/deadlines/playback_clock.py `sent`) and whether it is losing ground (the lead
+  shrank since the previous chunk); a stream's first chunk reports the time left in its
+  first-audio budget since its admission (an admitted stream whose first audio comes late was as
+  much too many as one that stalls); the ramp's chunks only when a listener already waited
+  (engine/output_processor.py `lead_report`). `tail_us` is the low tail of the leads of the last WINDOW_US: their TAIL_PPM
   quantile (the lowest one while fewer than 1 / TAIL_PPM came). A chunk a player waited for
   shows as a negative lead at once, before the listener's wait reaches the 100 ms that counts as
   a stall.
@@ -43,10 +44,13 @@ thread. Times are integer microseconds on the engine's clock.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 WINDOW_US = 1_000_000  # the leads a decision reads: the last second's
 TAIL_PPM = 10_000  # their 1st percentile
@@ -85,6 +89,7 @@ class StreamLimit:
         self._running_peak_us = 0
         self._peak = 0  # the most streams held at once lately, and when
         self._peak_us = 0
+        self.changes = {"fall": 0, "probe": 0, "jump": 0}  # how often the limit moved, and how
         self._tail_us: int | None = None  # the last reading, and when it was taken
         self._read_us: int | None = None
 
@@ -147,6 +152,10 @@ class StreamLimit:
         """`running`: the most streams that ran over the window whose leads fell."""
         held = max(running, 1)
         self._limit = float(max(1, min(held - 1, math.floor(held * BACKOFF), capacity)))
+        self.changes["fall"] += 1
+        logger.info("stream limit %d -> %d: a listener lost ground (lead tail %.0f ms over the last second, "
+                    "%d streams ran, measured capacity %d)", held, self.limit, (self._tail_us or 0) / 1000, held,
+                    capacity)
         self._ceiling = held
         self._ceiling_until_us = now_us + CEILING_US
         # judge again only on leads of the load after the fall
@@ -158,7 +167,13 @@ class StreamLimit:
         limit = self._limit
         target = limit + max(1.0, math.sqrt(limit))
         jump = capacity if self._ceiling is None else min(capacity, self._ceiling - 1)
+        kind = "jump" if jump > target else "probe"
+        before = self.limit
         self._limit = float(min(self.max_streams, max(target, jump)))
+        if self.limit > before:
+            self.changes[kind] += 1
+            logger.info("stream limit %d -> %d: streams wait or were refused and the leads hold (%s; measured "
+                        "capacity %d)", before, self.limit, kind, capacity)
 
     def _tail(self, now_us: int) -> int | None:
         """The low tail of the last window's leads, read at most every TICK_US."""

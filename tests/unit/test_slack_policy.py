@@ -229,7 +229,7 @@ def test_no_stream_starts_while_the_leads_fall():
     scheduler = make_scheduler(policy)
     running_streams(scheduler, clock, 2)
     policy.limit.seed(2)  # two run, as many as the limit allows
-    policy.observe_lead(clock.now, -40 * MS, True)  # a listener 40 ms dry and losing ground
+    policy.observe_lead(clock.now, -60 * MS, True)  # a listener 60 ms dry and losing ground (past the -50 ms margin)
     scheduler.add_request(waiting_stream("new", clock, budget_ms=None))
     assert not scheduler.schedule().new_requests  # the limit fell to one
     assert policy.limit.limit == 1 and ids(scheduler.waiting) == ["new"]

@@ -166,10 +166,11 @@ class DeadlineConfig:
     # prompt tokens a step always gets, however tight the streams' slack (prefill never stops)
     min_prefill_chunk_tokens: int = 64
     # the floor under the low tail (1st percentile over the last second) of the leads streams'
-    # chunks leave with: below it the stream limit backs off, at or above it the limit may grow
-    # while streams wait (engine/deadlines/stream_limit.py); negative: a listener may have waited
-    # this long for a chunk (100 ms counts as a stall)
-    lead_margin_ms: int = 0
+    # steady chunks leave with: below it, with a listener losing ground, the stream limit backs
+    # off; at or above it the limit may grow while streams wait (engine/deadlines/stream_limit.py).
+    # Negative: a listener may wait this long for a chunk before it counts against the load (100 ms
+    # is a stall; on an H100 at its best load 1 % of steady chunks come a few tens of ms late)
+    lead_margin_ms: int = -50
     # the first chunk (and so the doubling ramp) grows when steps are slow or Stage 1 is slow:
     # the smallest first chunk whose ramp keeps ahead of the player (codec/chunker.py)
     first_chunk_follows_load: bool = True

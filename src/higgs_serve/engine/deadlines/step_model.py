@@ -19,13 +19,15 @@ Timed at start-up (`seed`, startup_timings.py: a decode step at every size the e
 alone on the device, and a prompt token's cost) the model takes the timings' shape and the live
 steps' level instead:
 
-    D(n) = T(n) · r · (1 + SPREAD · v)
+    D(n) = T(n) · r
 
 T(n) the timings (made non-decreasing in n: a size timed slower than a larger one was held up
 by something else, and takes the larger one's time; interpolated between timed sizes; never past
-the largest, which is max_num_seqs; below the smallest, the smallest's), r the moving average of live ÷ timed over the
-decode steps the engine runs (1 until one ran) and v the moving average of how far that ratio
-strays from r, relative to it. A live step is the timed one plus what the loop adds around it
+the largest, which is max_num_seqs; below the smallest, the smallest's) and r the moving average of live ÷ timed over
+the decode steps the engine runs (1 until one ran; each sample capped at CAP_FACTOR times r, as
+steps are above). No spread is added: what a step's variation costs a listener shows in its lead,
+which the stream limit reads (stream_limit.py), and a model planned for its slowest steps parked
+and triaged streams a GPU at a third of its real-time step was serving whole (issue 59, H100). A live step is the timed one plus what the loop adds around it
 (scheduling, output processing) and what shares its device or cores (Stage 1's threads, the
 server, on a small host most of it): both grow with the load and move together across sizes,
 so a size the engine has not run yet is predicted at the level of the sizes it runs now, and a
@@ -68,7 +70,6 @@ class StepTimeModel:
         self._timed_sizes: list[int] = []  # seeded: the sizes timed at start-up, ascending
         self._timed_us: list[float] = []  # ... and their decode steps (µs)
         self._ratio = 1.0  # r: live ÷ timed (module note)
-        self._ratio_deviation = 0.0  # v · r
         self._ratio_count = 0  # live decode steps seen since the seed
 
     @property
@@ -137,9 +138,11 @@ class StepTimeModel:
         lo, hi = RATIO_BOUNDS
         x = min(hi, max(lo, elapsed_us / self._timed_at(n)))
         self._ratio_count = count = self._ratio_count + 1
+        if count == 1:
+            self._ratio = x
+            return
         alpha = max(ALPHA, 1.0 / count)
-        self._ratio_deviation += alpha * (abs(x - self._ratio) - self._ratio_deviation) if count > 1 else 0.0
-        self._ratio = x if count == 1 else self._ratio + alpha * (x - self._ratio)
+        self._ratio += alpha * (min(x, CAP_FACTOR * self._ratio) - self._ratio)
 
     def predict_us(self, num_seqs: int, num_tokens: int) -> int:
         """Predicted wall time of a step of `num_seqs` sequences and `num_tokens` tokens (µs)."""
@@ -153,7 +156,7 @@ class StepTimeModel:
     def decode_us(self, n: int) -> float:
         """D(n) (module note)."""
         if self._timed_sizes:
-            return self._timed_at(n) * (self._ratio + SPREAD * self._ratio_deviation)
+            return self._timed_at(n) * self._ratio
         measured = self._measured
         if not measured:
             return self.prior.base_us + self.prior.per_seq_us * n

@@ -27,7 +27,7 @@ def loaded(tiny_model_dir):
 def _engine(loaded, path: str) -> SyncEngine:
     stage0 = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 512, **PATHS[path]}
     deploy = load_deploy_config(None, "higgs_multimodal_qwen3", stage_overrides={"0": stage0},
-                                device_count=torch.cuda.device_count())
+                                cli_overrides={"watermark": False}, device_count=torch.cuda.device_count())
     return SyncEngine(loaded, deploy, CUDA)
 
 

@@ -34,7 +34,9 @@ adaptive-concurrency filter), with each listener's lead as the signal where thos
   (a burst never waits for the probe to climb where the start-up timings already say it fits).
   Under a remembered ceiling the jump stops one short of it, and only the probe passes it, so a
   capacity that was wrong does not make the same burst twice. The ceiling is forgotten after
-  CEILING_US: what hurt then may fit now (another tenant left the GPU, shorter prompts).
+  CEILING_US: what hurt then may fit now (another tenant left the GPU, shorter prompts). One
+  stream alone losing ground never makes it fall: there is no load to shed (a cold path at
+  start-up, a host hiccup), and a limit of one would refuse the next burst.
 - A limit that is not binding does not move upward: a quiet server does not learn a limit it
   never tried (the window the others call "in flight < limit / 2").
 
@@ -56,7 +58,7 @@ WINDOW_US = 1_000_000  # the leads a decision reads: the last second's
 TAIL_PPM = 10_000  # their 1st percentile
 PROBE_US = 250_000  # the leads are judged this often; one upward step each, while the limit binds
 BACKOFF = 0.9  # share of the running streams kept when the leads fall
-CEILING_US = 10_000_000  # how long the count that hurt caps the jump to the measured capacity
+CEILING_US = 5_000_000  # how long the count that hurt caps the jump to the measured capacity
 PEAK_US = 30_000_000  # how long the most streams held at once is remembered (`recent_peak`)
 TICK_US = 20_000  # the tail is read again at most this often (a sort of the window's leads)
 
@@ -125,8 +127,10 @@ class StreamLimit:
         if now_us - self._running_peak_us >= WINDOW_US:  # the peak spans about one window
             self._running_peak, self._running_peak_us = running, now_us
         if tail is not None and tail < self.margin_us:
-            if running <= self.limit and self._losing_ground():
-                self._fall(now_us, max(running, self._running_peak), capacity())
+            held = max(running, self._running_peak)
+            # one stream alone is no load to shed (a cold path, a host hiccup: not the limit's doing)
+            if held > 1 and running <= self.limit and self._losing_ground():
+                self._fall(now_us, held, capacity())
         elif running >= self.limit and (waiting or now_us - self._refused_us <= WINDOW_US):
             self._probe(capacity())
         return self.limit

@@ -75,10 +75,3 @@ export function websocketUrl(path) {
   if (apiKey()) url.searchParams.set("api_key", apiKey());
   return url.href;
 }
-
-export function base64Bytes(text) {
-  const binary = atob(text);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return bytes;
-}

@@ -86,6 +86,16 @@ function sampling() {
   };
 }
 
+/** `fields()`, or null once the reason it cannot be read is shown in `errorId`. */
+function readForm(fields, errorId) {
+  try {
+    return fields();
+  } catch (error) {
+    show(errorId, error.message);
+    return null;
+  }
+}
+
 function speechBody() {
   return {
     input: $("text").value, response_format: $("format").value, speed: numberField("speed", "Speed"),
@@ -118,13 +128,8 @@ function stopAll() {
 $("speak-form").addEventListener("submit", async (event) => {
   event.preventDefault();
   show("speak-error");
-  let body;
-  try {
-    body = speechBody();
-  } catch (error) {
-    show("speak-error", error.message);
-    return;
-  }
+  const body = readForm(speechBody, "speak-error");
+  if (!body) return;
   stopAll();
   // the AudioContext starts inside the click (browsers start audio from a user's gesture)
   if (playPath(body.response_format) === "Web Audio") pcmPlayer.open(DEFAULT_RATES_HZ[body.response_format]);
@@ -185,13 +190,8 @@ const liveView = {
 
 $("live-start").addEventListener("click", async () => {
   show("live-error");
-  let config;
-  try {
-    config = sampling();
-  } catch (error) {
-    show("live-error", error.message);
-    return;
-  }
+  const config = readForm(sampling, "live-error");
+  if (!config) return;
   stopAll();
   utterance = null;
   pcmPlayer.open(DEFAULT_RATES_HZ.pcm);

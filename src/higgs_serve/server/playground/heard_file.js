@@ -2,21 +2,13 @@
 // a header (pcm, ulaw, alaw) get a wav header (PCM, mu-law or A-law); a streamed wav, whose
 // header could not know its length, gets its sizes written in; the others are files as sent.
 
+import { concat } from "./bytes.js";
+
 const WAV_CODES = { pcm: [1, 16], ulaw: [7, 8], alaw: [6, 8] }; // format tag, bits per sample
 const FILES = {
   mp3: ["mp3", "audio/mpeg"], opus: ["ogg", "audio/ogg"], aac: ["aac", "audio/aac"],
   flac: ["flac", "audio/flac"], wav: ["wav", "audio/wav"],
 };
-
-function joined(chunks) {
-  const out = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
-  let at = 0;
-  for (const chunk of chunks) {
-    out.set(chunk, at);
-    at += chunk.length;
-  }
-  return out;
-}
 
 function wavHeader(format, rateHz, dataBytes) {
   const [tag, bits] = WAV_CODES[format];
@@ -53,7 +45,7 @@ function sizedWav(bytes) {
 
 /** {blob, name} of the audio that arrived in `format` at `rateHz`. */
 export function heardFile(format, chunks, rateHz) {
-  const bytes = joined(chunks);
+  const bytes = concat(chunks);
   if (WAV_CODES[format]) {
     return { blob: new Blob([wavHeader(format, rateHz, bytes.length), bytes], { type: "audio/wav" }), name: "heard.wav" };
   }

@@ -4,20 +4,12 @@
 // The first output is WebM's header: the track, with the OpusHead as its CodecPrivate and its
 // pre-skip as CodecDelay (Matroska's Opus mapping).
 
+import { concat } from "./bytes.js";
+
 const OPUS_RATE_HZ = 48000; // Opus timestamps count 48 kHz samples at any rate
 const SEEK_PRE_ROLL_NS = 80e6; // 80 ms, RFC 7845
 
 // ------------------------------------------------------------------------------ EBML writing
-function concat(parts) {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const part of parts) {
-    out.set(part, at);
-    at += part.length;
-  }
-  return out;
-}
-
 function bigEndian(value, width) {
   const out = new Uint8Array(width);
   for (let i = width - 1; i >= 0; i--) {

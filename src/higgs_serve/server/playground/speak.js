@@ -2,7 +2,8 @@
 // arrive as events), each piece of audio handed to its player the moment it arrives, and what
 // the strip shows measured on the way: time to first audio, first sound, the stall meter.
 
-import { ServerError, base64Bytes, call, sseEvents } from "./api.js";
+import { ServerError, call, sseEvents } from "./api.js";
+import { base64Bytes } from "./bytes.js";
 import { heardFile } from "./heard_file.js";
 import { MediaSourcePlayer, mediaSourcePlays } from "./media_player.js";
 import { sampleDecoder } from "./sample_decoders.js";

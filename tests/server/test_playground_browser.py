@@ -12,7 +12,6 @@ lives in the tab's sessionStorage. The route itself, without a browser: test_pla
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -40,6 +39,8 @@ KEY = "playground-key"
 MAX_FRAMES = 75  # each request's audio: 3 s (the tiny model speaks noise up to its frame cap)
 SAMPLES = MAX_FRAMES * 960
 FORCED_GAP_S = 1.0
+HOLD_EARLY_ROWS = 12  # the engine held after its first few frames: the listener has its first chunks
+HOLD_LATE_ROWS = 32  # held after 25 frames: 16 (0.64 s) sent in chunks of 1, 1, 2, 4 and 8
 # Issue 60 asks that streamed mp3 and opus sound within 1.5 x the pcm path's TTFA. Through Media
 # Source that is out of the page's hands: Chromium's element starts once about 0.2 s is decoded
 # (media_player.js), which the server's doubling chunks (40, 40, 80, 160 ms) deliver a few tiny-model
@@ -53,24 +54,18 @@ PAGE_TEXT = "Hello from higgs-serve. This page plays the speech as it arrives."
 
 
 class PausableEngine(RecordingEngine):
-    """The real engine, whose loop a test can hold once mid-stream: the first engine step after
-    the server sent `after_s` of a request's audio to its listener (`audio_sent`, the server's
-    report to the engine) sleeps on the engine's own thread, so no row, no codec window and no
-    chunk comes for that long: a gap every listener hears."""
+    """The real engine, whose loop a test can hold once mid-stream: once it has sampled a given
+    number of rows after `hold` (one a step at c = 1: a frame, 40 ms of audio, 7 steps behind
+    because of the codebooks' delay), its next step sleeps on the engine's own thread, so no row,
+    no codec window and no chunk comes for that long: a gap every listener hears."""
 
     def __init__(self, engine):
         super().__init__(engine)
         self._hold_s = 0.0
-        self._after_samples = 0
-        self._sent: dict[str, int] = {}
-        self._reached = threading.Event()
+        self._rows_left = 0
 
-    def hold(self, seconds: float, after_s: float = 0.0) -> None:
-        """Hold the engine once, after the next request's first `after_s` of audio left (0: its
-        first chunk)."""
-        self._reached.clear()
-        self._sent.clear()
-        self._after_samples = max(1, round(after_s * self.inner.sample_rate_hz))
+    def hold(self, seconds: float, after_rows: int) -> None:
+        self._rows_left = after_rows
         self._hold_s = seconds
 
     async def start(self, hooks: EngineHooks | None = None) -> None:
@@ -80,18 +75,13 @@ class PausableEngine(RecordingEngine):
         def on_step(step_s: float, num_seqs: int, num_rows: int) -> None:
             if observe is not None:
                 observe(step_s, num_seqs, num_rows)
-            if self._hold_s and self._reached.is_set():
-                held, self._hold_s = self._hold_s, 0.0
-                time.sleep(held)
+            if self._hold_s:
+                self._rows_left -= num_rows
+                if self._rows_left <= 0:
+                    held, self._hold_s = self._hold_s, 0.0
+                    time.sleep(held)
 
         await self.inner.start(replace(hooks, on_step=on_step))
-
-    def audio_sent(self, request_id: str, samples: int, at_s: float) -> None:
-        self.inner.audio_sent(request_id, samples, at_s)
-        if self._hold_s:
-            self._sent[request_id] = self._sent.get(request_id, 0) + samples
-            if self._sent[request_id] >= self._after_samples:
-                self._reached.set()
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +206,12 @@ def test_speak_from_the_keyboard_plays_pcm_as_it_arrives_without_a_gap(tab, http
 
 @pytest.mark.parametrize("response_format", ["mp3", "opus"])
 def test_speak_plays_mp3_and_opus_through_media_source_as_they_arrive(tab, server, response_format):
-    """The engine is held for a second once the server has half a second of the audio: the
-    element must sound before the rest arrives (the tiny model otherwise sends its 3 s faster
-    than any player could tell a stream from a file)."""
+    """The engine is held for a second once it has made about a second of the audio (the first
+    0.64 s of it sent in the doubling chunks): the element must sound before the rest arrives
+    (the tiny model otherwise sends its 3 s faster than any player could tell a stream from a
+    file)."""
     tab.use_key()
-    server.engine.hold(FORCED_GAP_S, after_s=0.5)
+    server.engine.hold(FORCED_GAP_S, after_rows=HOLD_LATE_ROWS)
     state = tab.spoken(response_format)
     assert state["path"] == "Media Source" and state["error"] is None and state["mediaError"] is None, state
     assert state["appends"] >= 2, state  # appended piece by piece
@@ -275,7 +266,7 @@ def test_the_page_gap_counter_agrees_with_the_servers_stall_counter(tab, server,
     before = metric(http, STALLED)
     steady = tab.spoken("pcm")
     assert (steady["gaps"], metric(http, STALLED)) == (0, before)
-    server.engine.hold(FORCED_GAP_S)
+    server.engine.hold(FORCED_GAP_S, after_rows=HOLD_EARLY_ROWS)
     held = tab.spoken("pcm")
     assert held["gaps"] == 1 and held["stalled"], held
     assert metric(http, STALLED) == before + 1  # the server saw the same stream stall

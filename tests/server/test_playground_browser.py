@@ -11,7 +11,9 @@ lives in the tab's sessionStorage. The route itself, without a browser: test_pla
 
 from __future__ import annotations
 
+import io
 import statistics
+import struct
 import time
 from dataclasses import dataclass, field, replace
 
@@ -94,10 +96,12 @@ def server(tiny_model_dir, tmp_path_factory):
     settings = ServerSettings(served_model_name=MODEL_NAME, api_key=KEY, max_queue=4,
                               voices_dir=tmp_path_factory.mktemp("playground") / "voices")
     live = start_live_engine_server(tiny_model_dir, settings, max_tokens=MAX_FRAMES, wrap=PausableEngine)
-    # `higgs-serve serve` starts its encoder process with the engine; build_app at the first
-    # compressed response: start it now, as the CLI's server would have
+    # `higgs-serve serve` starts its encoder process with the engine, build_app at the first
+    # compressed response; the aligner process starts at the first request for words (its model
+    # loads in seconds on a busy machine, longer than a 3 s utterance plays): start both now
     httpx.post(live.url + "/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
-               json={"input": "Warm.", "response_format": "mp3", "max_new_tokens": 5}).raise_for_status()
+               json={"input": "Warm up.", "response_format": "mp3", "max_new_tokens": 25,
+                     "word_timestamps": True, "stream": False}).raise_for_status()
     yield live
     live.stop()
     torch.set_num_threads(threads)
@@ -204,8 +208,8 @@ def test_speak_from_the_keyboard_plays_pcm_as_it_arrives_without_a_gap(tab, http
     assert tab.problems == []
 
 
-@pytest.mark.parametrize("response_format", ["mp3", "opus"])
-def test_speak_plays_mp3_and_opus_through_media_source_as_they_arrive(tab, server, response_format):
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac"])
+def test_speak_plays_mp3_opus_and_aac_through_media_source_as_they_arrive(tab, server, response_format):
     """The engine is held for a second once it has made about a second of the audio (the first
     0.64 s of it sent in the doubling chunks): the element must sound before the rest arrives
     (the tiny model otherwise sends its 3 s faster than any player could tell a stream from a
@@ -215,7 +219,7 @@ def test_speak_plays_mp3_and_opus_through_media_source_as_they_arrive(tab, serve
     state = tab.spoken(response_format)
     assert state["path"] == "Media Source" and state["error"] is None and state["mediaError"] is None, state
     assert state["appends"] >= 2, state  # appended piece by piece
-    if response_format == "mp3":
+    if response_format != "opus":  # (opus: its Ogg pages rewrapped as WebM clusters)
         assert state["appendedBytes"] == state["receivedBytes"]  # the stream's own bytes
     assert state["bufferedS"] == pytest.approx(SAMPLES / 24000, abs=0.1)
     assert state["firstSoundMs"] < state["doneMs"] - 500, state  # it sounded while the rest was held
@@ -224,6 +228,46 @@ def test_speak_plays_mp3_and_opus_through_media_source_as_they_arrive(tab, serve
     tab.page.wait_for_timeout(300)
     assert tab.page.evaluate(clock) > at  # the element's clock runs: it is playing
     assert tab.problems == []
+
+
+@pytest.mark.parametrize("response_format, rate_hz, header_bytes", [("wav", 24000, 44), ("ulaw", 8000, 0),
+                                                                    ("alaw", 8000, 0)])
+def test_wav_and_g711_play_through_web_audio_and_download_as_wav(tab, tmp_path, response_format, rate_hz,
+                                                                 header_bytes):
+    tab.use_key()
+    state = tab.spoken(response_format)
+    samples = SAMPLES * rate_hz // 24000
+    width = 2 if response_format == "wav" else 1
+    assert state["path"] == "Web Audio" and state["contextState"] == "running", state
+    assert state["scheduledSamples"] == (state["receivedBytes"] - header_bytes) // width == samples
+    with tab.page.expect_download() as download:
+        tab.page.click("#download")
+    heard = tmp_path / "heard.wav"
+    download.value.save_as(heard)
+    assert sf.info(heard).samplerate == rate_hz and sf.info(heard).frames == samples
+
+
+def test_flac_plays_as_a_file_once_it_has_arrived(tab):
+    tab.use_key()
+    state = tab.spoken("flac")
+    assert state["path"] == "file" and state["error"] is None, state
+    assert state["firstSoundMs"] > state["doneMs"]  # a file: it plays once all of it is here
+    assert tab.page.text_content("#strip-gaps") == "–"  # no stream to meter
+
+
+@pytest.mark.parametrize("response_format, tag", [("ulaw", 7), ("alaw", 6)])
+def test_the_page_decodes_every_g711_code_as_libsndfile_does(tab, response_format, tag):
+    """All 256 codes through the page's decoder against soundfile reading them from a wav file."""
+    fmt = struct.pack("<HHIIHH", tag, 1, 8000, 8000, 1, 8)
+    data = bytes(range(256))
+    riff = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    expected, _ = sf.read(io.BytesIO(b"RIFF" + struct.pack("<I", len(riff)) + riff), dtype="int16")
+    page = tab.page.evaluate("""async (format) => {
+        const { sampleDecoder } = await import('/playground/sample_decoders.js');
+        const samples = sampleDecoder(format).decode(Uint8Array.from({ length: 256 }, (_, i) => i));
+        return Array.from(samples, (x) => Math.round(x * 32768));
+    }""", response_format)
+    assert page == expected.tolist()
 
 
 def test_mp3_and_opus_first_sound_against_the_pcm_ttfa(tab, record_property):

@@ -10,7 +10,7 @@ import { StallMeter } from "./stall_meter.js";
 
 export class LiveSession {
   /** config: session.config fields (voice, seed, sampling); pcmPlayer: opened by the caller;
-   * view: {onSentence(event), onSpoken(event), onError(error), onClosed()}. */
+   * view: {onSentence(event), onSpoken(event), onDone(event), onError(error), onClosed()}. */
   constructor(config, pcmPlayer, view) {
     this.config = config;
     this.pcmPlayer = pcmPlayer;

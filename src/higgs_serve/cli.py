@@ -248,6 +248,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
         allowed_ref_audio_domains=tuple(h.strip() for h in args.allowed_ref_audio_domains.split(",") if h.strip()),
         c2pa_cert=args.c2pa_cert, c2pa_key=args.c2pa_key, c2pa_tsa_url=args.c2pa_tsa_url,
+        playground=not args.no_playground,
         **voices,
     )
 
@@ -276,8 +277,8 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
     _check_ttfa_budget(args, deploy)
     plan = ClusterPlan(devices, capacity=deploy.stage0.max_num_seqs + args.max_queue,
                        routing=args.routing, mps=args.mps)
-    # every single-server flag except where it listens, its key and its voices directory
-    # (the front end owns those); the device comes from the plan
+    # every single-server flag except where it listens, its key, its voices directory and the
+    # playground page (the front end owns those); the device comes from the plan
     passed = {"--max-queue": args.max_queue, "--max-input-chars": args.max_input_chars,
               "--segment-max-chars": args.segment_max_chars, "--max-audio-s": args.max_audio_s,
               "--ws-idle-timeout-s": args.ws_idle_timeout_s,

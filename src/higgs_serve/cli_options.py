@@ -202,6 +202,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="let requests name VOICE (a registered voice or 'default') as NAME, e.g. "
                         "alloy=default for OpenAI-only clients; repeatable, or @FILE of NAME=VOICE "
                         "lines (default: no aliases; OpenAI's stock names are a 400)")
+    p.add_argument("--no-playground", action="store_true",
+                   help="do not serve the playground page at / (a browser page to hear voices, "
+                        "formats and streams; with --api-key it asks for the key); / is then a 404")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="run N engine replicas (one per GPU, or N CPU replicas with --device cpu) "
                         "behind one front end on --host/--port (default: one server, no front end)")

@@ -6,6 +6,8 @@ import pytest
 from fake_engine import FakeEngine, fake_deploy
 from live_server import fake_settings, start_threaded_server
 
+from support import browser
+
 
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory):
@@ -23,3 +25,13 @@ def peer_server(tiny_model_dir, tmp_path_factory):
 
     with start_peer_server(tiny_model_dir, tmp_path_factory.mktemp("peer_server")) as server:
         yield server
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The playground's browser tests (test_playground_browser.py) skip without Chromium: the
+    run says so in one line, with how to install it."""
+    reasons = {report.longrepr[2].removeprefix("Skipped: ")
+               for report in terminalreporter.stats.get("skipped", [])
+               if isinstance(report.longrepr, tuple) and browser.SKIP_PREFIX in report.longrepr[2]}
+    for reason in sorted(reasons):
+        terminalreporter.write_line(reason)

@@ -35,7 +35,9 @@ class RecordingEngine:
 
 
 def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_seqs: int = 2,
-                             max_tokens: int = 200, sockets=None) -> ThreadedServer:
+                             max_tokens: int = 200, sockets=None,
+                             wrap: type[RecordingEngine] = RecordingEngine) -> ThreadedServer:
+    """wrap: the RecordingEngine (sub)class the server gets (a test's own hooks on the engine)."""
     capture = list(range(1, min(max_num_seqs, 2) + 1))
     # tests compare the audio of one seed across requests: the first chunk stays the profile's
     # whatever the load (the deadline policy's ramp moves seams: test_chunker.py pins it)
@@ -46,7 +48,7 @@ def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_
                               max_num_seqs=max_num_seqs)
     deploy = deploy_from_args(args, model_dir)
     options = RuntimeOptions(device="cpu", max_waiting=max_num_seqs + settings.max_queue)
-    engine = RecordingEngine(AsyncEngine(str(model_dir), deploy, options))
+    engine = wrap(AsyncEngine(str(model_dir), deploy, options))
     app = build_app(engine, settings, reference_encoder=ReferenceEncoder.for_engine(engine.inner))
     state = app.state.server
     return run_in_thread(app, engine, plain_uvicorn(app), state.engine_ready, timeout_s=120,

@@ -42,6 +42,9 @@ CASES = [
     ("GET", b"/openapi.json", 200, 200),
     ("GET", b"/health/", 401, None),                    # public means exactly these paths
     ("GET", b"/%68ealth", 200, 200),                    # ...once normalized
+    ("GET", b"/", 200, 200),                            # the playground page and its files (issue 60)
+    ("GET", b"/%70layground/app.js", 200, 200),
+    ("GET", b"/playground/../v1/models", 400, 400),
 ]
 SPEECH_BODY = b'{"input": "Hello.", "response_format": "pcm"}'
 

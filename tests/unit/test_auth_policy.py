@@ -37,9 +37,11 @@ def test_an_ambiguous_target_is_refused(target):
 
 
 def test_only_the_listed_paths_are_public():
-    for path in ("/health", "/ready", "/metrics", "/openapi.json", "/docs"):
+    # the playground's page and its static files (issue 60): the same for every caller; the page
+    # sends the key with the API calls it makes
+    for path in ("/health", "/ready", "/metrics", "/openapi.json", "/docs", "/", "/playground/app.js"):
         assert auth.allowed(path, b"k", None)
-    for path in ("/v1/models", "/health/", "/Health", "/metrics/x", "/", "/v1/audio/speech/stream"):
+    for path in ("/v1/models", "/health/", "/Health", "/metrics/x", "/index.html", "/playground", "/v1/audio/speech/stream"):
         assert not auth.allowed(path, b"k", None), path
     assert auth.allowed("/v1/models", None, None)  # no key set: everything open
 

@@ -5,8 +5,8 @@ speech itself and passes everything else here unchanged, after its API-key and b
 (the key is checked here again, by the same policy: server/auth.py):
 the voice endpoints (the single server's router over the fan-out registry, cluster/voice_sync.py),
 watermark detection (the single server's router with a CPU detector of its own: detection needs
-no engine), /health, /ready, /v1/models, the merged /metrics, and the WebSocket relay
-(cluster/relay/ws_relay.py).
+no engine), /health, /ready, /v1/models, the merged /metrics, the WebSocket relay
+(cluster/relay/ws_relay.py) and the playground page (server/routers/playground.py).
 Its lifespan starts the replicas and the supervisor (cluster/replicas.py) and stops them.
 """
 
@@ -34,6 +34,7 @@ from higgs_serve.server.limits.detect_slots import DetectSlots
 from higgs_serve.server.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from higgs_serve.server.routers import voices as voices_router
 from higgs_serve.server.routers import watermark as watermark_router
+from higgs_serve.server.routers.playground import add_playground
 from higgs_serve.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ def build_control_app(frontend: Frontend) -> FastAPI:
     app.include_router(watermark_router.router)
     _add_health(app, frontend)
     ws_relay.add_websocket(app, frontend)
+    add_playground(app, frontend.settings.playground)  # the page's API calls go through the relay
     app.add_middleware(ApiKeyMiddleware, api_key=frontend.settings.api_key)
     return app
 

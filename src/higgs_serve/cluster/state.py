@@ -41,6 +41,7 @@ class FrontendSettings:
     # the replicas sign files (--c2pa-cert): a WebSocket session's upgrade, which the front end
     # answers itself, carries the manifest's claim as theirs do (audio/provenance.py)
     c2pa_claim: str | None = None
+    playground: bool = True  # the page at / (--no-playground), served by the control plane
 
     @classmethod
     def of(cls, server: ServerSettings) -> FrontendSettings:
@@ -48,7 +49,8 @@ class FrontendSettings:
                    max_input_chars=server.max_input_chars,
                    max_json_body_bytes=server.max_json_body_bytes,
                    send_timeout_s=server.send_timeout_s, ws_idle_timeout_s=server.ws_idle_timeout_s,
-                   c2pa_claim=claim_json(__version__) if server.c2pa_cert is not None else None)
+                   c2pa_claim=claim_json(__version__) if server.c2pa_cert is not None else None,
+                   playground=server.playground)
 
 
 class Frontend:

@@ -32,6 +32,7 @@ from higgs_serve.server.limits.body_limit import BodyLimitMiddleware
 from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
+from higgs_serve.server.routers.playground import add_playground
 from higgs_serve.server.schemas import ERROR_RESPONSES
 from higgs_serve.server.limits.send_timeout import SendTimeoutMiddleware
 from higgs_serve.server.settings import MULTIPART_OVERHEAD_BYTES, ServerSettings
@@ -107,6 +108,7 @@ def build_app(engine: SpeechEngine, settings: ServerSettings, *,
         app.include_router(router, dependencies=protected, responses=documented)
     app.include_router(health.router)
     app.include_router(speech_stream.router)
+    add_playground(app, settings.playground)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)  # outermost: before any body
     return app
 

@@ -32,10 +32,13 @@ from urllib.parse import parse_qsl
 from higgs_serve.server.errors import ApiError, error_object, error_response
 
 # Open without the key: liveness, readiness and metrics for orchestrators and scrapers (keep
-# them off the public network: docs/operations.md), and the API's own description (the same for
-# every caller; /docs' Authorize button then sends the key to the rest).
+# them off the public network: docs/operations.md), the API's own description (the same for
+# every caller; /docs' Authorize button then sends the key to the rest), and the playground's
+# page and static files (server/routers/playground.py: the same for every caller, no data; the
+# page asks for the key and sends it with every API call it makes).
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics",
-                          "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+                          "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"})
+PLAYGROUND_PREFIX = "/playground/"  # every path under it is a static file of the page
 UNAUTHORIZED = "missing or invalid API key: send 'Authorization: Bearer <key>'"
 UNAUTHORIZED_WS = UNAUTHORIZED + " or the api_key query parameter"
 CLOSE_POLICY = 1008  # a WebSocket refused for its key (RFC 6455 7.4.1)
@@ -94,7 +97,7 @@ def _unescape(path: bytes) -> bytes:
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS
+    return path in PUBLIC_PATHS or path.startswith(PLAYGROUND_PREFIX)
 
 
 def bearer_ok(authorization: bytes | None, expected: bytes) -> bool:

@@ -129,6 +129,9 @@ class ServerSettings:
     worker_cpus: str = "auto"
     worker_nice: int = DEFAULT_WORKER_NICE
     worker_placement: WorkerPlacement = field(init=False, repr=False, compare=False)
+    # the playground page at / (server/routers/playground.py; --no-playground: not served, / is
+    # a 404): static files from the package, public like /docs, its API calls keyed as any
+    playground: bool = True
 
     @property
     def max_json_body_bytes(self) -> int:
@@ -160,6 +163,8 @@ class ServerSettings:
                             "--alignment-workers": self.alignment_workers}.items():
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
+        if not isinstance(self.playground, bool):
+            raise ConfigError(f"server setting playground must be true or false, got {self.playground!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key must not be empty (an empty key would accept "
                               "an empty bearer token); leave --api-key out to serve without one")

@@ -238,7 +238,8 @@ def add_detect_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-rate", type=int, default=None,
                    help="the rate of headerless FILEs (default: 24000 for pcm, 8000 for ulaw and alaw)")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object a line: {\"file\", \"detected\", \"score\"}")
+                   help="one JSON object a line: {\"file\", \"detected\", \"verdict\", \"reason\", \"score\"} "
+                        "(reason: why a verdict is inconclusive, else null)")
 
 
 def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:

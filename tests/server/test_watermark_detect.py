@@ -42,7 +42,7 @@ def test_marked_and_unmarked_files(fake_server, clips):
     for fmt in ("WAV", "FLAC", "MP3"):
         got = _post(fake_server, _file(marked, fmt))
         assert got.status_code == 200, got.text
-        assert set(got.json()) == {"detected", "verdict", "score"}
+        assert set(got.json()) == {"detected", "verdict", "reason", "score"} and got.json()["reason"] is None
         assert got.json()["detected"] is True and got.json()["score"] >= THRESHOLD, fmt
         assert got.json()["verdict"] == "marked"
         got = _post(fake_server, _file(plain, fmt)).json()
@@ -97,6 +97,7 @@ def test_tones_chords_noise_and_silence_are_never_detected(fake_server):
     for name, audio in cases.items():
         got = _post(fake_server, _file(audio, "WAV")).json()
         assert got["detected"] is False and got["verdict"] == "inconclusive", (name, got)
+        assert got["reason"] == "too_little_speech", (name, got)  # whatever the score (the tone's ~0.99)
 
 
 def test_detections_in_flight_are_bounded(fake_server, clips):

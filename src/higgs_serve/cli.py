@@ -242,7 +242,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
         alignment_workers=args.alignment_workers, alignment_queue_s=args.alignment_queue_s,
         worker_timeout_s=args.worker_timeout_s, worker_cpus=args.worker_cpus,
-        worker_nice=args.worker_nice,
+        worker_nice=args.worker_nice, detect_wait_s=args.detect_wait_s,
         **({} if args.encode_processes is None else {"encode_processes": args.encode_processes}),
         **({} if args.ttfa_budget_s is None else {"ttfa_budget_s": args.ttfa_budget_s}),
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),

@@ -160,6 +160,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                         "speaking all the streams it can in real time) gets 503 with Retry-After at once "
                         f"(default {ServerSettings.ttfa_budget_s:g}; the deadline policy's: refused with "
                         "stages[0].deadlines.enabled false)")
+    p.add_argument("--detect-wait-s", type=float, default=ServerSettings.detect_wait_s,
+                   help="a watermark detection that finds every detection slot busy waits this long at "
+                        "most for one; past it, or when the queue plainly would not clear in time, 429 "
+                        "with Retry-After (0: refuse at once)")
     p.add_argument("--c2pa-cert", default=None, metavar="PEM",
                    help="sign wav, mp3 and flac files with a C2PA manifest saying a model made the audio: "
                         "this certificate chain (PEM, signing certificate first) with --c2pa-key "

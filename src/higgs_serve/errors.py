@@ -43,7 +43,12 @@ class InputTooLongError(InvalidRequestError):
 
 
 class EngineOverloadedError(HiggsServeError):
-    """The waiting queue is full; the client should retry later."""
+    """The waiting queue is full; the client should retry later: in `retry_after_s` seconds when
+    the refusal knows when (None: the server's usual Retry-After)."""
+
+    def __init__(self, message: str = "", retry_after_s: int | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OverCapacityError(EngineOverloadedError):
@@ -52,8 +57,7 @@ class OverCapacityError(EngineOverloadedError):
     answers 503 with `Retry-After: retry_after_s` at once, rather than a stream that stutters."""
 
     def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s)
 
 
 class EngineDeadError(HiggsServeError):

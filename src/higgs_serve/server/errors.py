@@ -70,7 +70,7 @@ def to_api_error(error: Exception) -> ApiError:
     if isinstance(error, EngineOverloadedError):
         return ApiError(429, str(error) or "the request queue is full; retry later",
                         type="overloaded_error", code="queue_full",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+                        headers={"Retry-After": str(error.retry_after_s or RETRY_AFTER_S)})
     if isinstance(error, EngineDeadError):
         return ApiError(503, "the engine has stopped; the server must be restarted",
                         type="server_error", code="engine_dead")

@@ -92,5 +92,10 @@ class WatermarkUnavailableError(HiggsServeError):
 
 class EncoderFailedError(HiggsServeError):
     """A response's encoder process stopped (or its codec failed) mid-response, or the encoder
-    processes could not be started: that response ends with an error (a 500 if nothing was
-    sent), the others go on; at start-up the server refuses to start."""
+    processes could not be started: that response ends with an error (a 503 with Retry-After if
+    nothing was sent), the others go on; at start-up the server refuses to start."""
+
+
+class EncoderLostError(EncoderFailedError):
+    """The encoder process of a response died or stopped answering (not its codec refusing the
+    audio): a response none of whose bytes has left is retried on another process."""

@@ -41,7 +41,7 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, the groups
 from last_mile.bench_formats import make_tiny_model  # noqa: E402
 from limits.bench_file_memory import RssSampler, rss_mb  # noqa: E402
-from serving.bench_serving import free_port, stop_server, wait_ready  # noqa: E402
+from serving.server_process import free_port, stop_server, wait_ready  # noqa: E402
 from common import now_iso, provenance, write_json  # noqa: E402
 
 DETECT = "/v1/audio/watermark/detect"

@@ -82,6 +82,8 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
                 tasks.append(asyncio.ensure_future(kind(client, fmt)))
                 await until(lambda: assigned_streams(pool) == len(tasks), WAIT_S)
             assert first.streams == second.streams == 2
+            # their first bytes out (one would else be retried whole: the test after the next)
+            await asyncio.sleep(0.3)
             stopped = first.pid
             os.kill(stopped, signal.SIGSTOP)
             stopped_at = time.monotonic()
@@ -246,13 +248,16 @@ def test_a_killed_encoder_process_logs_one_line_per_response_and_no_traceback(se
     with server_log() as records:
         victim, results = asyncio.run(run())
     failed = [r for r in results if r[0] in ("cut", "speech.audio.error")]
-    assert len(failed) == 3  # the victim's: every other response
     assert not [r for r in records if r.exc_info]
     lines = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    # the victim's responses (every other one) end, each with one line; one whose codec had not
+    # yet given its first bytes (a loaded host) is retried whole instead, with one line
+    retried = [m for m in lines if "retrying its response on another encoder process" in m]
+    assert len(failed) + len(retried) == 3, (results, lines)
     per_response = [m for m in lines if "ended early" in m or "response encoding failed" in m]
-    assert len(per_response) == 3, lines
+    assert len(per_response) == len(failed), lines
     assert len([m for m in lines if f"encoder process {victim} exited" in m]) == 1
     # uvicorn closes each cut stream with one line of its own; nothing else is logged
-    others = [m for m in lines if m not in per_response and f"encoder process {victim}" not in m
+    others = [m for m in lines if m not in per_response + retried and f"encoder process {victim}" not in m
               and m != "ASGI callable returned without completing response."]
     assert others == []

@@ -242,7 +242,7 @@ def _server_settings(args: argparse.Namespace, port: int, voices: dict):
         ws_idle_timeout_s=args.ws_idle_timeout_s, encode_threads=args.encode_threads,
         alignment_workers=args.alignment_workers, alignment_queue_s=args.alignment_queue_s,
         worker_timeout_s=args.worker_timeout_s, worker_cpus=args.worker_cpus,
-        worker_nice=args.worker_nice,
+        worker_nice=args.worker_nice, detect_wait_s=args.detect_wait_s,
         **({} if args.encode_processes is None else {"encode_processes": args.encode_processes}),
         **({} if args.ttfa_budget_s is None else {"ttfa_budget_s": args.ttfa_budget_s}),
         voice_aliases=preflight.read_voice_aliases(args.voice_alias),
@@ -318,8 +318,9 @@ def _serve_data_parallel(args: argparse.Namespace) -> int:
 def _cmd_detect(args: argparse.Namespace) -> int:
     """Every file checked first (exists, size, header: a bad one fails before the detector
     loads), then each decoded and scored in turn, holding one file's detection at a time
-    (audio/watermark_detect.py): one line per file, its verdict and the detector's score."""
-    from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES, LazyDetector, open_for_detection
+    (audio/watermark_detect.py): one line per file, its verdict (why, when inconclusive) and the
+    detector's score. Messages name the flags (CLI_NAMING), not the endpoint's fields."""
+    from higgs_serve.audio.watermark_detect import CLI_NAMING, DETECT_MAX_BYTES, LazyDetector, open_for_detection
 
     if args.sample_rate is not None and args.format is None:
         raise ConfigError("--sample-rate is the rate of headerless FILEs: give --format too")
@@ -331,21 +332,33 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             raise ConfigError(f"FILE {path}: {file.stat().st_size} bytes; detection reads files of at most "
                               f"{DETECT_MAX_BYTES // 2**20} MiB")
         with open(file, "rb") as handle:
-            open_for_detection(handle, f"FILE {path}", args.format, args.sample_rate).close()
+            open_for_detection(handle, f"FILE {path}", args.format, args.sample_rate, CLI_NAMING).close()
     detector = LazyDetector()
     for path in args.files:
         with open(Path(path).expanduser(), "rb") as handle:
-            found = detector.detect_file(handle, f"FILE {path}", args.format, args.sample_rate)
+            found = detector.detect_file(handle, f"FILE {path}", args.format, args.sample_rate, CLI_NAMING)
         if args.json:
             print(json.dumps({"file": path, "detected": found.detected, "verdict": found.verdict,
-                              "score": round(found.score, 6)}), flush=True)
+                              "reason": found.reason, "score": round(found.score, 6)}), flush=True)
         else:
-            print(f"{path}: {_VERDICT_LINES[found.verdict]} (score {found.score:.3f})", flush=True)
+            print(f"{path}: {verdict_line(found)} (score {found.score:.3f})", flush=True)
     return 0
 
 
-_VERDICT_LINES = {"marked": "marked", "not_marked": "not marked",
-                  "inconclusive": "inconclusive: too little speech to judge, or marked in part only"}
+def verdict_line(found) -> str:
+    """A Finding in words: the verdict, and for an inconclusive one its actual cause."""
+    from higgs_serve.audio.watermark_detect import MARKED_IN_PART
+
+    if found.verdict == "marked":
+        return "marked"
+    if found.verdict == "not_marked":
+        return "not marked"
+    if found.reason == MARKED_IN_PART:
+        return (f"inconclusive: marked in part only, {found.marked_frame_fraction:.0%} of the frames "
+                "judged")
+    # the network scores anything that is not speech at random (docs/api.md#watermark-and-provenance)
+    return "inconclusive: too little speech-like audio to judge; the score means nothing on noise, " \
+           "tones, music or silence"
 
 
 # ---------------------------------------------------------------------------- config show

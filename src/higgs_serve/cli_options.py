@@ -160,6 +160,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                         "speaking all the streams it can in real time) gets 503 with Retry-After at once "
                         f"(default {ServerSettings.ttfa_budget_s:g}; the deadline policy's: refused with "
                         "stages[0].deadlines.enabled false)")
+    p.add_argument("--detect-wait-s", type=float, default=ServerSettings.detect_wait_s,
+                   help="a watermark detection that finds every detection slot busy waits this long at "
+                        "most for one; past it, or when the queue plainly would not clear in time, 429 "
+                        "with Retry-After (0: refuse at once)")
     p.add_argument("--c2pa-cert", default=None, metavar="PEM",
                    help="sign wav, mp3 and flac files with a C2PA manifest saying a model made the audio: "
                         "this certificate chain (PEM, signing certificate first) with --c2pa-key "
@@ -241,7 +245,8 @@ def add_detect_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-rate", type=int, default=None,
                    help="the rate of headerless FILEs (default: 24000 for pcm, 8000 for ulaw and alaw)")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object a line: {\"file\", \"detected\", \"score\"}")
+                   help="one JSON object a line: {\"file\", \"detected\", \"verdict\", \"reason\", \"score\"} "
+                        "(reason: why a verdict is inconclusive, else null)")
 
 
 def add_make_tiny_model_flags(p: argparse.ArgumentParser) -> None:

@@ -43,7 +43,12 @@ class InputTooLongError(InvalidRequestError):
 
 
 class EngineOverloadedError(HiggsServeError):
-    """The waiting queue is full; the client should retry later."""
+    """The waiting queue is full; the client should retry later: in `retry_after_s` seconds when
+    the refusal knows when (None: the server's usual Retry-After)."""
+
+    def __init__(self, message: str = "", retry_after_s: int | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OverCapacityError(EngineOverloadedError):
@@ -52,8 +57,7 @@ class OverCapacityError(EngineOverloadedError):
     answers 503 with `Retry-After: retry_after_s` at once, rather than a stream that stutters."""
 
     def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s)
 
 
 class EngineDeadError(HiggsServeError):
@@ -88,5 +92,10 @@ class WatermarkUnavailableError(HiggsServeError):
 
 class EncoderFailedError(HiggsServeError):
     """A response's encoder process stopped (or its codec failed) mid-response, or the encoder
-    processes could not be started: that response ends with an error (a 500 if nothing was
-    sent), the others go on; at start-up the server refuses to start."""
+    processes could not be started: that response ends with an error (a 503 with Retry-After if
+    nothing was sent), the others go on; at start-up the server refuses to start."""
+
+
+class EncoderLostError(EncoderFailedError):
+    """The encoder process of a response died or stopped answering (not its codec refusing the
+    audio): a response none of whose bytes has left is retried on another process."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import time
 
 import pytest
@@ -245,7 +246,7 @@ def test_when_every_connection_is_being_served_a_newcomer_gets_a_503(capped):
 
 
 def test_the_default_cap_stays_below_the_open_file_limit(monkeypatch):
-    monkeypatch.setattr(connections.resource, "getrlimit", lambda _: (1024, 4096))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
     cap = connections.default_cap()
     assert 2 * cap + connections.RESERVED_FDS <= 1024 and cap >= 400
 

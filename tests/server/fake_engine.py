@@ -4,7 +4,9 @@ HTTP-layer tests without a model.
 Audio is a deterministic function of (seed, frame index): a sine whose pitch depends on the
 seed, 960 samples per frame, so equal seeds give equal audio and chunk boundaries never change
 the concatenated signal. The number of frames is min(max_new_tokens, frames_per_char * len(text)).
-Streaming yields `chunk_frames` frames per chunk with `step_delay_s` between chunks.
+Streaming yields `chunk_frames` frames per chunk with `step_delay_s` between chunks; a request
+answered as one file comes as one chunk, or `file_chunk_frames` at a time when that is set (as
+the real engine's file windows come while it generates).
 
 Test hooks: `hold` (threading.Event): while clear, requests whose text starts with "HOLD" wait
 before their first chunk; a streamed request whose text starts with "FULL" is refused as the real
@@ -54,11 +56,12 @@ class FakeEngine:
     sample_rate_hz = 24000
 
     def __init__(self, deploy: DeployConfig | None = None, chunk_frames: int = 5,
-                 frames_per_char: int = 2, step_delay_s: float = 0.0):
+                 frames_per_char: int = 2, step_delay_s: float = 0.0, file_chunk_frames: int | None = None):
         self.deploy = deploy or fake_deploy()
         self.chunk_frames = chunk_frames
         self.frames_per_char = frames_per_char
         self.step_delay_s = step_delay_s
+        self.file_chunk_frames = file_chunk_frames
         self.ready = False
         self.hold = threading.Event()
         self.hold.set()
@@ -127,7 +130,7 @@ class FakeEngine:
                 secrets.randbits(31)
             total = min(request.sampling.max_new_tokens, self.frames_per_char * len(request.text))
             reason = "length" if total == request.sampling.max_new_tokens else "stop"
-            step = self.chunk_frames if request.stream else total
+            step = self.chunk_frames if request.stream else (self.file_chunk_frames or total)
             emitted = 0
             while emitted < total:
                 await asyncio.sleep(self.step_delay_s)

@@ -67,4 +67,16 @@ def test_headerless_samples_without_format_are_told_about_format(fake_server):
     got = httpx.post(f"{fake_server.url}{PATH}", files={"file": ("call.ulaw", ulaw)}, timeout=60)
     assert got.status_code == 400
     error = got.json()["error"]
-    assert error["param"] == "file" and "need format: pcm, ulaw, alaw" in error["message"]
+    assert error["param"] == "file" and "need format (pcm, ulaw or alaw)" in error["message"]
+
+
+def test_the_cli_names_its_flags_not_the_endpoints_fields(tmp_path):
+    """Issue 61: `higgs-serve detect README.md` told of the endpoint's `format` field; the CLI's
+    errors name its flags (and only them)."""
+    text = tmp_path / "README.md"
+    text.write_text("# not audio\n" * 50)
+    done = subprocess.run([sys.executable, "-m", "higgs_serve.cli", "detect", str(text)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "need --format (pcm, ulaw or alaw)" in done.stderr, done.stderr
+    assert "need format" not in done.stderr and "sample_rate" not in done.stderr

@@ -1,12 +1,15 @@
 """Encoder processes that stop answering or die, through the HTTP surfaces (fake engine, real
 uvicorn, two real encoder processes, --worker-timeout-s 1): a SIGSTOPped process is timed out,
-its responses end cleanly (a raw stream truncated, SSE with an `encoder_failed` event, a file
-with a 500), the others finish, no new response goes to it, and it is replaced; a killed
-process logs one line per response and one for itself, never a traceback (issue 52)."""
+its responses end cleanly (a raw stream truncated, SSE with an `encoder_failed` event), a file
+(none of whose bytes has left) is retried on the other process and whole (issue 61: no 500),
+a file whose retry fails too is a 503 with Retry-After, the others finish, no new response goes
+to it, and it is replaced; a killed process logs one line per response and one for itself,
+never a traceback (issue 52)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -14,10 +17,13 @@ import signal
 import time
 
 import httpx
+import numpy as np
 import pytest
-from fake_engine import FakeEngine, fake_deploy
+import soundfile as sf
+from fake_engine import FakeEngine, fake_audio, fake_deploy
 from live_server import assigned_streams, fake_settings, metric, start_threaded_server, until
 from server_log import server_log
+from support.decoders import av_decode
 
 WAIT_S = 15.0  # the longest a step of these tests waits for the pool
 TIMEOUT_S = 1.0  # --worker-timeout-s
@@ -76,6 +82,8 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
                 tasks.append(asyncio.ensure_future(kind(client, fmt)))
                 await until(lambda: assigned_streams(pool) == len(tasks), WAIT_S)
             assert first.streams == second.streams == 2
+            # their first bytes out (one would else be retried whole: the test after the next)
+            await asyncio.sleep(0.3)
             stopped = first.pid
             os.kill(stopped, signal.SIGSTOP)
             stopped_at = time.monotonic()
@@ -99,10 +107,11 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
         assert metric(http, "higgs_serve_encoder_streams") == 0
 
 
-def test_a_file_on_a_stopped_process_is_a_500_and_the_next_goes_to_the_other(server):
-    """An idle process is stopped: the next file (one chunk, the fake engine's whole audio) is
-    assigned to it (it owes nothing yet), times out as a 500; the one after it, sent while the
-    stopped process is silent, goes to the other process and is whole."""
+def test_a_file_on_a_stopped_process_is_retried_on_the_other_and_whole(server):
+    """An idle process is stopped: the next file (the fake engine's 25 frames) is assigned to it
+    (it owes nothing yet) and times out; none of its bytes has left, so it is retried on the
+    other process and answered whole (issue 61: before, a 500); the one after it goes to the
+    other process at once."""
     pool = server.app.state.server.encode_pool
     short = {**BODY, "max_new_tokens": 25, "min_new_tokens": 25, "stream": False, "response_format": "aac"}
 
@@ -112,17 +121,113 @@ def test_a_file_on_a_stopped_process_is_a_500_and_the_next_goes_to_the_other(ser
         first = pool._processes[0]
         os.kill(first.pid, signal.SIGSTOP)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            failed = asyncio.ensure_future(client.post("/v1/audio/speech", json=short))
+            retried = asyncio.ensure_future(client.post("/v1/audio/speech", json=short))
             await until(lambda: first.streams == 1, WAIT_S)
             await until(lambda: first.silent_s(time.monotonic()) > TIMEOUT_S / 4, WAIT_S)
             served = await client.post("/v1/audio/speech", json=short)
-            failed = await failed
+            retried = await retried
             await until(lambda: pool.restarts == restarts + 1, WAIT_S)
-        return failed, served
+        return retried, served
 
-    failed, served = asyncio.run(run())
-    assert failed.status_code == 500 and failed.json()["error"]["code"] == "encoder_failed"
-    assert served.status_code == 200 and served.content[:2] == b"\xff\xf1"  # an ADTS frame
+    with server_log() as records:
+        retried, served = asyncio.run(run())
+    for answer in (retried, served):
+        assert answer.status_code == 200 and answer.content[:2] == b"\xff\xf1"  # an ADTS frame
+        assert int(answer.headers["content-length"]) == len(answer.content)
+        assert abs(av_decode(answer.content, "aac", 24000).size - 25 * 960) < 2048
+    assert retried.content == served.content  # the same audio, encoded whole on the other process
+    lines = [r.getMessage() for r in records if "retrying its response on another encoder process" in r.getMessage()]
+    assert len(lines) == 1 and not [r for r in records if r.exc_info]
+
+
+def test_a_stream_whose_process_stops_before_its_first_byte_is_retried_and_whole(server):
+    """A raw mp3 stream assigned to a process stopped while idle: its first chunk is never
+    answered, none of its bytes has left, so it is retried on the other process and read to its
+    end, as long as the same stream made without a failure."""
+    pool = server.app.state.server.encode_pool
+
+    async def run():
+        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
+        restarts = pool.restarts
+        first = pool._processes[0]
+        os.kill(first.pid, signal.SIGSTOP)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            retried = await _raw(client, "mp3")
+            await until(lambda: pool.restarts == restarts + 1 and len(pool.pids()) == 2, WAIT_S)
+            await until(lambda: assigned_streams(pool) == 0, WAIT_S)
+            plain = await _raw(client, "mp3")
+        return retried, plain
+
+    with server_log() as records:
+        retried, plain = asyncio.run(run())
+    assert retried == plain and retried[0] == "ok"
+    assert len([r for r in records if "retrying its response" in r.getMessage()]) == 1
+
+
+def test_files_on_a_process_stopped_mid_file_are_retried_whole_and_streams_end_cleanly(server):
+    """Issue 61's acceptance: two files half made and two streams playing, assigned in turn to
+    the two processes (flac and the raw stream on the first); the first is stopped. No response
+    is a 500: its file is replayed on the other process from the audio it had sent (kept until
+    the file is finished) and is whole, its header stating its length; its stream, whose bytes
+    had left, ends cut (the clear way: no last chunk); the other process's finish whole."""
+    pool = server.app.state.server.encode_pool
+    server.engine.file_chunk_frames = 5  # files made window by window, as the real engine's
+
+    async def file(client, fmt):
+        return await client.post("/v1/audio/speech", json={**BODY, "response_format": fmt, "stream": False})
+
+    async def run():
+        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
+        first, second = pool._processes
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            tasks = []
+            for job in [lambda: file(client, "flac"), lambda: file(client, "mp3"),
+                        lambda: _raw(client, "mp3"), lambda: _sse(client, "opus")]:
+                tasks.append(asyncio.ensure_future(job()))
+                await until(lambda: assigned_streams(pool) == len(tasks), WAIT_S)
+            await asyncio.sleep(1.0)  # a quarter of their audio made and sent to the processes
+            os.kill(first.pid, signal.SIGSTOP)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    with server_log() as records:
+        try:
+            flac, mp3, raw, sse = asyncio.run(run())
+        finally:
+            server.engine.file_chunk_frames = None
+    for answer in (flac, mp3):
+        assert answer.status_code == 200, answer.text
+        assert int(answer.headers["content-length"]) == len(answer.content)
+    info = sf.info(io.BytesIO(flac.content))  # STREAMINFO's total samples: the whole file
+    assert info.frames == FRAMES * 960
+    assert np.array_equal(sf.read(io.BytesIO(flac.content), dtype="int16")[0],
+                          np.round(np.clip(fake_audio(5, 0, FRAMES), -1, 1) * 32767).astype(np.int16))
+    assert abs(av_decode(mp3.content, "mp3", 24000).size - FRAMES * 960) < 1152
+    assert raw[0] == "cut" and sse == ("speech.audio.done", "")
+    retried = [r.getMessage() for r in records if "retrying its response" in r.getMessage()]
+    assert len(retried) == 1, retried  # the stopped process's file
+    assert not [r for r in records if r.exc_info]
+
+
+def test_a_file_whose_retry_fails_too_is_a_503_with_retry_after(server):
+    """Both processes stopped: the file times out on one, is retried on the other, times out
+    again: a 503 in OpenAI's shape with Retry-After (the server's failure, not the request's)."""
+    pool = server.app.state.server.encode_pool
+    short = {**BODY, "max_new_tokens": 25, "min_new_tokens": 25, "stream": False, "response_format": "mp3"}
+
+    async def run():
+        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
+        restarts = pool.restarts
+        for process in pool._processes:
+            os.kill(process.pid, signal.SIGSTOP)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            failed = await client.post("/v1/audio/speech", json=short)
+        await until(lambda: pool.restarts == restarts + 2 and len(pool.pids()) == 2, 2 * WAIT_S)
+        return failed
+
+    failed = asyncio.run(run())
+    assert failed.status_code == 503 and failed.headers["Retry-After"] == "1"
+    assert failed.json()["error"] == {"message": "encoding the audio failed on the server; retry the request",
+                                      "type": "server_error", "param": None, "code": "encoder_failed"}
 
 
 def test_a_killed_encoder_process_logs_one_line_per_response_and_no_traceback(server):
@@ -143,13 +248,16 @@ def test_a_killed_encoder_process_logs_one_line_per_response_and_no_traceback(se
     with server_log() as records:
         victim, results = asyncio.run(run())
     failed = [r for r in results if r[0] in ("cut", "speech.audio.error")]
-    assert len(failed) == 3  # the victim's: every other response
     assert not [r for r in records if r.exc_info]
     lines = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    # the victim's responses (every other one) end, each with one line; one whose codec had not
+    # yet given its first bytes (a loaded host) is retried whole instead, with one line
+    retried = [m for m in lines if "retrying its response on another encoder process" in m]
+    assert len(failed) + len(retried) == 3, (results, lines)
     per_response = [m for m in lines if "ended early" in m or "response encoding failed" in m]
-    assert len(per_response) == 3, lines
+    assert len(per_response) == len(failed), lines
     assert len([m for m in lines if f"encoder process {victim} exited" in m]) == 1
     # uvicorn closes each cut stream with one line of its own; nothing else is logged
-    others = [m for m in lines if m not in per_response and f"encoder process {victim}" not in m
+    others = [m for m in lines if m not in per_response + retried and f"encoder process {victim}" not in m
               and m != "ASGI callable returned without completing response."]
     assert others == []

@@ -126,7 +126,8 @@ def test_bad_sampling_value_is_the_first_thing_said(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("flag, value, words", [("--max-input-chars", "0", "--max-input-chars must be positive"),
                                                 ("--max-queue", "-1", "--max-queue must be >= 0, got -1"),
-                                                ("--ttfa-budget-s", "0", "--ttfa-budget-s must be positive")])
+                                                ("--ttfa-budget-s", "0", "--ttfa-budget-s must be positive"),
+                                                ("--detect-wait-s", "-1", "--detect-wait-s must be >= 0, got -1")])
 def test_serve_settings_are_checked_before_loading(no_load, capsys, tiny_model_dir, flag, value, words):
     """Each refusal names the flag the user gave (issue 50: not the setting's field name)."""
     err = _error(capsys, "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu", flag, value)

@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -165,3 +166,21 @@ def test_control_tokens_in_user_text_never_become_control_ids(pb):
 def test_plain_text_tokenization_is_unchanged(pb):
     text = "<|emotion:happy|> Hello <|prosody:pause|> there."
     assert pb.tok(text) == pb.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_a_long_inputs_token_count_is_counted_in_pieces_and_the_same(pb):
+    """Issue 61: a 100,000-character input is counted in word-aligned pieces (the whole text's
+    encoding held ~10 MB the allocator kept); the count equals the whole text's, whatever the
+    spacing, digits, punctuation and spelled control tokens."""
+    from higgs_serve.model.prompt import COUNT_PIECE_CHARS, _word_pieces
+
+    rng = np.random.default_rng(3)
+    words = ["hello", "world,", "it's", "12345", "<|audio|>", "naïve", "—", "x" * 40, "end.\n\n", "  two",
+             "tab\there", "ok?!", "3.14159", "über-long-hyphenated-word"]
+    text = " ".join(rng.choice(words, 30_000))
+    assert len(text) > 25 * COUNT_PIECE_CHARS
+    pieces = list(_word_pieces(text, COUNT_PIECE_CHARS))
+    assert "".join(pieces) == text and len(pieces) > 25
+    assert all(len(p) <= COUNT_PIECE_CHARS for p in pieces[:-1])
+    assert pb.count_text_tokens(text) == len(pb.tok(text))
+    assert list(_word_pieces("a" * 10_000, COUNT_PIECE_CHARS)) == ["a" * 10_000]  # no break: whole

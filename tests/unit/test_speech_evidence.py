@@ -49,3 +49,21 @@ def test_the_verdict_rule():
     assert verdict(0.99, 0.98, speech) == MARKED
     assert verdict(0.05, 0.0, speech) == NOT_MARKED
     assert verdict(0.8, 0.4, speech) == INCONCLUSIVE  # a mark in part of the frames only
+
+
+def test_an_inconclusive_verdict_names_its_actual_cause():
+    """Issue 61: the detector knows which minimum failed; the CLI's line says that one only."""
+    from higgs_serve.audio.watermark_detect import MARKED_IN_PART, TOO_LITTLE_SPEECH, Finding
+    from higgs_serve.cli import verdict_line
+
+    speech = Evidence(active_s=4.0, depth_db=12.0, dips_per_s=3.0, rich_bins=25.0)
+    noise = Evidence(active_s=20.0, depth_db=2.0, dips_per_s=0.1, rich_bins=40.0)  # the tiny model's 20 s
+    cases = [(Finding(verdict(1.0, 1.0, noise), 1.0, 1.0, noise), TOO_LITTLE_SPEECH, "too little speech-like audio"),
+             (Finding(verdict(0.8, 0.4, speech), 0.8, 0.4, speech), MARKED_IN_PART, "marked in part only, 40% of"),
+             (Finding(verdict(0.99, 0.98, speech), 0.99, 0.98, speech), None, "marked"),
+             (Finding(verdict(0.05, 0.0, speech), 0.05, 0.0, speech), None, "not marked")]
+    for found, reason, words in cases:
+        assert found.reason == reason
+        assert verdict_line(found).split(": ", 1)[-1].startswith(words), verdict_line(found)
+    assert "marked in part" not in verdict_line(cases[0][0])
+    assert "too little" not in verdict_line(cases[1][0])

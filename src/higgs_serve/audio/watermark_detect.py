@@ -9,9 +9,11 @@ The verdict (docs/model.md#what-the-detector-judges) is one of three:
   score is at least THRESHOLD, and the mark is in nearly every frame it judges
   (MIN_MARKED_FRAME_FRACTION);
 - `not_marked`: speech-like enough, and the score is under THRESHOLD;
-- `inconclusive`: too little speech-like signal to judge (tones, chords, noise, silence, music),
-  or a score above the threshold from marks in part of the frames only. `detected` is true for
-  `marked` alone.
+- `inconclusive`: too little speech-like signal to judge (tones, chords, noise, silence, music:
+  reason `too_little_speech`), or a score above the threshold from marks in part of the frames
+  only (reason `marked_in_part`). `detected` is true for `marked` alone.
+
+Messages name the caller's own options (`Naming`): the endpoint's form fields, or the CLI's flags.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ HEADERLESS_DEFAULT_RATE_HZ = {"pcm": 24_000, "ulaw": 8_000, "alaw": 8_000}
 # split (benchmarks/results/watermark_negatives_calibration_cpu.json; docs/model.md#what-the-detector-judges).
 MIN_MARKED_FRAME_FRACTION = 0.65
 MARKED, NOT_MARKED, INCONCLUSIVE = "marked", "not_marked", "inconclusive"
+# why a verdict is inconclusive (the detector knows which)
+TOO_LITTLE_SPEECH, MARKED_IN_PART = "too_little_speech", "marked_in_part"
 # samples handed to the resampler and the scorers at a time (after decoding's own blocks)
 _PUSH_SAMPLES = 65_536
 
@@ -54,6 +58,25 @@ class Finding:
     def detected(self) -> bool:
         return self.verdict == MARKED
 
+    @property
+    def reason(self) -> str | None:
+        """Why the verdict is inconclusive (None for the others): the rule's first unmet step."""
+        if self.verdict != INCONCLUSIVE:
+            return None
+        return TOO_LITTLE_SPEECH if not self.evidence.speech_like else MARKED_IN_PART
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What a caller calls detection's options in its messages."""
+
+    format: str
+    sample_rate: str
+
+
+ENDPOINT_NAMING = Naming("format", "sample_rate")  # POST /v1/audio/watermark/detect's form fields
+CLI_NAMING = Naming("--format", "--sample-rate")  # `higgs-serve detect`'s flags
+
 
 def verdict(score: float, marked_frame_fraction: float, evidence: Evidence) -> str:
     """The rule the module note states."""
@@ -65,22 +88,26 @@ def verdict(score: float, marked_frame_fraction: float, evidence: Evidence) -> s
 
 
 def open_for_detection(source: Source, param: str, encoding: str | None = None,
-                       rate_hz: int | None = None) -> DecodedClip:
+                       rate_hz: int | None = None, naming: Naming = ENDPOINT_NAMING) -> DecodedClip:
     """An audio file (bytes or a seekable binary file; any format audio/decode.py reads), or
     headerless samples when `encoding` is pcm, ulaw or alaw (at `rate_hz`, default that
-    encoding's usual rate), header checked. InvalidRequestError names `param` (or the field)."""
+    encoding's usual rate), header checked. InvalidRequestError names `param` (or the option,
+    as `naming` calls it)."""
+    *others, last = HEADERLESS
+    encodings = f"{', '.join(others)} or {last}"
     if encoding is None:
         if rate_hz is not None:
-            raise InvalidRequestError("sample_rate is for headerless audio: give format (pcm, ulaw or alaw) "
-                                      "too, or leave it out for a file with a header", param="sample_rate")
+            raise InvalidRequestError(f"{naming.sample_rate} is for headerless audio: give {naming.format} "
+                                      f"({encodings}) too, or leave it out for a file with a header",
+                                      param="sample_rate")
         try:
             return open_clip(source, param, DETECT_MAX_SECONDS, what="audio to check")
         except UnreadableAudioError as error:  # headerless samples read as a file: say how to send them
-            raise InvalidRequestError(f"{error}; headerless samples (16-bit pcm, µ-law, A-law) need format: "
-                                      f"{', '.join(HEADERLESS)}", param=param) from error
+            raise InvalidRequestError(f"{error}; headerless samples (16-bit pcm, µ-law, A-law) need "
+                                      f"{naming.format} ({encodings})", param=param) from error
     if encoding not in HEADERLESS:
-        raise InvalidRequestError(f"format {encoding!r} is not a headerless encoding; one of "
-                                  f"{', '.join(HEADERLESS)} (files with a header need no format)", param="format")
+        raise InvalidRequestError(f"{naming.format} {encoding!r} is not a headerless encoding; one of "
+                                  f"{encodings} (files with a header need no {naming.format})", param="format")
     if rate_hz is None:
         rate_hz = HEADERLESS_DEFAULT_RATE_HZ[encoding]
     return open_headerless(source, encoding, rate_hz, param, DETECT_MAX_SECONDS, what="audio to check")
@@ -104,9 +131,9 @@ class LazyDetector:
             return self._watermark
 
     def detect_file(self, source: Source | BinaryIO, param: str, encoding: str | None = None,
-                    rate_hz: int | None = None) -> Finding:
+                    rate_hz: int | None = None, naming: Naming = ENDPOINT_NAMING) -> Finding:
         """Decode, resample and score `source` in one pass (open_for_detection's arguments)."""
-        clip = open_for_detection(source, param, encoding, rate_hz)
+        clip = open_for_detection(source, param, encoding, rate_hz, naming)
         try:
             return self.detect_blocks(clip.blocks, clip.rate_hz, param)
         finally:

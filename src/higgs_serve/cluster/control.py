@@ -61,7 +61,8 @@ def build_control_app(frontend: Frontend) -> FastAPI:
     app.state.frontend = frontend
     install_error_handlers(app)
     app.state.server = _VoiceRoutes(frontend.voices, ServerSettings(
-        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector(), DetectSlots())
+        max_input_chars=frontend.settings.max_input_chars), AudioWorkers(2), LazyDetector(),
+        DetectSlots(wait_s=frontend.settings.detect_wait_s))
     app.include_router(voices_router.router)  # the key and body limits were checked by the relay
     app.include_router(watermark_router.router)
     _add_health(app, frontend)

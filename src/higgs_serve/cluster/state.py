@@ -13,6 +13,7 @@ from higgs_serve.cluster.replicas import POLL_INTERVAL_S, Replica, Supervisor
 from higgs_serve.cluster.routing import Router
 from higgs_serve.cluster.voice_sync import FanOutRegistry, reconcile, stored_audio_or_none
 from higgs_serve.server.settings import (
+    DEFAULT_DETECT_WAIT_S,
     DEFAULT_MAX_INPUT_CHARS,
     DEFAULT_SEND_TIMEOUT_S,
     DEFAULT_WS_IDLE_TIMEOUT_S,
@@ -35,6 +36,7 @@ class FrontendSettings:
     max_detect_bytes: int = DETECT_MAX_BYTES + MULTIPART_OVERHEAD_BYTES  # watermark detection
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
+    detect_wait_s: float = DEFAULT_DETECT_WAIT_S  # the control plane's detections, as a server's
     # open client connections the relay allows; None: as many as the open-file limit allows
     # (cluster/relay/connections.py)
     max_connections: int | None = None
@@ -49,6 +51,7 @@ class FrontendSettings:
                    max_input_chars=server.max_input_chars,
                    max_json_body_bytes=server.max_json_body_bytes,
                    send_timeout_s=server.send_timeout_s, ws_idle_timeout_s=server.ws_idle_timeout_s,
+                   detect_wait_s=server.detect_wait_s,
                    c2pa_claim=claim_json(__version__) if server.c2pa_cert is not None else None,
                    playground=server.playground)
 

@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import partial
 
 import uvicorn
 from fastapi import FastAPI, Security
@@ -29,6 +30,7 @@ from higgs_serve.metrics import ServerMetrics
 from higgs_serve.server.auth import ApiKeyMiddleware
 from higgs_serve.server.errors import install_error_handlers
 from higgs_serve.server.limits.body_limit import BodyLimitMiddleware
+from higgs_serve.server.limits.connections import ServerConnection, server_cap
 from higgs_serve.audio.provenance import Provenance
 from higgs_serve.audio.watermark_detect import DETECT_MAX_BYTES
 from higgs_serve.server.routers import health, speech, speech_batch, speech_stream, voices, watermark
@@ -175,12 +177,15 @@ SHUTDOWN_ABORT_WINDOW_S = 2  # after the grace period: for aborted requests to a
 
 
 def draining_server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
-    """uvicorn for `app`, whose shutdown aborts what is left after the grace period."""
+    """uvicorn for `app`, whose shutdown aborts what is left after the grace period; its
+    connections capped below the open-file limit, closed lingering after an early answer
+    (server/limits/connections.py)."""
     grace_s = server_state_of(app).settings.graceful_shutdown_s
     settings = server_state_of(app).settings
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_ABORT_WINDOW_S,
-                            ws_max_size=settings.max_ws_message_bytes)
+                            ws_max_size=settings.max_ws_message_bytes,
+                            http=partial(ServerConnection, cap=server_cap()))
     return DrainingServer(config, server_state_of(app), grace_s)
 
 

@@ -70,14 +70,17 @@ def to_api_error(error: Exception) -> ApiError:
     if isinstance(error, EngineOverloadedError):
         return ApiError(429, str(error) or "the request queue is full; retry later",
                         type="overloaded_error", code="queue_full",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+                        headers={"Retry-After": str(error.retry_after_s or RETRY_AFTER_S)})
     if isinstance(error, EngineDeadError):
         return ApiError(503, "the engine has stopped; the server must be restarted",
                         type="server_error", code="engine_dead")
     if isinstance(error, EncoderFailedError):  # the details are in the server's log
+        # the server's own failure, not the request's: a 503 the client may retry (a process
+        # lost before any byte left was already retried once: server/last_mile/encode_pool.py)
         logger.warning("response encoding failed: %s", error)
-        return ApiError(500, "encoding the audio failed on the server; retry the request",
-                        type="server_error", code="encoder_failed")
+        return ApiError(503, "encoding the audio failed on the server; retry the request",
+                        type="server_error", code="encoder_failed",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(error, WatermarkUnavailableError):
         return ApiError(503, f"watermark detection is not available on this server: {error}",
                         type="server_error", code="watermark_unavailable")

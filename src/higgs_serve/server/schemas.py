@@ -341,6 +341,10 @@ class WatermarkDetection(BaseModel):
         description="marked; not_marked (speech, no mark); inconclusive (too little speech-like "
                     "signal to judge, e.g. tones, noise, silence or music, or a mark in part of "
                     "the audio only)")
+    reason: Literal["too_little_speech", "marked_in_part"] | None = Field(
+        default=None, description="why the verdict is inconclusive (null otherwise): "
+                                  "too_little_speech (not speech-like enough to judge, whatever "
+                                  "the score) or marked_in_part (the mark in part of the frames only)")
     score: float = Field(description="the detector network's output, 0 (unmarked) to 1 (marked): "
                                      "meaningful for speech only (see verdict)")
 

@@ -18,6 +18,9 @@ DEFAULT_MAX_AUDIO_S = 7200.0  # a long-form response or WebSocket session stops 
 DEFAULT_WS_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
+# A watermark detection that finds every detection slot busy waits at most this long for one
+# (server/limits/detect_slots.py): a batch of small checks waits its turn instead of a 429.
+DEFAULT_DETECT_WAIT_S = 5.0
 # A streamed request whose first audio the engine predicts later than this (its queue wait while
 # the engine speaks all the streams it can in real time, then its first chunk) gets 503 with
 # Retry-After at once (engine/deadlines/; docs/api.md#over-capacity): a listener waits at most
@@ -121,6 +124,9 @@ class ServerSettings:
     alignment_workers: int = DEFAULT_ALIGNMENT_WORKERS
     # seconds of audio that may wait for one aligner process (past it: a words overload error)
     alignment_queue_s: float = DEFAULT_ALIGNMENT_QUEUE_S
+    # a watermark detection that finds every detection slot busy waits this long at most for
+    # one; past it (or when it plainly would), 429 with Retry-After (server/limits/detect_slots.py)
+    detect_wait_s: float = DEFAULT_DETECT_WAIT_S
     # a worker process (encoder, aligner) owing an answer this long is killed and replaced
     worker_timeout_s: float = DEFAULT_WORKER_TIMEOUT_S
     # the worker processes' cores ("auto", "all" or a list such as "2-7") and added niceness
@@ -160,7 +166,8 @@ class ServerSettings:
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         for name, value in {"--max-queue": self.max_queue, "--encode-processes": self.encode_processes,
-                            "--alignment-workers": self.alignment_workers}.items():
+                            "--alignment-workers": self.alignment_workers,
+                            "--detect-wait-s": self.detect_wait_s}.items():
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
         if not isinstance(self.playground, bool):

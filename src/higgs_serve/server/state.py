@@ -93,7 +93,8 @@ class ServerState:
     audio_workers: AudioWorkers = field(default_factory=lambda: AudioWorkers(AUDIO_WORKERS))
     # POST /v1/audio/watermark/detect: on the CPU, loaded at its first request
     detector: LazyDetector = field(default_factory=LazyDetector)
-    detect_slots: DetectSlots = field(default_factory=DetectSlots)  # detections in flight
+    # detections in flight (None: built from the settings' --detect-wait-s)
+    detect_slots: DetectSlots | None = None
     # signs whole files (C2PA) when the operator gave a certificate and key; None: unsigned
     provenance: Provenance | None = None
     # response encoding (server/last_mile/audio_out.py), apart from reference work: --encode-threads
@@ -116,6 +117,8 @@ class ServerState:
         if self.encode_workers is None:
             self.encode_workers = AudioWorkers(self.settings.encode_threads, "higgs-encode")
         settings = self.settings
+        if self.detect_slots is None:
+            self.detect_slots = DetectSlots(wait_s=settings.detect_wait_s)
         if self.aligner_pool is None and settings.alignment_workers > 0:
             self.aligner_pool = AlignerPool(settings.alignment_workers, timeout_s=settings.worker_timeout_s,
                                             queue_s=settings.alignment_queue_s,

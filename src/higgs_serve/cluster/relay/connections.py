@@ -6,30 +6,27 @@ probe. So connections are capped below the open-file limit (`default_cap`). At t
 connection takes the place of the oldest one that is idle or still sending its request (a slow
 or stalled client; it is answered 503 and closed), so a client that sends its request at once is
 served however many slow ones are open; when every open connection is being served, the
-newcomer gets the 503 instead (docs/scaling-out.md, "The front end's HTTP").
+newcomer gets the 503 instead (docs/scaling-out.md, "The front end's HTTP"). The budget and the
+choice are the single server's too (server/limits/connections.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import resource
 import time
 
 from higgs_serve.cluster.relay.requests import RequestReader
 from higgs_serve.cluster.relay.upstream import Upstream
 from higgs_serve.cluster.relay.wire import HttpError, error_bytes
+from higgs_serve.server.limits.connections import RESERVED_FDS, connection_cap, oldest_idle
 
 IDLE, READING, SERVING, TUNNEL = "idle", "reading", "serving", "tunnel"
-RESERVED_FDS = 64  # the control plane, the replicas' pipes and sockets, logs, the supervisor
-MIN_CAP = 16
 
 
 def default_cap() -> int:
-    """Connections the open-file limit allows, two descriptors each, less a reserve."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(MIN_CAP, (soft - RESERVED_FDS) // 2)
+    """Connections the open-file limit allows, two descriptors each, less RESERVED_FDS (the
+    control plane, the replicas' pipes and sockets, logs, the supervisor)."""
+    return connection_cap(2, RESERVED_FDS)
 
 
 def too_many() -> HttpError:
@@ -57,6 +54,11 @@ class Conn:
     @property
     def busy(self) -> bool:
         return self.stage in (READING, SERVING)
+
+    @property
+    def evictable(self) -> bool:
+        """Idle, or still sending its request: it may be closed for a newcomer at the cap."""
+        return self.stage in (IDLE, READING)
 
     @property
     def sending(self) -> bool:
@@ -93,8 +95,7 @@ class Connections:
     def admit(self, conn: Conn) -> bool:
         """Take `conn` in, making room if needed; False when there is none."""
         if len(self.open) >= self.cap:
-            victim = min((c for c in self.open if c.stage in (IDLE, READING)),
-                         key=lambda c: c.since, default=None)
+            victim = oldest_idle(self.open)
             if victim is None:
                 return False
             self.open.discard(victim)

@@ -50,6 +50,7 @@ from higgs_serve.cluster.relay.ws_relay import PATH as WS_PATH
 from higgs_serve.cluster.routing import RETRYABLE_STATUS, batch_routing_key, body_key, routing_key
 from higgs_serve.server import auth
 from higgs_serve.server.errors import RETRY_AFTER_S
+from higgs_serve.server.limits.connections import LINGER_S
 from higgs_serve.server.routers.watermark import DETECT_PATH
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ ROUTED: Mapping[str, Callable[[dict], str | None]] = {
 CLIENT_IDLE_S = 5.0  # a connection with no (whole) request head for this long is closed (uvicorn's)
 BODY_GRACE_S = 10.0  # a body has this long, then must keep arriving at...
 MIN_BODY_BYTES_PER_S = 64 * 1024  # ...this rate on average (else 408 and close)
-LINGER_S = 2.0  # how long a refused upload may go on being sent (and discarded)
 READ_BYTES = 256 * 1024
 # to a replica: not the client's key (replicas take none) nor its hop headers
 _TO_REPLICA_DROP = HOP_HEADERS | {b"authorization"}

@@ -5,7 +5,9 @@ arrives, in bounded memory.
 patches apply) and writes the bytes to a spooled temporary file that stays in memory up to
 SPOOL_MEMORY_BYTES and moves to disk (the system temp directory) past it. Nothing holds the
 float audio: a 7,200 s long-form WAV is 345 MB on disk and about SPOOL_MEMORY_BYTES of RSS
-(docs/api.md#limits). `file_response` sends it with its Content-Length and closes it after.
+(docs/api.md#limits). An encoding that restarted on another encoder process (its own lost:
+server/last_mile/encode_pool.py) hands back every byte from the start: the file starts over with
+them. `file_response` sends it with its Content-Length and closes it after.
 
 Signed provenance (audio/provenance.py): when the server signs and the finished file is a wav,
 mp3 or flac of at most SIGN_MAX_BYTES, `finish` has c2pa read the complete file (header patches
@@ -53,6 +55,7 @@ class AudioFile:
         self._signing = signing
         self._file = _spool()
         self.size_bytes = 0
+        self._restarts = 0  # the encoding's restarts seen (AudioOut.restarts)
         self.finished = False
         self.signed = False  # carries a C2PA manifest
         self.unsigned_reason: str | None = None  # signing was tried and failed: why
@@ -102,6 +105,11 @@ class AudioFile:
         return {CLAIM_HEADER: self._signing.provenance.claim, **why}
 
     def _write(self, data: bytes) -> None:
+        if self._out.restarts != self._restarts:  # `data` is the whole file so far: start over
+            self._restarts = self._out.restarts
+            self._file.seek(0)
+            self._file.truncate()
+            self.size_bytes = 0
         self._file.write(data)
         self.size_bytes += len(data)
 

@@ -65,6 +65,13 @@ class AudioOut:
         """The last audio (if any) and everything still held: resampler tail, codec, trailer."""
         return await self._run(np.zeros(0, np.float32) if audio is None else audio, True)
 
+    @property
+    def restarts(self) -> int:
+        """Times the encoding started over on another encoder process (its process lost before
+        any byte left); the bytes of the call that restarted it are all the bytes from the start
+        (server/last_mile/encode_pool.py)."""
+        return self._remote.restarts if self._remote is not None else 0
+
     def patches(self) -> list[Patch]:
         """After close: header rewrites for a file (see audio/encoders)."""
         return self._remote.patches() if self._remote is not None else self._local.patches()

@@ -16,9 +16,13 @@ float_to_int16, so its bytes are the ones the process would have made.
   process's queue holds at most one chunk per response assigned to it, and the admission gate
   bounds the responses; writes wait while a socket's buffer is past WRITE_HIGH_WATER_BYTES
   (encoder_process.py).
-- Failure: a process that dies (its socket reads EOF) fails the calls and the later chunks of
-  its own responses with `EncoderFailedError` (a stream ends truncated or with an error event, a
-  file is a 500) and is replaced; the others never notice.
+- Failure: a process that dies (its socket reads EOF) fails its calls with `EncoderLostError`
+  and is replaced; the others never notice. A response whose process is lost before any of its
+  bytes has left is retried once on another process: the audio it sent is kept (a stream's until
+  its first bytes, a file's until it is finished: server/last_mile/encoder_tape.py) and replayed
+  there, and a file starts over with the replay's bytes (`restarts`). Past that, or when the
+  retry fails too, the response fails with the error (a stream ends truncated or with an error
+  event, a file is a 503 with Retry-After).
 - Not answering: a process that owes a reply and has sent none for `timeout_s` (plus its
   current call's allowance, encoder_process.py) is stopped or stuck: the watchdog SIGKILLs it and
   it fails and is replaced as a dead one is. Meanwhile it gets no new response once it has been
@@ -47,8 +51,9 @@ from higgs_serve.audio.encode_pipeline import EncodeSpec
 from higgs_serve.audio.encoders.base import Patch
 from higgs_serve.audio.formats import float_to_int16
 from higgs_serve.config.worker_processes import DEFAULT_WORKER_TIMEOUT_S, NO_PLACEMENT, WorkerPlacement
-from higgs_serve.errors import EncoderFailedError
+from higgs_serve.errors import EncoderFailedError, EncoderLostError
 from higgs_serve.server.last_mile.encoder_process import EncoderProcess
+from higgs_serve.server.last_mile.encoder_tape import REPLAY_PIECE_S, EncoderTape
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +67,8 @@ WATCH_INTERVAL_S = 1.0  # at most; a quarter of the timeout when that is shorter
 
 class EncoderStream:
     """One response's pipeline in an encoder process. Calls go one at a time (the response
-    awaits each chunk); the first assigns the process and opens the pipeline there."""
+    awaits each chunk); the first assigns the process and opens the pipeline there. Its audio is
+    taped while a lost process may still be replaced by another (module note)."""
 
     def __init__(self, pool: EncodePool, spec: EncodeSpec, stream_id: int):
         self._pool = pool
@@ -75,9 +81,12 @@ class EncoderStream:
         self.closed = False
         self.released = False  # ended without a close (release)
         self._patches: list[Patch] = []
+        self._tape: EncoderTape | None = EncoderTape(wire.FLOAT_DTYPE if spec.float_stages else np.int16)
+        self.restarts = 0  # times its pipeline started over on another process
 
     async def convert(self, audio: np.ndarray, last: bool) -> bytes:
-        """audio: [n] float32 at the model's rate -> the bytes ready (all of them when last)."""
+        """audio: [n] float32 at the model's rate -> the bytes ready (all of them when last).
+        After a restart (`restarts` grew) the bytes are the whole output from the start."""
         if self.released:  # an earlier chunk failed (or was cancelled): so does this one
             raise EncoderFailedError("this response's encoding already failed")
         if self.closed:
@@ -91,21 +100,57 @@ class EncoderStream:
                    else np.ascontiguousarray(audio, dtype=wire.FLOAT_DTYPE))
         self._busy = True
         try:
-            opening = None
-            if self._process is None:
-                self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-                self._process = await self._pool.assign()
-                opening = self.spec.to_json()
-            op = wire.CLOSE if last else wire.PUSH
-            reply = await self._process.call(self.id, op, samples, len(audio) / self.spec.model_rate_hz,
-                                             opening)
+            try:
+                reply = await self._call(samples, last)
+            except EncoderLostError as error:
+                if self._tape is None:  # its bytes have left (or it was retried): it fails
+                    raise
+                reply = await self._restart(samples, last, error)
         finally:
             self._busy = False
         if last:
             self.closed = True
             self._process.streams -= 1
             reply, self._patches = wire.read_close_reply(reply)
+            self._drop_tape()
+        elif self._tape is not None:
+            self._tape.record(samples)
+            if reply and not self.spec.seekable:  # these bytes leave now: no replay after them
+                self._drop_tape()
         return reply
+
+    async def _call(self, samples: np.ndarray, last: bool) -> bytes:
+        """One PUSH (CLOSE when last) on the stream's process, assigned and opened at the first."""
+        opening = None
+        if self._process is None:
+            self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+            self._process = await self._pool.assign()
+            opening = self.spec.to_json()
+        return await self._process.call(self.id, wire.CLOSE if last else wire.PUSH, samples,
+                                        samples.size / self.spec.model_rate_hz, opening)
+
+    async def _restart(self, samples: np.ndarray, last: bool, lost: EncoderLostError) -> bytes:
+        """Its process was lost before any of its bytes left: open the pipeline again on another
+        process, replay the tape, then this call; every byte from the start. Once only."""
+        tape, self._tape = self._tape, None
+        logger.warning("%s; retrying its response on another encoder process (%.1f s of audio "
+                       "to replay)", lost, tape.samples / self.spec.model_rate_hz)
+        self._process.streams -= 1
+        self._process = None
+        self.restarts += 1
+        try:
+            out = bytearray()
+            for piece in tape.pieces(int(REPLAY_PIECE_S * self.spec.model_rate_hz)):
+                out += await self._call(piece, last=False)
+            out += await self._call(samples, last)
+            return bytes(out)
+        finally:
+            tape.close()
+
+    def _drop_tape(self) -> None:
+        if self._tape is not None:
+            self._tape.close()
+            self._tape = None
 
     def patches(self) -> list[Patch]:
         return list(self._patches)
@@ -137,6 +182,7 @@ class EncoderStream:
         if self.closed or self._process is None:
             return False
         self.closed = self.released = True
+        self._drop_tape()
         return True
 
     def _drop(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from higgs_serve.audio import encode_wire as wire
 from higgs_serve.config.worker_processes import WorkerPlacement, spawn_worker
-from higgs_serve.errors import EncoderFailedError
+from higgs_serve.errors import EncoderFailedError, EncoderLostError
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class EncoderProcess:
         while not connection.writable.is_set():  # backpressure: the process is behind
             await connection.writable.wait()
         if not self.alive:
-            raise EncoderFailedError(f"the encoder process (pid {self.pid}) of this response stopped")
+            raise EncoderLostError(f"the encoder process (pid {self.pid}) of this response stopped")
         if opening is not None:
             self._queue(wire.CALL.pack(0, stream_id, wire.OPEN, len(opening)), opening)
         call_id = self._next_call
@@ -216,7 +216,7 @@ class EncoderProcess:
         """The socket closed (the process exited or is exiting) or the process was killed for
         not answering: fail what waits on it."""
         was_alive, self.alive = self.alive, False
-        error = EncoderFailedError(reason or f"the encoder process (pid {self.pid}) of this response stopped")
+        error = EncoderLostError(reason or f"the encoder process (pid {self.pid}) of this response stopped")
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(EncoderFailedError(
                 f"an encoder process (pid {self.pid}) exited during its start-up check"))

@@ -2,7 +2,8 @@
 
 Multipart form: `file` (any format the server reads: wav, flac, ogg/opus, mp3, aac, m4a/mp4,
 webm; or headerless samples with `format` pcm, ulaw or alaw and optionally `sample_rate`).
-Answer: `{"detected": bool, "verdict": "marked" | "not_marked" | "inconclusive", "score": float}`
+Answer: `{"detected": bool, "verdict": "marked" | "not_marked" | "inconclusive", "reason": why an
+inconclusive verdict is one | null, "score": float}`
 (docs/api.md#watermark-and-provenance). The same API key as every /v1 route; the body is bounded
 by the body-limit middleware and by DETECT_MAX_BYTES here. The upload is read from the form
 parser's spool (disk past 1 MB) block by block, resampled to the detector's rate and scored as
@@ -51,7 +52,8 @@ async def detect_watermark(
                        code="file_too_large")
     state = server_state(request)
     found = await state.detect_slots.run(state.detector.detect_file, file.file, "file", format, sample_rate)
-    return WatermarkDetection(detected=found.detected, verdict=found.verdict, score=round(found.score, 6))
+    return WatermarkDetection(detected=found.detected, verdict=found.verdict, reason=found.reason,
+                              score=round(found.score, 6))
 
 
 def _size(file: UploadFile) -> int:

@@ -39,11 +39,10 @@ def start_live_engine_server(model_dir: Path, settings: ServerSettings, max_num_
                              wrap: type[RecordingEngine] = RecordingEngine) -> ThreadedServer:
     """wrap: the RecordingEngine (sub)class the server gets (a test's own hooks on the engine)."""
     capture = list(range(1, min(max_num_seqs, 2) + 1))
-    # tests compare the audio of one seed across requests: the first chunk stays the profile's
-    # whatever the load (the deadline policy's ramp moves seams: test_chunker.py pins it)
+    # the default profile: the deadline policy off (tests compare one seed's audio across requests,
+    # and the policy's ramp would move the seams with the load: test_chunker.py pins it)
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": max_tokens},
-                                  "compilation_config": {"cudagraph_capture_sizes": capture},
-                                  "deadlines": {"first_chunk_follows_load": False}}})
+                                  "compilation_config": {"cudagraph_capture_sizes": capture}}})
     args = argparse.Namespace(deploy_config=None, stage_overrides=overrides, device="cpu",
                               max_num_seqs=max_num_seqs)
     deploy = deploy_from_args(args, model_dir)

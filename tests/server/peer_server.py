@@ -73,9 +73,9 @@ def _encode_voice(model_dir: Path, clip: Path, out: Path) -> np.ndarray:
 def start_peer_server(model_dir: Path, work: Path) -> Iterator[PeerServer]:
     media = _media(work)
     codes = _encode_voice(model_dir, media / "clip.wav", work / "codes.npy")
-    # the first chunk stays the profile's whatever the load: tests compare a seed's audio
-    overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]},
-                                  "deadlines": {"first_chunk_follows_load": False}}})
+    # the default profile (the deadline policy off): the first chunk is the profile's, tests
+    # compare a seed's audio
+    overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
     with serve_subprocess(model_dir, work, [
         "--served-model-name", NAME, HUB_ID, "--max-num-seqs", "2", "--max-queue", "8",
         "--voices-dir", str(work / "voices"), "--allowed-local-media-path", str(media),

@@ -110,8 +110,10 @@ def test_a_long_form_streams_later_segments_are_due_when_its_listener_runs_dry(t
 
 # ----------------------------------------------------------------------------- real servers
 def _serve(tiny_model_dir, work, budget_s: float):
+    # the deadline policy on (the default profile has it off since issue 59)
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": 400},
-                                  "compilation_config": {"cudagraph_capture_sizes": [1]}}})
+                                  "compilation_config": {"cudagraph_capture_sizes": [1]},
+                                  "deadlines": {"enabled": True}}})
     return serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "1", "--max-queue", "4",
         "--stage-overrides", overrides, "--ttfa-budget-s", str(budget_s), "--watermark", "off",

@@ -42,15 +42,13 @@ FIXED = {"max_new_tokens": FRAMES, "min_new_tokens": FRAMES}
 @pytest.fixture(scope="module")
 def real_server(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("real_server")
-    # streams of one seed are compared byte for byte across requests: the first chunk stays the
-    # profile's whatever the load (the deadline policy's ramp moves seams, test_chunker.py pins it)
+    # the default profile: the deadline policy off (streams of one seed are compared byte for byte
+    # across requests; the overload test holds a queued stream: it waits, test_over_capacity.py
+    # pins the policy's 503)
     overrides = json.dumps({"0": {"default_sampling_params": {"max_tokens": MAX_TOKENS},
-                                  "compilation_config": {"cudagraph_capture_sizes": [1, 2]},
-                                  "deadlines": {"first_chunk_follows_load": False}}})
+                                  "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
     with serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "1",
-        # the overload test holds a queued stream: it waits (test_over_capacity.py pins the 503)
-        "--ttfa-budget-s", "600",
         "--max-input-chars", str(MAX_INPUT_CHARS), "--voices-dir", str(work / "voices"),
         "--stage-overrides", overrides,
         # these tests compare streamed audio with files of the same seed frame by frame (the

@@ -95,9 +95,9 @@ def clip_url() -> Iterator[str]:
 def clone_server(tiny_model_dir, tmp_path_factory, clip_url) -> Iterator[Subprocess]:
     work = tmp_path_factory.mktemp("clone_server")
     allowed = clip_url.split("/")[2]  # 127.0.0.1:<port>: a loopback address, listed with its port
-    # the first chunk stays the profile's whatever the load: tests compare a seed's audio
-    overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]},
-                                  "deadlines": {"first_chunk_follows_load": False}}})
+    # the default profile (the deadline policy off): the first chunk is the profile's, tests
+    # compare a seed's audio
+    overrides = json.dumps({"0": {"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
     with serve_subprocess(tiny_model_dir, work, [
         "--served-model-name", NAME, "--max-num-seqs", "2", "--max-queue", "2",
         "--voices-dir", str(work / "voices"), "--allowed-ref-audio-domains", allowed,

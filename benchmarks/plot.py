@@ -141,6 +141,31 @@ def plot_serving(files: list[str], out: Path, group_by: str = "file", file_name:
     return _save(fig, out / file_name)
 
 
+def plot_time_budget(path: str, out: Path, file_name: str = "time_budget.png") -> Path:
+    """Issue 58's budget (benchmarks/step/time_budget.py's JSON): per level, the step timed at
+    start-up and what the loop adds around it at load, beside the step a goal rate needs at that
+    many rows and the weights' bandwidth floor; one panel a run."""
+    runs = _load(path, "time_budget")["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        levels = run["levels"]
+        names = [f"c={lv['concurrency']}\n{lv['rows_per_step']:.0f} rows" for lv in levels]
+        timed = [lv["timed_step_ms"] for lv in levels]
+        ax.bar(names, timed, label="timed step (device + launch)")
+        ax.bar(names, [lv["loop_ms"] for lv in levels], bottom=timed, label="the loop around it at load")
+        ax.plot(names, [lv["goal_step_ms"] for lv in levels], "k_", markersize=30,
+                label=f"step {run['goal_audio_s_per_s']:.0f} audio s/s would need at these rows")
+        ax.axhline(levels[0]["floor_ms"], color="grey", linestyle=":", label="weights read once (bandwidth floor)")
+        ax.set_title(run["label"])
+        ax.set_ylabel("ms per step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    target = out / file_name
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
 def plot_continuity(files: list[str], out: Path, group_by: str = "file",
                     file_name: str = "continuity.png") -> Path:
     """Stalled share and goodput against concurrency, from the levels that report them."""

@@ -33,6 +33,11 @@ STEP_RUN = "step_tapes_264330c_h200.json"
 # (benchmarks/results/README.md, "Issue 53").
 CONTINUITY_RUNS = ["serving_overload_before_d6d6d7b_cpu.json", "serving_overload_no_deadlines_8e681b2_cpu.json",
                    "serving_overload_after_8e681b2_cpu.json"]
+# Issue 59's admission: the policy on against off on one H100 (the last call, the default profile)
+# and the H200's saturation config; issue 58's budget, read from those runs
+ADMISSION_RUNS = ["admit_ht_on_80f52b0_h100.json", "admit_ht_off_80f52b0_h100.json",
+                  "admit_sat_on_7106ad5_h200.json", "admit_sat_off_7106ad5_h200.json"]
+TIME_BUDGET = "time_budget_h100.json"
 
 
 def _plot_module():
@@ -55,8 +60,12 @@ def _draw_plots() -> dict[str, bytes]:
         step = plot.plot_step(str(RESULTS / STEP_RUN), out, gpu=True, file_name="step.svg")
         continuity = plot.plot_continuity([str(RESULTS / f) for f in CONTINUITY_RUNS], out,
                                           file_name="continuity.svg")
+        admission = plot.plot_continuity([str(RESULTS / f) for f in ADMISSION_RUNS], out,
+                                         file_name="admission.svg")
+        budget = plot.plot_time_budget(str(RESULTS / TIME_BUDGET), out, file_name="time_budget.svg")
         return {"plots/serving.svg": serving.read_bytes(), "plots/step.svg": step.read_bytes(),
-                "plots/continuity.svg": continuity.read_bytes()}
+                "plots/continuity.svg": continuity.read_bytes(), "plots/admission.svg": admission.read_bytes(),
+                "plots/time_budget.svg": budget.read_bytes()}
 
 
 def on_files(files: Files, config) -> Files:

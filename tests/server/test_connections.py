@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from fake_engine import FakeEngine, fake_deploy
-from live_server import fake_settings, run_in_thread
+from live_server import fake_settings, free_port, run_in_thread, wait_ready
 
 from higgs_serve.server.app import build_app, draining_server
 
@@ -88,18 +88,12 @@ draining_server(app, "127.0.0.1", int(sys.argv[2]), log_level="warning").run()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < IDLE + 200,
                     reason="this test opens 1,074 connections: needs a higher hard open-file limit")
 def test_idle_connections_past_the_open_file_limit_do_not_lock_a_client_out(tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, IDLE + 200), hard))  # this process's own
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "tests" / "server"),
                                                         os.environ.get("PYTHONPATH", "")])}
     log_path = tmp_path / "server.log"
@@ -109,7 +103,7 @@ def test_idle_connections_past_the_open_file_limit_do_not_lock_a_client_out(tmp_
     url = f"http://127.0.0.1:{port}"
     idle: list[socket.socket] = []
     try:
-        _wait_ready(url, proc, log_path)
+        wait_ready(url, proc, str(log_path), 60)
         for _ in range(IDLE):  # connected, never a byte sent
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         time.sleep(1.0)  # the server accepts them all (the kernel queued them)
@@ -137,19 +131,6 @@ def _closed_by_server(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log_path.read_text()
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"the server did not start:\n{log_path.read_text()}")
 
 
 def test_the_caps_leave_room_below_the_open_file_limit(monkeypatch):

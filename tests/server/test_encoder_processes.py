@@ -12,7 +12,6 @@ import gc
 import json
 import os
 import signal
-import time
 
 import httpx
 import numpy as np

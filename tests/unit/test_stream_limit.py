@@ -96,15 +96,18 @@ def test_streams_still_over_a_limit_that_just_fell_do_not_make_it_fall_again():
         assert limit.update(t, running=40, waiting=0, capacity=lambda: 64) == 36
 
 
-def test_the_count_that_hurt_caps_the_jump_for_a_while_but_not_the_probe():
+def test_the_count_that_hurt_caps_the_jump_for_a_while_and_the_probe_passes_it_one_at_a_time():
     limit = limit_at(40)
     limit.observe(0, -50 * MS, True)
     assert limit.update(0, running=40, waiting=0, capacity=lambda: 64) == 36
     t = WINDOW_US
     limit.observe(t, 300 * MS, False)
-    assert limit.update(t, running=36, waiting=9, capacity=lambda: 64) == 42  # 36 + 6 > 39 (ceiling - 1)
+    assert limit.update(t, running=36, waiting=9, capacity=lambda: 64) == 39  # up to one short of 40
     t += PROBE_US
-    assert limit.update(t, running=42, waiting=9, capacity=lambda: 64) == 48  # probing passes the ceiling
+    assert limit.update(t, running=39, waiting=9, capacity=lambda: 64) == 40  # then one ...
+    assert limit.update(t + PROBE_US, running=40, waiting=9, capacity=lambda: 64) == 40
+    t += WINDOW_US
+    assert limit.update(t, running=40, waiting=9, capacity=lambda: 64) == 41  # ... a window at a time
     late = limit_at(40)
     late.observe(0, -50 * MS, True)
     late.update(0, running=40, waiting=0, capacity=lambda: 64)

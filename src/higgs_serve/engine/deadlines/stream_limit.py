@@ -32,9 +32,10 @@ adaptive-concurrency filter), with each listener's lead as the signal where thos
   refuses at): the limit probes upward by √limit (at least one) every
   PROBE_US, as Gradient2's headroom does, and jumps to the measured capacity when that is higher
   (a burst never waits for the probe to climb where the start-up timings already say it fits).
-  Under a remembered ceiling the jump stops one short of it, and only the probe passes it, so a
-  capacity that was wrong does not make the same burst twice. The ceiling is forgotten after
-  CEILING_US: what hurt then may fit now (another tenant left the GPU, shorter prompts). One
+  Under a remembered ceiling the jump stops one short of it, and only the probe passes it, one
+  stream a window at a time, so a capacity that was wrong does not make the same burst twice
+  (on a loaded 2-core host the limit jumped back to a capacity the cores did not have every few
+  seconds). The ceiling is forgotten after CEILING_US: what hurt then may fit now (another tenant left the GPU, shorter prompts). One
   stream alone losing ground never makes it fall: there is no load to shed (a cold path at
   start-up, a host hiccup), and a limit of one would refuse the next burst.
 - A limit that is not binding does not move upward: a quiet server does not learn a limit it
@@ -58,7 +59,7 @@ WINDOW_US = 1_000_000  # the leads a decision reads: the last second's
 TAIL_PPM = 10_000  # their 1st percentile
 PROBE_US = 250_000  # the leads are judged this often; one upward step each, while the limit binds
 BACKOFF = 0.9  # share of the running streams kept when the leads fall
-CEILING_US = 5_000_000  # how long the count that hurt caps the jump to the measured capacity
+CEILING_US = 30_000_000  # how long the count that hurt caps the jump to the measured capacity
 PEAK_US = 30_000_000  # how long the most streams held at once is remembered (`recent_peak`)
 TICK_US = 20_000  # the tail is read again at most this often (a sort of the window's leads)
 
@@ -132,7 +133,7 @@ class StreamLimit:
             if held > 1 and running <= self.limit and self._losing_ground():
                 self._fall(now_us, held, capacity())
         elif running >= self.limit and (waiting or now_us - self._refused_us <= WINDOW_US):
-            self._probe(capacity())
+            self._probe(now_us, capacity())
         return self.limit
 
     def recent_peak(self, now_us: int) -> int:
@@ -167,10 +168,17 @@ class StreamLimit:
         self._window.clear()
         self._tail_us = None
 
-    def _probe(self, capacity: int) -> None:
+    def _probe(self, now_us: int, capacity: int) -> None:
         limit = self._limit
-        target = limit + max(1.0, math.sqrt(limit))
-        jump = capacity if self._ceiling is None else min(capacity, self._ceiling - 1)
+        ceiling = self._ceiling
+        if ceiling is not None and limit + 1 >= ceiling:  # at or past what hurt: one more, a window on
+            target = limit + 1.0
+            self._judge_after_us = now_us + WINDOW_US
+        else:
+            target = limit + max(1.0, math.sqrt(limit))
+            if ceiling is not None:
+                target = min(target, ceiling - 1.0)
+        jump = capacity if ceiling is None else min(capacity, ceiling - 1)
         kind = "jump" if jump > target else "probe"
         before = self.limit
         self._limit = float(min(self.max_streams, max(target, jump)))

@@ -93,4 +93,5 @@ class HeaderFrames {
 }
 
 export const mp3Frames = () => new HeaderFrames("mp3", mp3Header, () => "mp3", LAME_DELAY_SAMPLES);
-export const adtsFrames = () => new HeaderFrames("aac", adtsHeader, (h) => `mp4a.40.${h.objectType}`, AAC_PRIMING_SAMPLES);
+export const adtsFrames = () => new HeaderFrames("aac", adtsHeader, (header) => `mp4a.40.${header.objectType}`,
+  AAC_PRIMING_SAMPLES);

@@ -58,8 +58,8 @@ export class OggOpusReader {
 
   read(page) {
     const segments = page[26];
-    const out = { head: null, audio: [], granule: Number(new DataView(page.buffer, page.byteOffset).getBigInt64(6, true)),
-      last: Boolean(page[5] & EOS) };
+    const granule = Number(new DataView(page.buffer, page.byteOffset).getBigInt64(6, true));
+    const out = { head: null, audio: [], granule, last: Boolean(page[5] & EOS) };
     let at = 27 + segments;
     for (const value of page.subarray(27, 27 + segments)) {
       this.partial.push(page.subarray(at, at + value));

@@ -2,8 +2,10 @@
 support/browser.py) opens the page of a live server on the tiny model (the real engine behind
 uvicorn in this process, with an API key), and each test reads what the page really did: the
 AudioContext's state and the samples it scheduled, the Media Source appends and the element's
-clock, the word highlights, the strip's counters, and the server's own /metrics. Without
-Chromium the module skips and the run says so in one line (conftest.py).
+clock, the WebCodecs decoder's output as scheduled, the word highlights, the strip's counters,
+and the server's own /metrics. Without Chromium the module skips and the run says so in one line
+(conftest.py). Chromium has WebCodecs, so mp3, opus and aac play through it; a tab whose
+AudioDecoder is taken away before the page loads plays them through Media Source, the fallback.
 
 One server and one browser for the module, a fresh tab (browser context) per test: the key
 lives in the tab's sessionStorage. The route itself, without a browser: test_playground.py.
@@ -11,10 +13,13 @@ lives in the tab's sessionStorage. The route itself, without a browser: test_pla
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import statistics
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -24,6 +29,7 @@ import soundfile as sf
 import torch
 
 from support import browser
+from support.decoders import CODEC_FRAME, STREAM_DELAY, av_decode
 
 REASON = browser.missing()
 if REASON:
@@ -33,6 +39,7 @@ from live_engine import RecordingEngine, start_live_engine_server  # noqa: E402
 from live_server import MODEL_NAME, metric  # noqa: E402
 from support.bench_modules import load_bench  # noqa: E402
 
+from higgs_serve.audio.encoders import open_encoder  # noqa: E402
 from higgs_serve.engine.core import EngineHooks  # noqa: E402
 from higgs_serve.server.auth import UNAUTHORIZED, UNAUTHORIZED_WS  # noqa: E402
 from higgs_serve.server.settings import ServerSettings  # noqa: E402
@@ -43,12 +50,17 @@ SAMPLES = MAX_FRAMES * 960
 FORCED_GAP_S = 1.0
 HOLD_EARLY_ROWS = 12  # the engine held after its first few frames: the listener has its first chunks
 HOLD_LATE_ROWS = 32  # held after 25 frames: 16 (0.64 s) sent in chunks of 1, 1, 2, 4 and 8
-# Issue 60 asks that streamed mp3 and opus sound within 1.5 x the pcm path's TTFA. Through Media
-# Source that is out of the page's hands: Chromium's element starts once about 0.2 s is decoded
-# (media_player.js), which the server's doubling chunks (40, 40, 80, 160 ms) deliver a few tiny-model
-# steps after pcm's first 40 ms plays; measured at 1.2-2.1 on a busy 2-core machine
-# (bench_playground.py, benchmarks/results/playground_ttfa_cpu.json). The test holds a bound that
-# path keeps under load and that a player waiting for the whole stream (about 4.5 x) fails.
+# Issue 60 asks that streamed mp3 and opus sound within 1.5 x the pcm path's TTFA. Through
+# WebCodecs (codec_player.js) the page sounds 1-2 ms after the first bytes of speech arrive (the
+# codec's lead-in dropped): opus's come with the server's first chunk, mp3's with its third
+# (LAME sends nothing for the first 40 ms and one frame of its 1105-sample delay for the second).
+# Medians of 30 rounds meet the bound on a 2-core machine shared with other work (mp3 1.37 and
+# 1.44, opus 1.03 and 1.07: bench_playground.py, benchmarks/results/playground_ttfa_cpu*.json),
+# but what remains is the server's: mp3's first speech waits for three engine steps more than
+# pcm's and for three encoder-process round trips in a row, and that other work stretches them.
+# This test's median of RUNS crossed 1.5 in 5 of 13 runs of it (mp3 1.52 to 1.90), so it holds
+# 3.0, as the Media Source path did (1.8-2.1 measured), which a player waiting for the whole
+# stream (about 4.5 x) fails; the path each format took is asserted.
 TTFA_RATIO = 3.0
 RUNS = 3  # interleaved Speaks per format for the TTFA comparison; their medians are compared
 STALLED = "higgs_serve_streams_stalled_total"
@@ -159,17 +171,35 @@ class Tab:
         return self.until("(s.done && s.firstSoundMs !== null) || s.error")
 
 
-@pytest.fixture
-def tab(chromium, server):
+@contextmanager
+def open_tab(chromium, server, init_script: str | None = None):
     context = chromium.new_context(accept_downloads=True)
+    if init_script:
+        context.add_init_script(init_script)
     page = context.new_page()
     opened = Tab(page)
     page.on("console", lambda message: message.type == "error" and opened.problems.append(message.text))
     page.on("pageerror", lambda error: opened.problems.append(str(error)))
     page.on("request", lambda request: opened.requests.append(request.url))
     page.goto(server.url + "/")
-    yield opened
-    context.close()
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def tab(chromium, server):
+    with open_tab(chromium, server) as opened:
+        yield opened
+
+
+@pytest.fixture
+def tab_without_webcodecs(chromium, server):
+    """A browser without WebCodecs (as an http page off localhost, or one that lacks it): the
+    AudioDecoder is gone before the page's modules run."""
+    with open_tab(chromium, server, "delete window.AudioDecoder;") as opened:
+        yield opened
 
 
 def test_the_page_loads_without_an_error_asks_for_the_key_and_labels_every_control(tab, server):
@@ -209,12 +239,104 @@ def test_speak_from_the_keyboard_plays_pcm_as_it_arrives_without_a_gap(tab, http
 
 
 @pytest.mark.parametrize("response_format", ["mp3", "opus", "aac"])
-def test_speak_plays_mp3_opus_and_aac_through_media_source_as_they_arrive(tab, server, response_format):
+def test_speak_plays_mp3_opus_and_aac_through_webcodecs_as_they_arrive(tab, server, http, tmp_path,
+                                                                        response_format):
     """The engine is held for a second once it has made about a second of the audio (the first
-    0.64 s of it sent in the doubling chunks): the element must sound before the rest arrives
-    (the tiny model otherwise sends its 3 s faster than any player could tell a stream from a
-    file)."""
+    0.64 s of it sent in the doubling chunks): the decoded audio must sound before the rest
+    arrives, the Web Audio schedule runs dry while it is held, and the page's gap counter and the
+    server's stall counter both see it. Every sample the server encoded is scheduled once, the
+    codec's lead-in dropped: exactly, where the Ogg stream states its end (opus); up to the last
+    frame's padding, which mp3 and ADTS cannot state."""
     tab.use_key()
+    assert tab.page.text_content(f"#format option[value={response_format}]") == f"{response_format} (WebCodecs)"
+    before = metric(http, STALLED)
+    server.engine.hold(FORCED_GAP_S, after_rows=HOLD_LATE_ROWS)
+    state = tab.spoken(response_format)
+    assert state["path"] == "WebCodecs" and state["error"] is None and state["contextState"] == "running", state
+    assert state["contextRateHz"] == (48000 if response_format == "opus" else 24000)  # Opus decodes at 48 kHz
+    assert state["pieces"] > 1 and state["codecChunks"] >= state["pieces"], state  # decoded piece by piece
+    assert state["firstSoundMs"] < state["doneMs"] - 500, state  # it sounded while the rest was held
+    assert state["gaps"] == 1 and max(state["holesMs"]) > 100, state
+    assert metric(http, STALLED) == before + 1  # the server saw the same stream stall
+    with tab.page.expect_download() as download:  # what was heard: the stream as sent
+        tab.page.click("#download")
+    heard = tmp_path / download.value.suggested_filename
+    download.value.save_as(heard)
+    assert heard.stat().st_size == state["receivedBytes"]
+    # the page scheduled what FFmpeg decodes from the same file, less the lead-in: exactly the
+    # samples the engine made where Ogg states its end, up to the last frame's padding elsewhere
+    by_ffmpeg = len(av_decode(heard.read_bytes(), response_format, 24000)) - STREAM_DELAY[response_format]
+    assert state["scheduledSamples"] * 24000 // state["contextRateHz"] == by_ffmpeg, (state, by_ffmpeg)
+    assert 0 <= by_ffmpeg - SAMPLES < (1 if response_format == "opus" else CODEC_FRAME[response_format](24000))
+    assert tab.problems == []
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac"])
+def test_webcodecs_gives_back_the_signal_the_server_encoded_from_pieces_of_any_size(tab, response_format):
+    """A swept tone through the server's own encoder (as a stream), handed to the page's
+    CodecPlayer in pieces of 1 to 400 bytes (frames and pages split between pieces, several in
+    one), decoded by Chromium and scheduled on the real Web Audio player: what was scheduled
+    lines up with the signal at lag 0 (the lead-in dropped, no more, no less) and is as long as
+    it (exactly where Ogg states its end; the last frame's padding elsewhere)."""
+    rate_hz = 24000
+    t = np.arange(rate_hz) / rate_hz
+    signal = (8000 * np.sin(2 * np.pi * (150 + 300 * t) * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.int16)
+    encoder = open_encoder(response_format, rate_hz)
+    stream = b"".join(encoder.push(signal[i:i + 960]) for i in range(0, signal.size, 960)) + encoder.close()
+    cuts = np.random.default_rng(60).integers(1, 401, size=len(stream)).cumsum()
+    pieces = np.diff(np.r_[0, cuts[cuts < len(stream)], len(stream)]).tolist()
+    heard = tab.page.evaluate("""async ([format, text, pieces]) => {
+        const { base64Bytes } = await import('/playground/bytes.js');
+        const { CodecPlayer, decodedRateHz } = await import('/playground/codec_player.js');
+        const { PcmPlayer } = await import('/playground/pcm_player.js');
+        const player = new PcmPlayer();
+        await player.open(decodedRateHz(format, 24000));
+        const heard = [];
+        const codec = new CodecPlayer(format, player, (samples) => heard.push(...samples));
+        const bytes = base64Bytes(text);
+        let at = 0;
+        for (const n of pieces) codec.push(bytes.subarray(at, (at += n)));
+        await codec.end();
+        const rate = player.context.sampleRate;
+        player.stop();
+        return { rate, samples: heard };
+    }""", [response_format, base64.b64encode(stream).decode(), pieces])
+    step = heard["rate"] // rate_hz  # opus: 48 kHz, compared at every other sample
+    decoded = np.asarray(heard["samples"], np.float32)[::step]
+    reference = signal.astype(np.float32) / 32768
+    frame = 1 if response_format == "opus" else CODEC_FRAME[response_format](rate_hz)
+    assert 0 <= decoded.size - signal.size < frame, decoded.size
+    window = reference[2000:20000]
+    lag = max(range(-1200, 1201), key=lambda k: float(np.dot(decoded[2000 + k:20000 + k], window)))
+    # a lead-in kept or cut twice is hundreds of samples (Opus's pre-skip 312 at 48 kHz, LAME's
+    # 1105, AAC's 1024); Chromium's libopus lands one 48 kHz sample before FFmpeg's decoder
+    assert abs(lag) <= 1, lag
+    assert np.corrcoef(decoded[2000 + lag:20000 + lag], window)[0, 1] > 0.95
+
+
+@pytest.mark.parametrize("response_format, error", [
+    ("mp3", "the mp3 stream has no MPEG audio frame header where a frame should start (at byte 0 of the stream)"),
+    ("opus", "the opus stream is not Ogg (no OggS page where one should start) (at byte 0 of the stream)"),
+])
+def test_a_stream_the_page_cannot_cut_shows_why(tab, response_format, error):
+    """The server never sends one: the page's request answered by the test with bytes that are
+    not the format."""
+    tab.use_key()
+    event = json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(b"not audio " * 40).decode()})
+    tab.page.route("**/v1/audio/speech", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream", "X-Sample-Rate": "24000"}, body=f"data: {event}\n\n"))
+    tab.speak(response_format)
+    assert tab.wait_text("#speak-error", error) == error
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac"])
+def test_without_webcodecs_mp3_opus_and_aac_play_through_media_source_as_they_arrive(
+        tab_without_webcodecs, server, response_format):
+    """The fallback, held the same way: the element must sound before the rest arrives (the tiny
+    model otherwise sends its 3 s faster than any player could tell a stream from a file)."""
+    tab = tab_without_webcodecs
+    tab.use_key()
+    assert tab.page.text_content(f"#format option[value={response_format}]") == f"{response_format} (Media Source)"
     server.engine.hold(FORCED_GAP_S, after_rows=HOLD_LATE_ROWS)
     state = tab.spoken(response_format)
     assert state["path"] == "Media Source" and state["error"] is None and state["mediaError"] is None, state
@@ -271,15 +393,17 @@ def test_the_page_decodes_every_g711_code_as_libsndfile_does(tab, response_forma
 
 
 def test_mp3_and_opus_first_sound_against_the_pcm_ttfa(tab, record_property):
-    """Each format's first sound on the page: pcm when its first buffer is scheduled to start,
-    mp3 and opus when the media element starts playing; medians of interleaved runs, after one
-    untimed round. The ratio is printed and recorded; its bound: TTFA_RATIO's note."""
+    """Each format's first sound on the page: the context time its first sample of speech is
+    scheduled to start (pcm: the first buffer; mp3 and opus: the first decoded buffer after the
+    codec's lead-in, which the alignment test below checks is the speech's first sample), as
+    wall-clock time since the request; medians of interleaved runs, after one untimed round. The
+    ratio to pcm's TTFA is printed and recorded; its bound: TTFA_RATIO's note."""
     tab.use_key()
     runs: dict[str, list[dict]] = {"pcm": [], "mp3": [], "opus": []}
     for round_ in range(RUNS + 1):
         for response_format, states in runs.items():
             state = tab.spoken(response_format)
-            assert state["error"] is None, state
+            assert state["error"] is None and state["path"] in ("Web Audio", "WebCodecs"), state
             if round_:
                 states.append(state)
     pcm_ttfa_ms = statistics.median(s["ttfaMs"] for s in runs["pcm"])
@@ -293,9 +417,10 @@ def test_mp3_and_opus_first_sound_against_the_pcm_ttfa(tab, record_property):
     assert max(ratios.values()) <= TTFA_RATIO, (ratios, measured)
 
 
-def test_words_are_highlighted_as_they_are_spoken(tab):
+@pytest.mark.parametrize("response_format", ["pcm", "mp3", "opus"])
+def test_words_are_highlighted_as_they_are_spoken(tab, response_format):
     tab.use_key()
-    tab.speak("pcm", words=True)
+    tab.speak(response_format, words=True)
     tab.page.wait_for_selector("#words span.now", timeout=30_000)
     state = tab.state()
     assert state["words"] == len(PAGE_TEXT.split()) and state["highlighted"] >= 1, state

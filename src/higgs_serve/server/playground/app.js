@@ -3,9 +3,10 @@
 // `window.playground` exposes the players' real state (the browser tests read it).
 
 import { ServerError, apiKey, call, setApiKey } from "./api.js";
+import { probeWebCodecs } from "./codec_player.js";
 import { LiveSession } from "./live.js";
 import { PcmPlayer } from "./pcm_player.js";
-import { DEFAULT_RATES_HZ, Utterance, playPath } from "./speak.js";
+import { DEFAULT_RATES_HZ, Utterance, playPath, playerRateHz } from "./speak.js";
 import { WordHighlighter } from "./words.js";
 
 const $ = (id) => document.getElementById(id);
@@ -54,7 +55,17 @@ async function needsKey() {
   }
 }
 
+/** Each format's option names the path it plays by in this browser. */
+function labelFormats() {
+  for (const option of $("format").options) {
+    const path = playPath(option.value);
+    option.textContent = `${option.value} (${path === "file" ? "as a file" : path})`;
+  }
+}
+
 async function connect() {
+  await probeWebCodecs(); // before Speak can be used: the click chooses a path at once
+  labelFormats();
   if (!apiKey() && (await needsKey())) {
     show("server-status", "This server needs an API key: enter it above.");
     $("api-key").focus();
@@ -132,7 +143,8 @@ $("speak-form").addEventListener("submit", async (event) => {
   if (!body) return;
   stopAll();
   // the AudioContext starts inside the click (browsers start audio from a user's gesture)
-  if (playPath(body.response_format) === "Web Audio") pcmPlayer.open(DEFAULT_RATES_HZ[body.response_format]);
+  const rateHz = playerRateHz(body.response_format);
+  if (rateHz) pcmPlayer.open(rateHz);
   words.clear();
   setDownload(null);
   const current = new Utterance(body, { pcmPlayer, media: $("media"), words });

@@ -1,7 +1,8 @@
-// Compressed streams through Media Source Extensions: each piece of the stream is appended to a
-// SourceBuffer as it arrives, and the media element plays what is buffered. mp3 and aac are
-// appended as they come (sequence mode: the browser times their frames); opus arrives in Ogg,
-// which Media Source does not take, so it is rewrapped into WebM page by page (ogg_webm.js).
+// Compressed streams through Media Source Extensions, where the browser has no WebCodecs
+// AudioDecoder for them (codec_player.js, which sounds sooner): each piece of the stream is
+// appended to a SourceBuffer as it arrives, and the media element plays what is buffered. mp3
+// and aac are appended as they come (sequence mode: the browser times their frames); opus arrives
+// in Ogg, which Media Source does not take, so it is rewrapped into WebM page by page (ogg_webm.js).
 // Chromium's media element starts playing once about a quarter second is buffered (measured on
 // Chromium 150: 0.22 s of mp3 never started, 0.29 s started at once), so its first sound waits
 // for that much audio where Web Audio plays the first 40 ms chunk.

@@ -237,11 +237,12 @@ def test_the_deadline_policys_settings_read_and_checked():
     default = load_deploy_config(LOW, MODEL_TYPE).stage0.deadlines
     assert default.enabled and default.realtime_headroom == 0.1 and default.park_slack_ms == 1000
     config = load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {
-        "enabled": False, "realtime_headroom": 0.25, "step_prior_base_ms": 8}}}).stage0.deadlines
-    assert (config.enabled, config.realtime_headroom, config.step_prior_base_ms) == (False, 0.25, 8)
+        "enabled": False, "realtime_headroom": 0.25, "lead_margin_ms": -20}}}).stage0.deadlines
+    assert (config.enabled, config.realtime_headroom, config.lead_margin_ms) == (False, 0.25, -20)
     assert config.min_prefill_chunk_tokens == default.min_prefill_chunk_tokens
     bad = {"realtime_headroom": 1.0, "park_slack_ms": -1, "min_prefill_chunk_tokens": 0,
-           "step_prior_per_seq_ms": float("nan"), "first_chunk_follows_load": "yes", "budget": 1}
+           "lead_margin_ms": -101, "first_chunk_follows_load": "yes", "budget": 1,
+           "step_prior_base_ms": 20}  # gone with issue 59: an engine with the policy on times its steps
     for key, value in bad.items():
         with pytest.raises(ConfigError, match=rf"^--stage-overrides: stages\[0\]\.deadlines\.{key}: "):
             load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {key: value}}})

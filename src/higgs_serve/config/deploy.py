@@ -177,11 +177,6 @@ class DeadlineConfig:
     # the first chunk (and so the doubling ramp) grows when steps are slow or Stage 1 is slow:
     # the smallest first chunk whose ramp keeps ahead of the player (codec/chunker.py)
     first_chunk_follows_load: bool = True
-    # the step-time model's prior until the engine has measured steps (engine/deadlines/step_model.py):
-    # a step of n sequences and p prompt tokens takes base + n * per_seq + p * per_token
-    step_prior_base_ms: float = 20.0
-    step_prior_per_seq_ms: float = 1.0
-    step_prior_per_token_ms: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from higgs_serve.config.layers import CODEC_STAGE_ID, TALKER_STAGE_ID, KeyPath, 
 from higgs_serve.config.reader import ReadContext, Section, key_text
 from higgs_serve.config.validators import (
     fraction_problem,
-    is_finite_number,
     is_real,
     int_problem,
     seed_problem,
@@ -203,10 +202,6 @@ def _build_deadlines(section: Section) -> DeadlineConfig:
             return f"expected a number, got {type(value).__name__} {value!r}"
         return None if 0 <= value < 1 else f"{value!r} is outside [0, 1)"
 
-    def milliseconds(name: str, default: float) -> float:
-        return section.checked(name, default, lambda v: None if is_finite_number(v) and v >= 0 else
-                               f"expected a number of milliseconds >= 0, got {v!r}")
-
     config = DeadlineConfig(
         enabled=section.boolean("enabled", d.enabled),
         realtime_headroom=section.checked("realtime_headroom", d.realtime_headroom, headroom_problem),
@@ -216,9 +211,6 @@ def _build_deadlines(section: Section) -> DeadlineConfig:
         # below -100 ms every stream would have stalled before the limit backed off
         lead_margin_ms=section.integer("lead_margin_ms", d.lead_margin_ms, -100, 1000),
         first_chunk_follows_load=section.boolean("first_chunk_follows_load", d.first_chunk_follows_load),
-        step_prior_base_ms=milliseconds("step_prior_base_ms", d.step_prior_base_ms),
-        step_prior_per_seq_ms=milliseconds("step_prior_per_seq_ms", d.step_prior_per_seq_ms),
-        step_prior_per_token_ms=milliseconds("step_prior_per_token_ms", d.step_prior_per_token_ms),
     )
     section.finish()
     return config

@@ -53,7 +53,7 @@ from higgs_serve.engine.deadlines.admission import PPM, AdmissionRule, predicted
 from higgs_serve.engine.deadlines.playback_clock import STALL_US, US_PER_S, now_us
 from higgs_serve.engine.deadlines.stage1_load import Stage1Load
 from higgs_serve.engine.deadlines.startup_timings import StartupTimings
-from higgs_serve.engine.deadlines.step_model import StepPrior, StepTimeModel
+from higgs_serve.engine.deadlines.step_model import DEFAULT_PRIOR, StepTimeModel
 from higgs_serve.engine.deadlines.stream_limit import StreamLimit
 from higgs_serve.engine.request import TAIL_ROWS
 from higgs_serve.errors import OverCapacityError
@@ -75,9 +75,7 @@ class SlackPolicy:
         self.enabled = config.enabled
         self.config = config
         self.max_num_seqs = max_num_seqs
-        self.model = StepTimeModel(max_num_seqs, StepPrior(
-            int(config.step_prior_base_ms * 1000), int(config.step_prior_per_seq_ms * 1000),
-            int(config.step_prior_per_token_ms * 1000)))
+        self.model = StepTimeModel(max_num_seqs, DEFAULT_PRIOR)
         self.rule = AdmissionRule(FRAME_US, int(config.realtime_headroom * PPM))
         self.stage1 = stage1 if stage1 is not None else Stage1Load(())
         self.now_us = clock

@@ -10,8 +10,9 @@ n it grows with the slope of the measured top half (the secant from the measured
 of it, never below 0), and with the prior's slope while only one n is measured; below the
 smallest it is that one's. c, the cost of a prompt token beyond one token a sequence, is a moving
 average of (measured − D(n)) / extra tokens over steps with at least MIN_PREFILL_TOKENS of them.
-Until a step is measured, the prior (`StepPrior`, the deploy config's
-`stages[0].deadlines.step_prior_*`) answers. Each measurement is capped at CAP_FACTOR times the
+Until a step is measured, the prior (`StepPrior`; DEFAULT_PRIOR for a policy built without
+start-up timings: tests and simulations, since an engine with the policy on always times its steps
+first) answers. Each measurement is capped at CAP_FACTOR times the
 current estimate, so one stall of the host (a collection, a page fault) moves the estimate by a
 bounded step instead of a jump.
 
@@ -55,6 +56,10 @@ class StepPrior:
     base_us: int
     per_seq_us: int
     per_token_us: int
+
+
+# slower than any step measured so far, so an engine built without timings errs on the side of waiting
+DEFAULT_PRIOR = StepPrior(base_us=20_000, per_seq_us=1_000, per_token_us=50)
 
 
 class StepTimeModel:
@@ -119,8 +124,9 @@ class StepTimeModel:
             self._token_us += alpha * (min(per_token, CAP_FACTOR * self._token_us) - self._token_us)
 
     def _observe_decode(self, n: int, elapsed_us: int) -> None:
-        if self._timed_sizes:
+        if self._timed_sizes:  # the timings' shape, the live level: no per-size averages to keep
             self._observe_ratio(n, elapsed_us)
+            return
         count = self._counts[n] = self._counts[n] + 1
         if count == 1:
             first = float(min(elapsed_us, CAP_FACTOR * self.decode_us(n)))

@@ -163,11 +163,20 @@ class _ClockedSink:
         clock = self.clock
         first = not clock.has_deliveries
         lead = clock.delivered(chunk.audio.size, at)
-        if chunk.audio.size and self._on_lead is not None and not clock.has_sends:
-            report = lead_report(clock, first, lead, at, chunk.audio.size, self._steady_samples)
-            if report is not None:
-                self._on_lead(at, *report)
+        if not clock.has_sends:  # nobody reports sends: what reached the sink is what was heard
+            self._report(first, lead, at, chunk.audio.size)
         self._sink.put(chunk)
+
+    def sent(self, samples: int, at_us: int) -> None:
+        """The caller's report that `samples` of this stream left at `at_us`."""
+        first = not self.clock.has_sends
+        self._report(first, self.clock.sent(samples, at_us), at_us, samples)
+
+    def _report(self, first: bool, lead_us: int, at_us: int, samples: int) -> None:
+        if samples > 0 and self._on_lead is not None:
+            report = lead_report(self.clock, first, lead_us, at_us, samples, self._steady_samples)
+            if report is not None:
+                self._on_lead(at_us, *report)
 
     def fail(self, error: BaseException) -> None:
         self._sink.fail(error)
@@ -266,13 +275,7 @@ class OutputProcessor:
         """The caller sent `samples` more of a stream at `at_us` (unknown or finished: ignored)."""
         entry = self._open.get(request_id)
         if entry is not None and entry.clocked is not None:
-            clock = entry.clocked.clock
-            first = not clock.has_sends
-            lead = clock.sent(samples, at_us)
-            report = (lead_report(clock, first, lead, at_us, samples, self.steady_samples)
-                      if samples > 0 and self.on_lead is not None else None)
-            if report is not None:
-                self.on_lead(at_us, *report)
+            entry.clocked.sent(samples, at_us)
 
     def close(self, request_id: str) -> ChunkSink | None:
         with self._lock:

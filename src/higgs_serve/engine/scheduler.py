@@ -108,7 +108,6 @@ class Scheduler:
         self._next_step_id = 0
         self.policy = policy if policy is not None else SlackPolicy(DeadlineConfig(), max_num_seqs)
         self._shapes: dict[int, tuple[int, int]] = {}  # step id -> (sequences, tokens) until update
-        self.num_running_streams = 0  # running requests with a playback clock (a deadline)
 
     # ----- queue state
     @property
@@ -118,6 +117,16 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def num_running_streams(self) -> int:
+        """Running requests with a playback clock (a deadline): the policy's count, which plans
+        first chunks by it."""
+        return self.policy.num_streams
+
+    @num_running_streams.setter
+    def num_running_streams(self, value: int) -> None:
+        self.policy.num_streams = value
 
     @property
     def has_work(self) -> bool:
@@ -299,7 +308,6 @@ class Scheduler:
         if request.playback is not None:
             request.playback.admitted_us = self.policy.now_us()  # its queue wait ends
             self.num_running_streams += 1
-            self.policy.num_streams = self.num_running_streams
         return num_new
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
@@ -339,7 +347,6 @@ class Scheduler:
         request.status = status
         del self.requests[request.request_id]
         self.num_running_streams -= request.playback is not None
-        self.policy.num_streams = self.num_running_streams
         self.kv.free(request.request_id)
         heapq.heappush(self._free_slots, request.slot)
         self._released_slots.append(request.slot)

@@ -83,7 +83,7 @@ class SlackPolicy:
         self.park_us = config.park_slack_ms * 1000
         self.target_us = self.rule.step_target_us()
         self.num_decoding = 0  # decodes in the last step chosen
-        self.num_streams = 0  # streams running (admitted), kept by the scheduler
+        self.num_streams = 0  # streams running (admitted): the scheduler counts them here
         # how many streams run at once: the start-up capacity, then the listeners' leads
         self.limit = StreamLimit(max_num_seqs, config.lead_margin_ms * 1000)
 
@@ -217,8 +217,7 @@ class SlackPolicy:
         bulk = next((r for r in waiting if r.playback is None), None)
         if bulk is None:
             return None
-        waiting_streams = sum(1 for r in waiting if r.playback is not None)
-        return bulk if free_slots > waiting_streams else None
+        return bulk if free_slots > self._streams(waiting) else None
 
     def stream_limit(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> int:
         """How many streams may run at once now (stream_limit.py: steered by the leads)."""
@@ -270,22 +269,23 @@ class SlackPolicy:
                 f"{clock.ttfa_budget_us / US_PER_S:g} s budget: retry in {retry_s} s", retry_s)
 
     def retry_after_s(self, running: Sequence[Request], waiting: Sequence[Request]) -> int:
-        """Seconds until a place under the stream limit opens for a stream arriving now, from the
-        running streams' predicted ends and those queued ahead (at least 1): the Retry-After of a
-        stream withdrawn from the queue."""
-        limit = self.stream_limit(running, waiting)
-        streams = [r for r in running if r.playback is not None]
-        queued = [r for r in waiting if r.playback is not None]
-        step = self.model.predict_us(min(limit, len(streams) + len(queued) + 1), 1)
-        wait = predicted_wait_us([self._rows_left(r) * step for r in streams],
-                                 [self._expected_rows(r) * step for r in queued], limit - len(streams))
+        """Seconds until a place under the stream limit opens for a stream arriving now (at least
+        1): the Retry-After of a stream withdrawn from the queue."""
+        wait, _ = self._place_wait_us(running, waiting)
         return max(1, math.ceil(wait / US_PER_S))
 
     def predicted_ttfa_us(self, request: Request, running: Sequence[Request],
                           waiting: Sequence[Request]) -> tuple[int, int]:
-        """(queue wait: the places under the stream limit open as running streams end at the
-        measured step (admission.py `predicted_wait_us`), the wait + its prompt + its first
-        window's rows + Stage 1's latency)."""
+        """(its wait for a place (`_place_wait_us`), the wait + its prompt + its first window's
+        rows + Stage 1's latency)."""
+        wait, step = self._place_wait_us(running, waiting)
+        first_window = max(request.playback.due_rows, 1) * step
+        return wait, wait + request.num_prompt_tokens * self.model.token_us + first_window + self.stage1.latency_us
+
+    def _place_wait_us(self, running: Sequence[Request], waiting: Sequence[Request]) -> tuple[int, int]:
+        """(how long a stream arriving now waits for a place under the stream limit, the step
+        predicted meanwhile): the places open as running streams end at the measured step and the
+        streams queued ahead take them in turn (admission.py `predicted_wait_us`)."""
         limit = self.stream_limit(running, waiting)
         streams = [r for r in running if r.playback is not None]
         queued = [r for r in waiting if r.playback is not None]
@@ -293,9 +293,7 @@ class SlackPolicy:
         step = self.model.predict_us(n, n)
         ends = [self._rows_left(r) * step for r in streams]
         ahead = [self._expected_rows(r) * step + r.num_prompt_tokens * self.model.token_us for r in queued]
-        wait = predicted_wait_us(ends, ahead, limit - len(streams))
-        first_window = max(request.playback.due_rows, 1) * step
-        return wait, wait + request.num_prompt_tokens * self.model.token_us + first_window + self.stage1.latency_us
+        return predicted_wait_us(ends, ahead, limit - len(streams)), step
 
     @staticmethod
     def _expected_rows(request: Request) -> int:

@@ -141,11 +141,6 @@ class StreamLimit:
         load a new stream's first chunk is planned for (slack_policy.py `stream_window`)."""
         return self._peak if now_us - self._peak_us <= PEAK_US else 0
 
-    def falling(self, now_us: int) -> bool:
-        """Whether the last window's low tail is under the margin (the engine thread)."""
-        tail = self._tail(now_us)
-        return tail is not None and tail < self.margin_us
-
     def state(self, now_us: int) -> LimitState:
         return LimitState(self.limit, self._tail(now_us), self._ceiling)
 

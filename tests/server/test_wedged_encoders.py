@@ -107,6 +107,15 @@ def test_a_stopped_encoder_process_is_timed_out_its_responses_end_and_it_is_repl
         assert metric(http, "higgs_serve_encoder_streams") == 0
 
 
+async def _stop_an_idle_process(pool):
+    """Both processes up and idle, stop the first: (it, the restarts before)."""
+    await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
+    restarts = pool.restarts
+    first = pool._processes[0]
+    os.kill(first.pid, signal.SIGSTOP)
+    return first, restarts
+
+
 def test_a_file_on_a_stopped_process_is_retried_on_the_other_and_whole(server):
     """An idle process is stopped: the next file (the fake engine's 25 frames) is assigned to it
     (it owes nothing yet) and times out; none of its bytes has left, so it is retried on the
@@ -116,10 +125,7 @@ def test_a_file_on_a_stopped_process_is_retried_on_the_other_and_whole(server):
     short = {**BODY, "max_new_tokens": 25, "min_new_tokens": 25, "stream": False, "response_format": "aac"}
 
     async def run():
-        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
-        restarts = pool.restarts
-        first = pool._processes[0]
-        os.kill(first.pid, signal.SIGSTOP)
+        first, restarts = await _stop_an_idle_process(pool)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             retried = asyncio.ensure_future(client.post("/v1/audio/speech", json=short))
             await until(lambda: first.streams == 1, WAIT_S)
@@ -147,10 +153,7 @@ def test_a_stream_whose_process_stops_before_its_first_byte_is_retried_and_whole
     pool = server.app.state.server.encode_pool
 
     async def run():
-        await until(lambda: len(pool.pids()) == 2 and assigned_streams(pool) == 0, WAIT_S)
-        restarts = pool.restarts
-        first = pool._processes[0]
-        os.kill(first.pid, signal.SIGSTOP)
+        first, restarts = await _stop_an_idle_process(pool)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             retried = await _raw(client, "mp3")
             await until(lambda: pool.restarts == restarts + 1 and len(pool.pids()) == 2, WAIT_S)

@@ -25,6 +25,14 @@ def _blocker() -> tuple[threading.Event, callable]:
     return gate, detect
 
 
+async def _hold_the_slot(slots: DetectSlots):
+    """A detection ("held") that takes the one slot until its gate is set: (gate, detect, held)."""
+    gate, detect = _blocker()
+    held = asyncio.ensure_future(slots.run(detect, "held"))
+    await _until(lambda: slots.in_flight == 1)
+    return gate, detect, held
+
+
 async def _until(condition, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -58,9 +66,7 @@ def test_waiters_are_served_in_arrival_order():
 def test_a_wait_past_the_bound_is_a_429_and_the_slot_stays_usable():
     async def run():
         slots = DetectSlots(running=1, wait_s=0.2)
-        gate, detect = _blocker()
-        held = asyncio.ensure_future(slots.run(detect, "held"))
-        await _until(lambda: slots.in_flight == 1)
+        gate, detect, held = await _hold_the_slot(slots)
         with pytest.raises(DetectorBusyError) as refused:
             await slots.run(detect, "late")
         assert slots.in_flight == 1  # the refused one left the queue
@@ -80,9 +86,7 @@ def test_a_wait_plainly_past_the_bound_is_refused_at_once_with_its_length():
     async def run():
         slots = DetectSlots(running=1, wait_s=0.25)
         await slots.run(time.sleep, 0.3)  # the measured time: at least 0.3 s
-        gate, detect = _blocker()
-        held = asyncio.ensure_future(slots.run(detect, "held"))
-        await _until(lambda: slots.in_flight == 1)
+        gate, detect, held = await _hold_the_slot(slots)
         started = time.monotonic()
         with pytest.raises(DetectorBusyError) as refused:
             await slots.run(detect, "late")
@@ -100,9 +104,7 @@ def test_a_wait_plainly_past_the_bound_is_refused_at_once_with_its_length():
 def test_a_waiter_that_leaves_gives_up_its_place():
     async def run():
         slots = DetectSlots(running=1, wait_s=30)
-        gate, detect = _blocker()
-        held = asyncio.ensure_future(slots.run(detect, "held"))
-        await _until(lambda: slots.in_flight == 1)
+        gate, detect, held = await _hold_the_slot(slots)
         leaving = asyncio.ensure_future(slots.run(detect, "leaving"))
         staying = asyncio.ensure_future(slots.run(detect, "staying"))
         await _until(lambda: slots.in_flight == 3)

@@ -237,8 +237,14 @@ def test_the_deadline_policys_settings_read_and_checked():
     default = load_deploy_config(LOW, MODEL_TYPE).stage0.deadlines
     assert default.enabled and default.realtime_headroom == 0.1 and default.park_slack_ms == 1000
     config = load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {
-        "enabled": False, "realtime_headroom": 0.25, "lead_margin_ms": -20}}}).stage0.deadlines
-    assert (config.enabled, config.realtime_headroom, config.lead_margin_ms) == (False, 0.25, -20)
+        "enabled": True, "realtime_headroom": 0.25, "lead_margin_ms": -20}}}).stage0.deadlines
+    assert (config.enabled, config.realtime_headroom, config.lead_margin_ms) == (True, 0.25, -20)
+    assert not load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {
+        "enabled": False}}}).stage0.deadlines.enabled
+    # with the policy off its settings would be applied by nothing: refused, naming the key
+    with pytest.raises(ConfigError, match=r"deadlines\.realtime_headroom: applies only with the deadline policy on"):
+        load_deploy_config(LOW, MODEL_TYPE, stage_overrides={"0": {"deadlines": {
+            "enabled": False, "realtime_headroom": 0.25}}})
     assert config.min_prefill_chunk_tokens == default.min_prefill_chunk_tokens
     bad = {"realtime_headroom": 1.0, "park_slack_ms": -1, "min_prefill_chunk_tokens": 0,
            "lead_margin_ms": -101, "first_chunk_follows_load": "yes", "budget": 1,

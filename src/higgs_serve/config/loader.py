@@ -213,6 +213,10 @@ def _build_deadlines(section: Section) -> DeadlineConfig:
         first_chunk_follows_load=section.boolean("first_chunk_follows_load", d.first_chunk_follows_load),
     )
     section.finish()
+    inert = [key for key in section.data if key != "enabled"]
+    if not config.enabled and inert:  # the policy's settings would be accepted and applied by nothing
+        raise section.error(inert[0], "applies only with the deadline policy on (stages[0].deadlines.enabled: "
+                                      "true; the default profile has it off)")
     return config
 
 
